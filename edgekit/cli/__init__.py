@@ -1,0 +1,66 @@
+"""The CLI root: wires one module per noun and maps errors to exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+
+from edgekit.errors import EXIT_INTERNAL, EXIT_USAGE, EdgekitError
+
+app = typer.Typer(
+    name="edgekit",
+    help="Take an ONNX model to an edge device: quantize to int8, pick a backend per target, "
+    "push, benchmark on the device, gate CI on regressions.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _register() -> None:
+    # Imported here so `import edgekit.cli` stays cheap and the order of --help is fixed.
+    from edgekit.cli import bench, deploy, plan, profiles, quantize, results
+
+    for module in (quantize, plan, deploy, bench):
+        module.register(app)
+    app.add_typer(profiles.app, name="profiles")
+    app.add_typer(results.app, name="results")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``edgekit`` console script."""
+    from edgekit.cli.output import Output
+
+    _register()
+    try:
+        app(args=argv, standalone_mode=False)
+    except EdgekitError as exc:
+        if os.environ.get("EDGEKIT_DEBUG") == "1":
+            raise
+        Output().error(exc)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        print("error: aborted", file=sys.stderr)
+        sys.exit(130)
+    except click.ClickException as exc:  # usage errors: unknown option, missing argument
+        msg = exc.format_message()
+        print(f"error: {msg}", file=sys.stderr)
+        print("hint: run with --help for usage", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # a bug: still say it in one line, full traceback on request
+        if os.environ.get("EDGEKIT_DEBUG") == "1":
+            raise
+        print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("hint: this is a bug in edgekit; rerun with EDGEKIT_DEBUG=1 and report the traceback", file=sys.stderr)
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(0)

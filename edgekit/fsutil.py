@@ -1,0 +1,61 @@
+"""Atomic writes: bad input never leaves a half-written output file behind."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from edgekit.errors import OutputPathError
+
+
+def check_output_path(path: Path) -> Path:
+    """Fail early (before any work) when ``path`` cannot be written."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputPathError(
+            f"output directory does not exist: {parent}",
+            f"create it first (mkdir -p {parent}) or choose another output path",
+        )
+    if path.is_dir():
+        raise OutputPathError(f"output path is a directory: {path}", "give a file name")
+    if not os.access(parent, os.W_OK):
+        raise OutputPathError(f"output directory is not writable: {parent}", "choose another output path")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; on success fsync and rename it over ``path``.
+
+    On any exception the temp file is removed and ``path`` is left untouched.
+    """
+    path = check_output_path(Path(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
