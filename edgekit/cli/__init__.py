@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
 
 from edgekit.errors import EXIT_INTERNAL, EXIT_USAGE, EdgekitError
@@ -44,12 +43,15 @@ def main(argv: list[str] | None = None) -> None:
             raise
         Output().error(exc)
         sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("error: aborted", file=sys.stderr)
         sys.exit(130)
-    except click.ClickException as exc:  # usage errors: unknown option, missing argument
+    except typer.TyperException as exc:  # usage errors: unknown option, missing argument
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            print(exc.format_message(), file=sys.stderr)
+            sys.exit(EXIT_USAGE)
         msg = exc.format_message()
         print(f"error: {msg}", file=sys.stderr)
         print("hint: run with --help for usage", file=sys.stderr)
