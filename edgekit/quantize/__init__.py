@@ -1,0 +1,113 @@
+"""Float ONNX -> QDQ int8 ONNX: prepare, analyze, calibrate, rewrite, measure agreement."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from edgekit.errors import ModelError
+from edgekit.fsutil import atomic_path
+from edgekit.modelio import LoadedModel
+from edgekit.quantize.calib import METHODS, FeedSet, Preprocess, collect_ranges, load_feeds, random_feeds
+from edgekit.quantize.prepare import prepare
+from edgekit.quantize.report import AgreementReport, measure_agreement
+from edgekit.quantize.rewrite import Analysis, analyze, rewrite, tensor_params
+from edgekit.quantize.scheme import SCHEMES, QuantScheme, scheme_for
+
+__all__ = [
+    "METHODS", "SCHEMES", "AgreementReport", "Analysis", "FeedSet", "Preprocess", "QuantScheme",
+    "QuantizeResult", "analyze_model", "load_feeds", "quantize_model", "random_feeds", "save_model", "scheme_for",
+]
+
+
+@dataclass
+class QuantizeResult:
+    model: onnx.ModelProto = field(repr=False)
+    scheme: QuantScheme
+    method: str
+    analysis: Analysis = field(repr=False)
+    calibration_source: str
+    calibration_samples: int
+    calibration_random: bool
+    agreement: AgreementReport
+    seconds: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return {
+            "scheme": self.scheme.to_dict(),
+            "method": self.method,
+            "calibration": {
+                "source": self.calibration_source,
+                "samples": self.calibration_samples,
+                "random": self.calibration_random,
+            },
+            "nodes": self.analysis.summary(),
+            "float_nodes": [d.to_dict() for d in self.analysis.float_nodes],
+            "agreement": self.agreement.to_dict(),
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+        }
+
+
+def analyze_model(loaded: LoadedModel, scheme: QuantScheme, exclude: Sequence[str] = ()) -> tuple[onnx.ModelProto, Analysis]:
+    prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset)
+    return prepared, analyze(prepared, scheme, exclude)
+
+
+def quantize_model(
+    loaded: LoadedModel,
+    scheme: QuantScheme,
+    calibration: FeedSet,
+    heldout: FeedSet,
+    *,
+    method: str = "minmax",
+    exclude: Sequence[str] = (),
+    progress=None,
+) -> QuantizeResult:
+    """Quantize ``loaded`` with ``scheme``, calibrated on ``calibration``, checked on ``heldout``."""
+    t0 = time.perf_counter()
+    prepared, analysis = analyze_model(loaded, scheme, exclude)
+    t1 = time.perf_counter()
+    if not analysis.rules:
+        raise ModelError(
+            "nothing in this model can be quantized with the " + scheme.name + " scheme",
+            "deploy it in float with --no-quantize",
+        )
+    ranges = collect_ranges(
+        prepared,
+        analysis.calibrated,
+        calibration.feeds,
+        method=method,
+        symmetric=scheme.activation_symmetric,
+        progress=progress,
+    )
+    t2 = time.perf_counter()
+    params = tensor_params(analysis, ranges, scheme)
+    qmodel = rewrite(prepared, analysis, params, scheme)
+    try:
+        onnx.checker.check_model(qmodel)
+    except onnx.checker.ValidationError as exc:  # pragma: no cover - a rewrite bug
+        raise ModelError(f"the quantized model failed onnx.checker: {exc}", "rerun with --exclude on the node named, and report it") from exc
+    t3 = time.perf_counter()
+    agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
+    t4 = time.perf_counter()
+    return QuantizeResult(
+        model=qmodel,
+        scheme=scheme,
+        method=method,
+        analysis=analysis,
+        calibration_source=calibration.source,
+        calibration_samples=len(calibration.feeds),
+        calibration_random=calibration.random,
+        agreement=agreement,
+        seconds={"prepare": t1 - t0, "calibrate": t2 - t1, "rewrite": t3 - t2, "evaluate": t4 - t3},
+    )
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> None:
+    """Write atomically: a failure never leaves a partial model at ``path``."""
+    with atomic_path(Path(path)) as tmp:
+        onnx.save_model(model, str(tmp))

@@ -1,0 +1,216 @@
+"""Load and check an ONNX model; resolve input shapes; read the model's data sidecar."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edgekit.errors import ModelError, UsageError
+from edgekit.fsutil import sha256_file
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """``<model>.edgekit.toml``: the data that goes with a model (paths resolved)."""
+
+    path: Path | None = None
+    calibration: Path | None = None
+    evaluation: Path | None = None
+    labels: Path | None = None
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    model: onnx.ModelProto
+    sha256: str
+    inputs: tuple[IOSpec, ...]  # graph inputs (not initializers), with concrete shapes
+    outputs: tuple[IOSpec, ...]  # concrete where shape inference knows them, else -1
+    sidecar: Sidecar
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def opset(self) -> int:
+        return onnx_opset(self.model)
+
+
+def onnx_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 0
+
+
+def np_dtype(elem_type: int) -> str:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError):
+        return TensorProto.DataType.Name(elem_type).lower()
+
+
+def parse_shape_overrides(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """``["input:1,3,224,224", "mask:1,128"]`` -> ``{"input": (1,3,224,224), ...}``."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items or []:
+        m = re.fullmatch(r"\s*([^:]+):\s*(\d+(?:\s*[,x]\s*\d+)*)\s*", item)
+        if not m:
+            raise UsageError(f"bad --shape value '{item}'", "write NAME:D0,D1,..., e.g. --shape input:1,3,224,224")
+        dims = tuple(int(d) for d in re.split(r"\s*[,x]\s*", m.group(2)))
+        if any(d <= 0 for d in dims):
+            raise UsageError(f"bad --shape value '{item}': dimensions must be positive", "e.g. --shape input:1,3,224,224")
+        shapes[m.group(1).strip()] = dims
+    return shapes
+
+
+def read_sidecar(model_path: Path) -> Sidecar:
+    path = model_path.with_name(model_path.stem + ".edgekit.toml")
+    if not path.is_file():
+        return Sidecar()
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{path}: invalid TOML: {exc}", "fix the sidecar file or remove it") from exc
+
+    def rel(section: str, key: str) -> Path | None:
+        value = data.get(section, {}).get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise ModelError(f"{path}: {section}.{key} must be a path string", "e.g. data = \"calib.npz\"")
+        return (path.parent / value).resolve()
+
+    shapes = {}
+    for name, spec in data.get("inputs", {}).items():
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
+            raise ModelError(f"{path}: inputs.{name}.shape must be a list of positive integers", "e.g. shape = [1, 3, 224, 224]")
+        shapes[name] = tuple(shape)
+    return Sidecar(
+        path=path,
+        calibration=rel("calibration", "data"),
+        evaluation=rel("evaluation", "data"),
+        labels=rel("evaluation", "labels"),
+        shapes=shapes,
+    )
+
+
+def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = None) -> LoadedModel:
+    """Read, check and resolve an ONNX model. Every failure is a ModelError with a hint."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}", "check the path; edgekit takes an .onnx file")
+    if path.is_dir():
+        raise ModelError(f"model path is a directory: {path}", "give the .onnx file inside it")
+    raw = path.read_bytes()
+    if not raw:
+        raise ModelError(f"model file is empty: {path}", "re-export the model")
+    try:
+        model = onnx.load_from_string(raw)
+    except Exception as exc:  # protobuf DecodeError and friends
+        raise ModelError(
+            f"not an ONNX model (or truncated): {path}",
+            "export the model to ONNX (torch.onnx.export, tf2onnx, ...) and check the file copied whole",
+        ) from exc
+    if not model.graph.node:
+        raise ModelError(f"not an ONNX model (no graph nodes): {path}", "export the model to ONNX and try again")
+    if any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except Exception as exc:
+            raise ModelError(f"external weight data of {path} could not be read: {exc}", "keep the .data file beside the model") from exc
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "validation failed"
+        raise ModelError(f"invalid ONNX model {path}: {first}", "re-export the model; onnx.checker must accept it") from exc
+
+    sidecar = read_sidecar(path)
+    wanted = dict(sidecar.shapes)
+    wanted.update(shapes or {})
+    init_names = {t.name for t in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in init_names]
+    known = {i.name for i in graph_inputs}
+    for name in wanted:
+        if name not in known:
+            raise UsageError(
+                f"--shape names input '{name}', but the model's inputs are: {', '.join(sorted(known))}",
+                "use one of the model's input names",
+            )
+    inputs = []
+    for inp in graph_inputs:
+        tt = inp.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
+        dtype = np_dtype(tt.elem_type)
+        if inp.name in wanted:
+            given = wanted[inp.name]
+            if len(given) != len(dims):
+                raise UsageError(
+                    f"--shape {inp.name} has {len(given)} dimensions, the model's input has {len(dims)}",
+                    f"give {len(dims)} dimensions",
+                )
+            for i, (g, d) in enumerate(zip(given, dims)):
+                if d is not None and d != g:
+                    raise UsageError(
+                        f"--shape {inp.name}: dimension {i} is fixed to {d} in the model, not {g}",
+                        "only dynamic dimensions can be set",
+                    )
+            inputs.append(IOSpec(inp.name, tuple(given), dtype))
+            continue
+        if any(d is None for d in dims):
+            shown = ",".join(str(d) if d is not None else "?" for d in dims)
+            example = ",".join(str(d) if d is not None else ("1" if i == 0 else "224") for i, d in enumerate(dims))
+            raise ModelError(
+                f"input '{inp.name}' has a dynamic shape [{shown}] and no shape was given",
+                f"give one with --shape {inp.name}:{example}",
+            )
+        inputs.append(IOSpec(inp.name, tuple(int(d) for d in dims), dtype))
+
+    outputs = []
+    for out in model.graph.output:
+        tt = out.type.tensor_type
+        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
+        outputs.append(IOSpec(out.name, dims, np_dtype(tt.elem_type)))
+    return LoadedModel(path, model, sha256_file(path), tuple(inputs), tuple(outputs), sidecar)
+
+
+def with_static_inputs(model: onnx.ModelProto, inputs: tuple[IOSpec, ...]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs carry the concrete shapes (then shape inference)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    by_name = {i.name: i for i in inputs}
+    for inp in m.graph.input:
+        if inp.name in by_name:
+            dims = inp.type.tensor_type.shape.dim
+            for d, v in zip(dims, by_name[inp.name].shape):
+                d.Clear()
+                d.dim_value = v
+    # Stale intermediate shapes (from the dynamic export) would fight the new ones.
+    del m.graph.value_info[:]
+    for out in m.graph.output:
+        if out.type.tensor_type.HasField("shape"):
+            for d in out.type.tensor_type.shape.dim:
+                if not d.HasField("dim_value"):
+                    d.Clear()
+    return onnx.shape_inference.infer_shapes(m, data_prop=True)

@@ -1,0 +1,396 @@
+"""Calibration: where the samples come from (feeds), and what ranges they produce.
+
+A *feed* is one ``{input name: array}`` dict, shaped exactly like the model's inputs.
+Sources: a folder of ``.npz`` files (one sample each), a stacked ``.npz`` / ``.npy``, a folder of
+images with the model's preprocessing, or random data (with a loud warning).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edgekit.errors import CalibrationError, UsageError
+from edgekit.modelio import IOSpec
+
+Feed = dict[str, np.ndarray]
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+METHODS = ("minmax", "percentile", "entropy")
+
+
+@dataclass(frozen=True)
+class FeedSet:
+    feeds: list[Feed]
+    source: str  # what a human reads: a path, or "random"
+    random: bool = False
+    labels: np.ndarray | None = None
+
+    def split(self, held_out: float) -> tuple[FeedSet, FeedSet]:
+        """Last ``held_out`` fraction becomes the held-out set (at least one sample each side)."""
+        n = len(self.feeds)
+        k = min(n - 1, max(1, int(round(n * held_out)))) if n > 1 else 0
+        cut = n - k
+        lab = self.labels
+        return (
+            FeedSet(self.feeds[:cut], self.source, self.random, None if lab is None else lab[:cut]),
+            FeedSet(self.feeds[cut:], self.source + " (held out)", self.random, None if lab is None else lab[cut:]),
+        )
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Image preprocessing: resize, scale, normalize, channel order, layout."""
+
+    size: tuple[int, int] | None = None  # (height, width); None = from the model input
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    color: str = "rgb"  # "rgb" | "bgr" | "gray"
+    layout: str | None = None  # "nchw" | "nhwc"; None = guess from the input shape
+
+    @classmethod
+    def parse(cls, text: str) -> Preprocess:
+        """``"size=224x224,mean=0.485/0.456/0.406,std=0.229/0.224/0.225,scale=1/255,color=rgb,layout=nchw"``."""
+        kw: dict = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, _, value = part.partition("=")
+            key = key.strip().lower()
+            try:
+                if key == "size":
+                    h, w = re.split(r"[x*]", value.lower())
+                    kw["size"] = (int(h), int(w))
+                elif key == "scale":
+                    num, _, den = value.partition("/")
+                    kw["scale"] = float(num) / float(den or 1)
+                elif key in ("mean", "std"):
+                    kw[key] = tuple(float(v) for v in value.split("/"))
+                elif key == "color" and value in ("rgb", "bgr", "gray"):
+                    kw["color"] = value
+                elif key == "layout" and value.lower() in ("nchw", "nhwc"):
+                    kw["layout"] = value.lower()
+                else:
+                    raise ValueError(key)
+            except ValueError:
+                raise UsageError(
+                    f"bad --preprocess item '{part}'",
+                    "use size=HxW, scale=1/255, mean=a/b/c, std=a/b/c, color=rgb|bgr|gray, layout=nchw|nhwc",
+                ) from None
+        return cls(**kw)
+
+
+def load_feeds(
+    source: Path | None,
+    inputs: Sequence[IOSpec],
+    *,
+    preprocess: Preprocess | None = None,
+    random_count: int = 32,
+    seed: int = 0,
+    labels: Path | None = None,
+) -> FeedSet:
+    """Read calibration/evaluation samples and check each against the model's inputs."""
+    if source is None:
+        return random_feeds(inputs, random_count, seed)
+    source = Path(source)
+    if not source.exists():
+        raise CalibrationError(f"calibration data not found: {source}", "give a .npz/.npy file or a folder of .npz files or images")
+    if source.is_dir():
+        files = sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith("."))
+        npz = [p for p in files if p.suffix == ".npz"]
+        images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
+        if npz:
+            feeds = [_check_feed(_read_npz_sample(p, inputs), inputs, p) for p in npz]
+        elif images:
+            feeds = _image_feeds(images, inputs, preprocess or Preprocess())
+        else:
+            raise CalibrationError(f"no .npz files or images in {source}", "put one .npz per sample (keyed by input name) or image files there")
+    elif source.suffix == ".npz":
+        feeds = _stacked(_read_npz(source), inputs, source)
+    elif source.suffix == ".npy":
+        if len(inputs) != 1:
+            raise CalibrationError(
+                f"{source}: a .npy holds one array, but the model has {len(inputs)} inputs",
+                "use a .npz keyed by input name",
+            )
+        try:
+            arr = np.load(source, allow_pickle=False)
+        except Exception as exc:
+            raise CalibrationError(f"cannot read {source}: {exc}", "write it with numpy.save") from exc
+        feeds = _stacked({inputs[0].name: arr}, inputs, source)
+    elif source.suffix.lower() in IMAGE_SUFFIXES:
+        feeds = _image_feeds([source], inputs, preprocess or Preprocess())
+    else:
+        raise CalibrationError(f"unsupported calibration data: {source}", "give a .npz/.npy file, or a folder of .npz files or images")
+    if not feeds:
+        raise CalibrationError(f"no samples in {source}", "calibration needs at least one sample")
+    lab = None
+    if labels is not None:
+        lab = _read_labels(labels, len(feeds))
+    return FeedSet(feeds, str(source), False, lab)
+
+
+def random_feeds(inputs: Sequence[IOSpec], count: int, seed: int = 0) -> FeedSet:
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(count):
+        feed = {}
+        for spec in inputs:
+            dt = np.dtype(spec.dtype)
+            if dt.kind == "f":
+                feed[spec.name] = rng.standard_normal(spec.shape).astype(dt)
+            elif dt.kind in "iu":
+                feed[spec.name] = rng.integers(0, 8, spec.shape).astype(dt)
+            elif dt.kind == "b":
+                feed[spec.name] = rng.integers(0, 2, spec.shape).astype(dt)
+            else:
+                raise CalibrationError(f"cannot make random data for input '{spec.name}' of type {spec.dtype}", "give real data with --calib")
+        feeds.append(feed)
+    return FeedSet(feeds, "random", True)
+
+
+def _read_labels(path: Path, n: int) -> np.ndarray:
+    try:
+        lab = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise CalibrationError(f"cannot read labels {path}: {exc}", "labels are a .npy of int class indices") from exc
+    if lab.ndim != 1 or lab.shape[0] != n or lab.dtype.kind not in "iu":
+        raise CalibrationError(
+            f"labels {path} must be {n} integer class indices, got shape {list(lab.shape)} {lab.dtype}",
+            "one label per evaluation sample, saved with numpy.save",
+        )
+    return lab.astype(np.int64)
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except Exception as exc:
+        raise CalibrationError(f"cannot read {path}: {exc}", "write it with numpy.savez") from exc
+
+
+def _read_npz_sample(path: Path, inputs: Sequence[IOSpec]) -> Feed:
+    return _read_npz(path)
+
+
+def _check_array(arr: np.ndarray, spec: IOSpec, where: Path, expect_shape: tuple[int, ...]) -> np.ndarray:
+    want = np.dtype(spec.dtype)
+    if arr.dtype.kind != want.kind:
+        raise CalibrationError(
+            f"{where}: '{spec.name}' has dtype {arr.dtype}, the model wants {want.name}",
+            f"convert the data to {want.name} (and apply the model's preprocessing) before saving",
+        )
+    if tuple(arr.shape) != tuple(expect_shape):
+        raise CalibrationError(
+            f"{where}: '{spec.name}' has shape {list(arr.shape)}, expected {list(expect_shape)}",
+            "save samples shaped like the model input (stacked files: [N, ...] with N a multiple of the batch)",
+        )
+    return arr.astype(want, copy=False)
+
+
+def _check_feed(feed: Feed, inputs: Sequence[IOSpec], where: Path) -> Feed:
+    names = {s.name for s in inputs}
+    missing = names - set(feed)
+    if missing:
+        raise CalibrationError(
+            f"{where}: no array for input(s) {', '.join(sorted(missing))} (has: {', '.join(sorted(feed)) or 'nothing'})",
+            "key each array by the model's input name",
+        )
+    return {s.name: _check_array(feed[s.name], s, where, s.shape) for s in inputs}
+
+
+def _stacked(arrays: dict[str, np.ndarray], inputs: Sequence[IOSpec], where: Path) -> list[Feed]:
+    names = {s.name for s in inputs}
+    missing = names - set(arrays)
+    if missing:
+        raise CalibrationError(
+            f"{where}: no array for input(s) {', '.join(sorted(missing))} (has: {', '.join(sorted(arrays)) or 'nothing'})",
+            "key each array by the model's input name",
+        )
+    counts = set()
+    for spec in inputs:
+        arr = arrays[spec.name]
+        batch = spec.shape[0] if spec.shape else 1
+        if arr.ndim != len(spec.shape) or (spec.shape and tuple(arr.shape[1:]) != tuple(spec.shape[1:])) or arr.shape[0] % max(batch, 1):
+            raise CalibrationError(
+                f"{where}: '{spec.name}' has shape {list(arr.shape)}, expected [N, {', '.join(map(str, spec.shape[1:]))}]"
+                + (f" with N a multiple of {batch}" if batch > 1 else ""),
+                "stack the samples along the first axis",
+            )
+        _check_array(arr[:batch], spec, where, spec.shape)
+        counts.add(arr.shape[0] // max(batch, 1))
+    if len(counts) != 1:
+        raise CalibrationError(f"{where}: inputs have different sample counts {sorted(counts)}", "give every input the same number of samples")
+    n = counts.pop()
+    feeds = []
+    for i in range(n):
+        feed = {}
+        for spec in inputs:
+            b = spec.shape[0] if spec.shape else 1
+            feed[spec.name] = np.ascontiguousarray(arrays[spec.name][i * b : (i + 1) * b]).astype(spec.dtype, copy=False)
+        feeds.append(feed)
+    return feeds
+
+
+def _image_feeds(paths: list[Path], inputs: Sequence[IOSpec], pre: Preprocess) -> list[Feed]:
+    from PIL import Image, UnidentifiedImageError
+
+    if len(inputs) != 1 or len(inputs[0].shape) != 4:
+        raise CalibrationError("image calibration needs a model with one 4-D image input", "give .npz samples instead")
+    spec = inputs[0]
+    if np.dtype(spec.dtype).kind != "f":
+        raise CalibrationError(f"image calibration needs a float input; '{spec.name}' is {spec.dtype}", "give .npz samples instead")
+    n, a, b, c = spec.shape
+    layout = pre.layout or ("nchw" if a in (1, 3) else "nhwc")
+    channels, h, w = (a, b, c) if layout == "nchw" else (c, a, b)
+    if pre.size and pre.size != (h, w):
+        raise CalibrationError(f"--preprocess size {pre.size[0]}x{pre.size[1]} does not match the model input {h}x{w}", "drop size= or match it")
+    color = "gray" if channels == 1 else pre.color
+    mean = np.array(pre.mean, dtype=np.float32)
+    std = np.array(pre.std, dtype=np.float32)
+    if mean.size not in (1, channels) or std.size not in (1, channels):
+        raise CalibrationError(f"--preprocess mean/std need 1 or {channels} values", "e.g. mean=0.485/0.456/0.406")
+    feeds = []
+    for path in paths:
+        try:
+            with Image.open(path) as im:
+                im = im.convert("L" if color == "gray" else "RGB").resize((w, h), Image.BILINEAR)
+                arr = np.asarray(im, dtype=np.float32)
+        except (UnidentifiedImageError, OSError) as exc:
+            raise CalibrationError(f"cannot read image {path}: {exc}", "remove it or convert it to PNG/JPEG") from exc
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if color == "bgr":
+            arr = arr[:, :, ::-1]
+        arr = (arr * pre.scale - mean) / std
+        arr = arr.transpose(2, 0, 1) if layout == "nchw" else arr
+        sample = np.ascontiguousarray(arr[None].astype(spec.dtype))
+        feeds.append({spec.name: np.repeat(sample, n, axis=0) if n > 1 else sample})
+    return feeds
+
+
+# -- ranges ----------------------------------------------------------------------------------
+
+
+def collect_ranges(
+    model: onnx.ModelProto,
+    tensors: Sequence[str],
+    feeds: Sequence[Feed],
+    method: str = "minmax",
+    percentile: float = 99.999,
+    symmetric: bool = False,
+    progress=None,
+) -> dict[str, tuple[float, float]]:
+    """Run the float model over ``feeds`` and return a (min, max) range per tensor."""
+    if method not in METHODS:
+        raise UsageError(f"unknown calibration method '{method}'", f"choose one of: {', '.join(METHODS)}")
+    session, names = _observer_session(model, tensors)
+    lo = {n: np.inf for n in names}
+    hi = {n: -np.inf for n in names}
+    for feed in feeds:
+        for name, value in zip(names, session.run(names, feed)):
+            if value.size:
+                lo[name] = min(lo[name], float(value.min()))
+                hi[name] = max(hi[name], float(value.max()))
+        if progress is not None:
+            progress.advance()
+    ranges = {n: (lo[n] if np.isfinite(lo[n]) else 0.0, hi[n] if np.isfinite(hi[n]) else 0.0) for n in names}
+    if method == "minmax":
+        return ranges
+    bins = 2048
+    absmax = {n: max(abs(ranges[n][0]), abs(ranges[n][1])) for n in names}
+    abs_hist = {n: np.zeros(bins, dtype=np.float64) for n in names}
+    signed_hist = {n: np.zeros(bins * 2, dtype=np.float64) for n in names}
+    for feed in feeds:
+        for name, value in zip(names, session.run(names, feed)):
+            if absmax[name] > 0:
+                abs_hist[name] += np.histogram(np.abs(value), bins=bins, range=(0.0, absmax[name]))[0]
+                lo_, hi_ = ranges[name]
+                if hi_ > lo_:
+                    signed_hist[name] += np.histogram(value, bins=bins * 2, range=(lo_, hi_))[0]
+        if progress is not None:
+            progress.advance()
+    out = {}
+    for name in names:
+        lo_, hi_ = ranges[name]
+        if absmax[name] == 0:
+            out[name] = (lo_, hi_)
+            continue
+        if method == "entropy" or symmetric:
+            threshold = (
+                kl_threshold(abs_hist[name], absmax[name])
+                if method == "entropy"
+                else _hist_quantile(abs_hist[name], 0.0, absmax[name], percentile / 100.0)
+            )
+            out[name] = (max(lo_, -threshold), min(hi_, threshold))
+        else:
+            h = signed_hist[name]
+            out[name] = (
+                min(0.0, _hist_quantile(h, lo_, hi_, 1.0 - percentile / 100.0)) if lo_ < 0 else lo_,
+                _hist_quantile(h, lo_, hi_, percentile / 100.0),
+            )
+    return out
+
+
+def _hist_quantile(hist: np.ndarray, lo: float, hi: float, q: float) -> float:
+    cdf = np.cumsum(hist)
+    if cdf[-1] == 0:
+        return hi
+    idx = int(np.searchsorted(cdf, q * cdf[-1]))
+    width = (hi - lo) / hist.size
+    return float(lo + min(idx + 1, hist.size) * width)
+
+
+def kl_threshold(hist: np.ndarray, absmax: float, levels: int = 128) -> float:
+    """TensorRT-style entropy calibration: the |x| clip threshold minimizing KL(P || Q)."""
+    hist = hist.astype(np.float64)
+    nbins = hist.size
+    width = absmax / nbins
+    if nbins <= levels:
+        return absmax
+    best_i, best_kl = nbins, np.inf
+    if hist.sum() == 0:
+        return absmax
+    nonzero = hist > 0
+    for i in range(levels, nbins + 1, 8):
+        p = hist[:i].copy()
+        p[-1] += hist[i:].sum()
+        # Q: merge the first i bins into `levels` groups and spread each group's mass evenly
+        # over its non-empty bins (empty bins stay empty, as P has nothing there).
+        starts = np.linspace(0, i, levels + 1).astype(int)[:-1]
+        sums = np.add.reduceat(hist[:i], starts)
+        counts = np.add.reduceat(nonzero[:i].astype(np.int64), starts)
+        spread = np.repeat(sums / np.maximum(counts, 1), np.diff(np.append(starts, i)))
+        q = np.where(nonzero[:i], spread, 0.0)
+        p_sum, q_sum = p.sum(), q.sum()
+        if q_sum == 0:
+            continue
+        pn, qn = p / p_sum, q / q_sum
+        mask = pn > 0
+        qn_m = np.where(qn[mask] > 0, qn[mask], 1e-12)
+        kl = float(np.sum(pn[mask] * np.log(pn[mask] / qn_m)))
+        if kl < best_kl:
+            best_kl, best_i = kl, i
+    return (best_i + 0.5) * width if best_i < nbins else absmax
+
+
+def _observer_session(model: onnx.ModelProto, tensors: Sequence[str]):
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    existing = {o.name for o in m.graph.output}
+    names = list(dict.fromkeys(tensors))
+    for name in names:
+        if name not in existing:
+            m.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    opts = ort.SessionOptions()
+    # Basic optimizations only: fusions must not change the values we observe.
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return session, names

@@ -1,0 +1,332 @@
+"""Decide which nodes and tensors become int8 (analyze) and write the QDQ graph (rewrite)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from edgekit.errors import UsageError
+from edgekit.quantize import qmath
+from edgekit.quantize.rules import RULES, NodeRule, RuleContext, passthrough_rule
+from edgekit.quantize.scheme import FUSED_ACTIVATIONS, QuantScheme
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    name: str
+    op_type: str
+    kind: str  # "int8" | "passthrough" | "fused" | "float"
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "op": self.op_type, "kind": self.kind, "reason": self.reason}
+
+
+@dataclass
+class Analysis:
+    decisions: list[NodeDecision]
+    rules: dict[str, NodeRule]  # node name -> rule, for int8 and passthrough nodes
+    tensors: dict[str, tuple]  # tensor -> ("own",) | ("const",) | ("same", source tensor)
+    consts: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
+
+    @property
+    def float_nodes(self) -> list[NodeDecision]:
+        return [d for d in self.decisions if d.kind == "float"]
+
+    @property
+    def calibrated(self) -> list[str]:
+        return [t for t, src in self.tensors.items() if src[0] == "own"]
+
+    def summary(self) -> dict:
+        counts: dict[str, int] = {}
+        for d in self.decisions:
+            counts[d.kind] = counts.get(d.kind, 0) + 1
+        return counts
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give every node a unique, stable name (exclusions and reports refer to them)."""
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        node.name = name
+        seen.add(name)
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    types = {}
+    for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
+        if vi.type.HasField("tensor_type"):
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for t in model.graph.initializer:
+        types[t.name] = t.data_type
+    return types
+
+
+def analyze(model: onnx.ModelProto, scheme: QuantScheme, exclude: Sequence[str] = ()) -> Analysis:
+    """Classify every node of a prepared float model; no calibration needed."""
+    name_nodes(model)
+    names = [n.name for n in model.graph.node]
+    for ex in exclude:
+        if ex not in names:
+            close = difflib.get_close_matches(ex, names, n=3)
+            raise UsageError(
+                f"--exclude names no node called '{ex}'",
+                f"did you mean {', '.join(close)}?" if close else "see the node names with `edgekit plan MODEL --json`",
+            )
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    ctx = RuleContext(consts=consts, elem_types=_elem_types(model), scheme=scheme)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    graph_outputs = {o.name for o in model.graph.output}
+
+    def fused_output(tensor: str) -> tuple[str, list[str]]:
+        """Follow sole-consumer Relu/Clip chains: the Q goes after them."""
+        fused = []
+        while tensor not in graph_outputs:
+            cons = consumers.get(tensor, [])
+            if len(cons) != 1 or cons[0].op_type not in FUSED_ACTIVATIONS or cons[0].name in exclude:
+                break
+            act = cons[0]
+            if act.op_type == "Clip" and not all(ctx.is_const(i) for i in act.input[1:] if i):
+                break
+            fused.append(act.name)
+            tensor = act.output[0]
+        return tensor, fused
+
+    tensors: dict[str, tuple] = {}
+    rules: dict[str, NodeRule] = {}
+    decisions: dict[str, NodeDecision] = {}
+    for node in model.graph.node:
+        if node.name in decisions:  # already decided as a fused activation
+            continue
+        if node.name in exclude:
+            decisions[node.name] = NodeDecision(node.name, node.op_type, "float", "excluded by --exclude")
+            continue
+        if node.op_type in scheme.passthrough:
+            src = node.input[0] if node.input else ""
+            if src in tensors and all(ctx.is_float(o) for o in node.output if o):
+                r = passthrough_rule(node, ctx)
+                if isinstance(r, NodeRule):
+                    rules[node.name] = r
+                    for o in node.output:
+                        if o:
+                            tensors.setdefault(o, ("same", src))
+                    decisions[node.name] = NodeDecision(node.name, node.op_type, "passthrough", "keeps the input's int8 scale")
+                    continue
+                decisions[node.name] = NodeDecision(node.name, node.op_type, "float", r)
+                continue
+            decisions[node.name] = NodeDecision(node.name, node.op_type, "float", "input is not int8")
+            continue
+        if node.op_type in FUSED_ACTIVATIONS:
+            decisions[node.name] = NodeDecision(node.name, node.op_type, "float", "not after an int8 op")
+            continue
+        handler = RULES.get(node.op_type) if node.op_type in scheme.ops else None
+        if handler is None:
+            decisions[node.name] = NodeDecision(node.name, node.op_type, "float", f"no int8 rule for {node.op_type} in the {scheme.name} scheme")
+            continue
+        if not all(ctx.is_float(node.input[i]) for i in range(len(node.input)) if node.input[i]):
+            decisions[node.name] = NodeDecision(node.name, node.op_type, "float", "inputs are not float32")
+            continue
+        r = handler(node, ctx)
+        if isinstance(r, str):
+            decisions[node.name] = NodeDecision(node.name, node.op_type, "float", r)
+            continue
+        rules[node.name] = r
+        for idx in r.activations:
+            t = node.input[idx]
+            if t and t not in tensors:
+                tensors[t] = ("const",) if ctx.is_const(t) else ("own",)
+        if r.output == "own":
+            out, fused = fused_output(node.output[0])
+            tensors.setdefault(out, ("own",))
+            for name in fused:
+                op = next(n.op_type for n in model.graph.node if n.name == name)
+                decisions[name] = NodeDecision(name, op, "fused", f"folded into {node.name}'s output range")
+        decisions[node.name] = NodeDecision(node.name, node.op_type, "int8")
+    ordered = [decisions[n.name] for n in model.graph.node]
+    return Analysis(ordered, rules, tensors, consts)
+
+
+@dataclass(frozen=True)
+class QParams:
+    scale: np.ndarray
+    zero_point: np.ndarray
+
+
+def tensor_params(analysis: Analysis, ranges: dict[str, tuple[float, float]], scheme: QuantScheme) -> dict[str, QParams]:
+    params: dict[str, QParams] = {}
+
+    def resolve(t: str) -> QParams:
+        if t in params:
+            return params[t]
+        src = analysis.tensors[t]
+        if src[0] == "same":
+            p = resolve(src[1])
+        else:
+            if src[0] == "const":
+                v = analysis.consts[t]
+                lo, hi = float(v.min(initial=0.0)), float(v.max(initial=0.0))
+            else:
+                lo, hi = ranges[t]
+            s, z = qmath.scale_zero_point(lo, hi, scheme.activation_dtype, scheme.activation_symmetric)
+            p = QParams(s, z)
+        params[t] = p
+        return p
+
+    for t in analysis.tensors:
+        resolve(t)
+    return params
+
+
+def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParams], scheme: QuantScheme) -> onnx.ModelProto:
+    """Insert Q/DQ pairs on activations, int8 weights and int32 biases; return a new model."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    graph_outputs = {o.name for o in g.output}
+    new_inits: list[onnx.TensorProto] = []
+    new_nodes: list[onnx.NodeProto] = []
+
+    def scalar_params(base: str, p: QParams) -> tuple[str, str]:
+        s_name, z_name = f"{base}__scale", f"{base}__zp"
+        new_inits.append(numpy_helper.from_array(np.asarray(p.scale, dtype=np.float32).reshape(()), s_name))
+        new_inits.append(numpy_helper.from_array(np.asarray(p.zero_point).reshape(()), z_name))
+        return s_name, z_name
+
+    # 1. activations: tensor t -> Q -> DQ -> every consumer reads the DQ output.
+    renamed: dict[str, str] = {}
+    for t, src in analysis.tensors.items():
+        if src[0] == "const":
+            continue
+        p = params[t]
+        s_name, z_name = scalar_params(t, p)
+        if t in graph_outputs:
+            # Keep the graph's output name: the producer writes t__fp, the DQ writes t.
+            fp = f"{t}__fp"
+            for node in g.node:
+                for i, o in enumerate(node.output):
+                    if o == t:
+                        node.output[i] = fp
+            for node in g.node:
+                for i, name in enumerate(node.input):
+                    if name == t:
+                        node.input[i] = fp
+            new_nodes.append(helper.make_node("QuantizeLinear", [fp, s_name, z_name], [f"{t}__q"], name=f"{t}__Q"))
+            new_nodes.append(helper.make_node("DequantizeLinear", [f"{t}__q", s_name, z_name], [t], name=f"{t}__DQ"))
+            # Consumers inside the graph read the DQ output (named t) again.
+            for node in g.node:
+                for i, name in enumerate(node.input):
+                    if name == fp:
+                        node.input[i] = t
+            continue
+        dq = f"{t}__dq"
+        renamed[t] = dq
+        new_nodes.append(helper.make_node("QuantizeLinear", [t, s_name, z_name], [f"{t}__q"], name=f"{t}__Q"))
+        new_nodes.append(helper.make_node("DequantizeLinear", [f"{t}__q", s_name, z_name], [dq], name=f"{t}__DQ"))
+    for node in g.node:
+        for i, name in enumerate(node.input):
+            if name in renamed:
+                node.input[i] = renamed[name]
+
+    # 2. per-node constants: int8 weights, int32 biases, int8 constant operands.
+    original = {dq: t for t, dq in renamed.items()}
+    done: dict[tuple, str] = {}
+    for node in g.node:
+        r = analysis.rules.get(node.name)
+        if r is None or r.output == "same":
+            continue
+        orig_inputs = [original.get(i, i) for i in node.input]
+        w_scale = None
+        if r.weight is not None:
+            w_name = orig_inputs[r.weight]
+            key = ("w", w_name, r.weight_axis)
+            w = analysis.consts[w_name]
+            s, z = qmath.weight_params(w, r.weight_axis)
+            w_scale = s
+            if key not in done:
+                base = f"{w_name}__w{'' if r.weight_axis is None else r.weight_axis}"
+                q = qmath.quantize(w, s, z, "int8", r.weight_axis)
+                new_inits.append(numpy_helper.from_array(q, f"{base}__q"))
+                new_inits.append(numpy_helper.from_array(s if r.weight_axis is not None else s.reshape(()), f"{base}__scale"))
+                new_inits.append(numpy_helper.from_array(z if r.weight_axis is not None else z.reshape(()), f"{base}__zp"))
+                attrs = {"axis": r.weight_axis} if r.weight_axis is not None else {}
+                new_nodes.append(
+                    helper.make_node("DequantizeLinear", [f"{base}__q", f"{base}__scale", f"{base}__zp"], [f"{base}__dq"], name=f"{base}__DQ", **attrs)
+                )
+                done[key] = f"{base}__dq"
+            node.input[r.weight] = done[key]
+        for idx in r.activations:
+            name = orig_inputs[idx]
+            if analysis.tensors.get(name, ("",))[0] != "const":
+                continue
+            key = ("c", name)
+            if key not in done:
+                p = params[name]
+                q = qmath.quantize(analysis.consts[name], p.scale, p.zero_point, scheme.activation_dtype)
+                base = f"{name}__c"
+                new_inits.append(numpy_helper.from_array(q, f"{base}__q"))
+                s_name, z_name = scalar_params(base, p)
+                new_nodes.append(helper.make_node("DequantizeLinear", [f"{base}__q", s_name, z_name], [f"{base}__dq"], name=f"{base}__DQ"))
+                done[key] = f"{base}__dq"
+            node.input[idx] = done[key]
+        if r.bias is not None and w_scale is not None and r.activations:
+            act = orig_inputs[r.activations[0]]
+            x_scale = float(np.asarray(params[act].scale).reshape(()))
+            b_name = orig_inputs[r.bias]
+            b = analysis.consts[b_name]
+            ws = np.broadcast_to(w_scale, b.shape) if w_scale.ndim == 0 else w_scale
+            q, s = qmath.quantize_bias(b, x_scale, ws)
+            base = f"{node.name}__bias"
+            new_inits.append(numpy_helper.from_array(q, f"{base}__q"))
+            new_inits.append(numpy_helper.from_array(s, f"{base}__scale"))
+            new_inits.append(numpy_helper.from_array(np.zeros(s.shape, dtype=np.int32), f"{base}__zp"))
+            new_nodes.append(
+                helper.make_node("DequantizeLinear", [f"{base}__q", f"{base}__scale", f"{base}__zp"], [f"{base}__dq"], name=f"{base}__DQ", axis=0)
+            )
+            node.input[r.bias] = f"{base}__dq"
+
+    g.initializer.extend(new_inits)
+    nodes = list(g.node) + new_nodes
+    del g.node[:]
+    g.node.extend(_toposort(nodes, {i.name for i in g.input} | {t.name for t in g.initializer}))
+    # Drop float initializers that only fed what is now int8.
+    used = {i for n in g.node for i in n.input}
+    keep = [t for t in g.initializer if t.name in used or t.name in graph_outputs]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    del g.value_info[:]
+    return m
+
+
+def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
+    produced_by = {}
+    for n in nodes:
+        for o in n.output:
+            produced_by[o] = n
+    ready = set(available)
+    out: list[onnx.NodeProto] = []
+    pending = list(nodes)
+    while pending:
+        progressed = False
+        rest = []
+        for n in pending:
+            if all((not i) or i in ready or i not in produced_by for i in n.input):
+                out.append(n)
+                ready.update(n.output)
+                progressed = True
+            else:
+                rest.append(n)
+        if not progressed:  # pragma: no cover - a cycle means a bug in rewrite
+            raise RuntimeError("QDQ rewrite produced a cyclic graph")
+        pending = rest
+    return out
