@@ -31,7 +31,9 @@ class Output:
             raise ValueError(mode)
         self.mode = mode
         # markup/highlight off: user strings (paths, node names) are printed verbatim.
-        self.out = Console(file=sys.stdout, markup=False, highlight=False, soft_wrap=False)
+        # Piped output (CI logs, `| grep`) gets wide lines instead of rich's 80-column default.
+        width = None if sys.stdout.isatty() else 200
+        self.out = Console(file=sys.stdout, markup=False, highlight=False, soft_wrap=False, width=width)
         self.err = Console(file=sys.stderr, markup=False, highlight=False, soft_wrap=True)
 
     # -- stderr -----------------------------------------------------------------------

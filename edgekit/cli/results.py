@@ -1,5 +1,290 @@
-"""PLACEHOLDER: replaced by the module that implements `edgekit results`."""
+"""`edgekit results`: list, show, export and import stored benchmark runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(help="results", no_args_is_help=True)
+from edgekit.bench.stats import STAT_FIELDS
+from edgekit.bench.store import ResultsStore
+from edgekit.cli.output import Output
+from edgekit.errors import ResultsError
+from edgekit.fsutil import atomic_path, check_output_path
+
+app = typer.Typer(
+    name="results",
+    help="Stored benchmark runs: list, show, export, import.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout.")]
+_EMPTY_HINT = (
+    "no results yet; run `edgekit deploy MODEL --target TARGET` (or `edgekit bench`) to record one"
+)
+
+
+@app.command("list")
+def list_(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Show at most N runs.")] = 50,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Only runs of this model name.")
+    ] = None,
+    target: Annotated[
+        str | None, typer.Option("--target", help="Only runs on this target profile.")
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Only runs on this device.")
+    ] = None,
+    variant: Annotated[
+        str | None, typer.Option("--variant", help="Only this variant (int8, fp16...).")
+    ] = None,
+    json_: JsonFlag = False,
+) -> None:
+    """List stored benchmark runs, newest first.
+
+    \b
+    Examples:
+      edgekit results list
+      edgekit results list --target rpi5 --model resnet18 -n 5 --json
+    """
+    out = Output("json" if json_ else "human")
+    filters = {"model": model, "target": target, "device": device, "variant": variant}
+    with ResultsStore() as store:
+        rows = store.list(limit=limit, **filters)
+    if not rows:
+        given = ", ".join(f"--{k} {v}" for k, v in filters.items() if v is not None)
+        out.info(
+            f"no results match {given}; see all runs with: edgekit results list"
+            if given
+            else _EMPTY_HINT
+        )
+    if json_:
+        out.json(rows)
+        return
+    if rows:
+        out.table(
+            ["id", "created (UTC)", "model", "target", "device", "variant", "backend",
+             "p50 ms", "p99 ms", "n", "bundle"],
+            [
+                [r["id"], _when(r["created"])[:16], r["model_name"], r["target"], r["device"],
+                 r["variant"], r["backend"], _ms(r["p50"]), _ms(r["p99"]), r["n"],
+                 (r["bundle_hash"] or "")[:8]]
+                for r in rows
+            ],
+        )  # fmt: skip
+
+
+@app.command("show")
+def show(
+    run_id: Annotated[
+        int, typer.Argument(metavar="ID", help="Run id, as printed by `edgekit results list`.")
+    ],
+    json_: JsonFlag = False,
+) -> None:
+    """Show one run: latency statistics, device, configuration, backend and bundle.
+
+    \b
+    Examples:
+      edgekit results show 12
+      edgekit results show 12 --json > run12.json
+    """
+    out = Output("json" if json_ else "human")
+    with ResultsStore() as store:
+        record = store.get(run_id)
+    if json_:
+        out.json(record)
+        return
+    agent, stats = record["agent"], record["stats"]
+    config = agent["config"]
+    out.table(
+        [*(f"{f} ms" for f in STAT_FIELDS), "throughput /s"],
+        [[*(_ms(stats[f]) for f in STAT_FIELDS), f"{stats['throughput']:.1f}"]],
+        title=f"run {record['id']}: {stats['n']} samples, batch {config['batch']}",
+    )
+    out.line()
+    backend = agent["backend"] + (
+        f" {agent['backend_version']}" if agent.get("backend_version") else ""
+    )
+    run_rows = [
+        ("run uuid", record["run_uuid"]),
+        ("created (UTC)", _when(record["created"])),
+        ("model", record["model_name"] + (f" ({agent['model']})" if agent.get("model") else "")),
+        ("model sha256", agent.get("model_sha256")),
+        ("target", record["target"]),
+        ("device", record["device"]),
+        ("variant", agent["variant"]),
+        ("backend", backend),
+        ("precision", agent["precision"]),
+        ("bundle hash", agent.get("bundle_hash")),
+        ("load time", _ns_ms(agent.get("load_ns"))),
+        ("first inference", _ns_ms(agent.get("first_inference_ns"))),
+        ("peak RSS", _bytes(agent.get("peak_rss_bytes"))),
+        ("agent version", agent.get("agent_version")),
+        *((key, _text(value)) for key, value in record.items() if key not in _RECORD_KEYS),
+    ]
+    out.table(["run", ""], _present(run_rows))
+    out.line()
+    out.table(["config", ""], _present((key, _text(value)) for key, value in config.items()))
+    out.line()
+    out.table(["device", ""], _present(_device_rows(agent)))
+
+
+@app.command("export")
+def export(
+    ids: Annotated[
+        list[int] | None, typer.Argument(metavar="ID", help="Run ids to export (default: all).")
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output", "-o", help="Write the document to this file (atomically) instead of stdout."
+        ),
+    ] = None,
+) -> None:
+    """Export runs (raw samples included) as one JSON document for `edgekit results import`.
+
+    \b
+    Examples:
+      edgekit results export -o lab-results.json
+      edgekit results export 3 4 7 > three-runs.json
+    """
+    out = Output("human")
+    if output is not None:
+        check_output_path(output)
+    with ResultsStore() as store:
+        document = store.export(ids or None)
+    if output is None:
+        out.json(document)
+        return
+    with atomic_path(output) as tmp:
+        tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    out.info(f"exported {_runs(len(document['records']))} to {output}")
+
+
+@app.command("import")
+def import_(
+    file: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILE", help="A file from `edgekit results export`, or - for stdin."
+        ),
+    ],
+    json_: JsonFlag = False,
+) -> None:
+    """Import runs from an export file; runs already in the store are skipped.
+
+    All or nothing: if any record is malformed, nothing is imported.
+
+    \b
+    Examples:
+      edgekit results import lab-results.json
+      ssh pi@10.0.0.7 edgekit results export | edgekit results import -
+    """
+    out = Output("json" if json_ else "human")
+    document = _read_json(file)
+    with ResultsStore() as store:
+        imported, skipped = store.import_(document)
+    if json_:
+        out.json({"imported": imported, "skipped": skipped})
+    else:
+        out.line(f"imported {_runs(imported)}, skipped {skipped} already in the store")
+
+
+_RECORD_KEYS = {
+    "id",
+    "schema",
+    "run_uuid",
+    "created",
+    "model_name",
+    "target",
+    "device",
+    "stats",
+    "agent",
+}
+_HINT_EXPORT = "give a file written by `edgekit results export`"
+
+
+def _read_json(file: str) -> Any:
+    name = "stdin" if file == "-" else file
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ResultsError(f"no such file: {file}", _HINT_EXPORT) from None
+    except UnicodeDecodeError:
+        raise ResultsError(f"{name} is not JSON (not UTF-8 text)", _HINT_EXPORT) from None
+    except OSError as exc:
+        raise ResultsError(f"cannot read {name}: {exc.strerror}", _HINT_EXPORT) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ResultsError(
+            f"{name} is not JSON: {exc.msg} (line {exc.lineno})", _HINT_EXPORT
+        ) from None
+
+
+def _device_rows(agent: dict) -> list[tuple[str, Any]]:
+    device = agent["device"]
+    rows: list[tuple[str, Any]] = []
+    for key, value in device.items():
+        if key == "memory_bytes":
+            rows.append(("memory", _bytes(value)))
+        elif key == "isa" and isinstance(value, list):
+            rows.append(("isa", " ".join(map(str, value))))
+        elif key == "runtimes" and isinstance(value, dict):
+            found = (f"{k} {v}" for k, v in value.items() if v is not None)
+            rows.append(("runtimes", ", ".join(found)))
+        else:
+            rows.append((key.replace("_", " "), _text(value)))
+    state = agent.get("device_state") or {}
+    before, after = state.get("before") or {}, state.get("after") or {}
+    for key, label, unit in (("governor", "governor", ""), ("temp_c", "temperature", " C")):
+        if before.get(key) is not None or after.get(key) is not None:
+            rows.append(
+                (
+                    f"{label} before -> after",
+                    f"{_text(before.get(key))}{unit} -> {_text(after.get(key))}{unit}",
+                )
+            )
+    return rows
+
+
+def _present(rows: Any) -> list[tuple[str, Any]]:
+    return [(k, v) for k, v in rows if v not in (None, "")]
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def _ms(value: float | None) -> str:
+    """Milliseconds with about four significant digits: 12.35, 0.04512."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if value >= 1 else f"{value:.4g}"
+
+
+def _ns_ms(value: int | None) -> str | None:
+    return None if value is None else f"{_ms(value / 1e6)} ms"
+
+
+def _bytes(value: int | None) -> str | None:
+    if value is None:
+        return None
+    return f"{value / 2**20:.1f} MiB" if value < 2**30 else f"{value / 2**30:.2f} GiB"
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
+
+
+def _when(created: str) -> str:
+    return created[:19].replace("T", " ")

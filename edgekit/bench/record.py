@@ -1,0 +1,185 @@
+"""A benchmark record: the agent's raw document plus what the host knows and derives.
+
+``make_record`` turns the JSON document the device agent printed into a record for the
+results store; ``validate_record`` checks a record that comes back in from a file. Both
+recompute the statistics from the raw samples, so a record's ``stats`` always agree with
+its ``agent.samples_ns``.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from edgekit.agent import SCHEMA as AGENT_SCHEMA  # the agent document layout this host reads
+from edgekit.bench.stats import Stats
+from edgekit.errors import AgentError, EdgekitError, ResultsError
+
+RECORD_SCHEMA = 1
+AGENT_KIND = "edgekit.bench"
+_RESERVED = ("schema", "run_uuid", "created", "model_name", "target", "device", "stats", "agent")
+
+_AGENT_HINT = (
+    "the agent on the device and this edgekit may be out of step; redeploy the agent "
+    "(edgekit deploy) and run the benchmark again"
+)
+_RECORD_HINT = "the file was not written by `edgekit results export` or was edited; export it again from the source store"
+
+
+def make_record(
+    agent_doc: dict, *, model_name: str, target: str, device: str, extra: dict | None = None
+) -> dict:
+    """Wrap a validated agent document into a new record with a fresh run_uuid.
+
+    Raises AgentError naming the first missing or malformed field of ``agent_doc``.
+    """
+    _check_agent(agent_doc, AgentError, "agent document field", "", _AGENT_HINT)
+    for name, value in (("model_name", model_name), ("target", target), ("device", device)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    for key in extra or {}:
+        if key in _RESERVED:
+            raise ValueError(f"extra field {key!r} would overwrite a record field")
+    record = {
+        "schema": RECORD_SCHEMA,
+        "run_uuid": uuid.uuid4().hex,
+        "created": datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+        "model_name": model_name,
+        "target": target,
+        "device": device,
+        "stats": None,
+        "agent": copy.deepcopy(agent_doc),
+        **copy.deepcopy(extra or {}),
+    }
+    return validate_record(record)
+
+
+def validate_record(d: Any) -> dict:
+    """Check a record (e.g. from an import) and return a normalised copy.
+
+    Normalises ``run_uuid`` to 32 hex digits and ``created`` to UTC, and recomputes ``stats``
+    from the raw samples. Raises ResultsError naming the first bad field.
+    """
+
+    def bad(field: str, what: str) -> ResultsError:
+        return ResultsError(f"record field {field!r} {what}", _RECORD_HINT)
+
+    if not isinstance(d, dict):
+        raise ResultsError(f"a record must be a JSON object, got {_kind(d)}", _RECORD_HINT)
+    schema = d.get("schema")
+    if not _is_int(schema):
+        raise bad("schema", f"must be an integer, got {_kind(schema)}")
+    if schema > RECORD_SCHEMA:
+        raise ResultsError(
+            f"record schema {schema} is newer than this edgekit understands ({RECORD_SCHEMA})",
+            "upgrade edgekit (pip install -U edgekit) on this machine",
+        )
+    if schema != RECORD_SCHEMA:
+        raise bad("schema", f"must be {RECORD_SCHEMA}, got {schema}")
+    out = copy.deepcopy(d)
+    try:
+        out["run_uuid"] = uuid.UUID(d["run_uuid"]).hex
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise bad("run_uuid", f"must be a UUID string, got {d.get('run_uuid')!r}") from None
+    out["created"] = _utc_iso(d.get("created"))
+    if out["created"] is None:
+        raise bad("created", "must be an ISO-8601 timestamp with a UTC offset")
+    for key in ("model_name", "target", "device"):
+        if not isinstance(d.get(key), str) or not d[key]:
+            raise bad(key, f"must be a non-empty string, got {_kind(d.get(key))}")
+    if "stats" in d and d["stats"] is not None and not isinstance(d["stats"], dict):
+        raise bad("stats", f"must be an object, got {_kind(d['stats'])}")
+    agent = d.get("agent")
+    if not isinstance(agent, dict):
+        raise bad("agent", f"must be the agent's JSON object, got {_kind(agent)}")
+    _check_agent(agent, ResultsError, "record field", "agent.", _RECORD_HINT)
+    out["stats"] = Stats.from_samples(agent["samples_ns"], agent["config"]["batch"]).to_dict()
+    return out
+
+
+def _check_agent(doc: Any, error: type[EdgekitError], label: str, path: str, hint: str) -> None:
+    """Raise ``error`` naming the first field of an agent document that is missing or bad."""
+
+    def fail(field: str, what: str) -> EdgekitError:
+        return error(f"{label} {path + field!r} {what}", hint)
+
+    if not isinstance(doc, dict):
+        raise error(f"the agent document must be a JSON object, got {_kind(doc)}", hint)
+    if doc.get("kind") != AGENT_KIND:
+        raise fail("kind", f"must be {AGENT_KIND!r}, got {doc.get('kind')!r}")
+    schema = doc.get("schema")
+    if not _is_int(schema) or schema < 1:
+        raise fail("schema", f"must be a positive integer, got {schema!r}")
+    if schema > AGENT_SCHEMA:
+        raise error(
+            f"agent document schema {schema} is newer than this edgekit understands ({AGENT_SCHEMA})",
+            "upgrade edgekit on this machine (pip install -U edgekit) to match the agent",
+        )
+    for key in ("variant", "backend", "precision"):
+        if not isinstance(doc.get(key), str) or not doc[key]:
+            raise fail(key, f"must be a non-empty string, got {_kind(doc.get(key))}")
+    samples = doc.get("samples_ns")
+    if not isinstance(samples, list) or not samples:
+        raise fail(
+            "samples_ns", f"must be a non-empty list of positive integers, got {_kind(samples)}"
+        )
+    for i, s in enumerate(samples):
+        if not _is_int(s) or s <= 0:
+            raise fail(
+                "samples_ns", f"must hold positive integers (nanoseconds); item {i} is {s!r}"
+            )
+    config = doc.get("config")
+    if not isinstance(config, dict):
+        raise fail("config", f"must be an object, got {_kind(config)}")
+    batch = config.get("batch")
+    if not _is_int(batch) or batch < 1:
+        raise fail("config.batch", f"must be a positive integer, got {batch!r}")
+    if not isinstance(doc.get("device"), dict):
+        raise fail("device", f"must be an object of device facts, got {_kind(doc.get('device'))}")
+    # Optional fields: absent or null is fine, a wrong type is not.
+    for key in (
+        "agent_version",
+        "backend_version",
+        "model",
+        "model_sha256",
+        "bundle_hash",
+        "started_at",
+    ):
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            raise fail(key, f"must be a string or null, got {_kind(doc[key])}")
+    for key in ("load_ns", "first_inference_ns", "peak_rss_bytes"):
+        value = doc.get(key)
+        if value is not None and (not _is_int(value) or value < 0):
+            raise fail(key, f"must be a non-negative integer or null, got {value!r}")
+    if doc.get("device_state") is not None and not isinstance(doc["device_state"], dict):
+        raise fail("device_state", f"must be an object or null, got {_kind(doc['device_state'])}")
+    if doc.get("layers") is not None and not isinstance(doc["layers"], (list, dict)):
+        raise fail("layers", f"must be a list, an object or null, got {_kind(doc['layers'])}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null or nothing"
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _utc_iso(value: Any) -> str | None:
+    """``value`` as an aware ISO-8601 timestamp converted to UTC, or None if it is not one."""
+    if not isinstance(value, str):
+        return None
+    text = value[:-1] + "+00:00" if value.endswith(("Z", "z")) else value  # 3.10 rejects "Z"
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    return when.astimezone(timezone.utc).isoformat(timespec="microseconds")

@@ -1,0 +1,72 @@
+"""Latency statistics, derived in one place from the raw per-iteration samples.
+
+The device sends raw samples in nanoseconds; everything a table, a report or a regression
+gate shows is computed here, on the host, so two tools can never disagree about a p99.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+STAT_FIELDS = ("min", "p50", "p90", "p99", "max", "mean", "stddev")  # all in milliseconds
+_PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
+_NS_PER_MS = 1e6
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of one run. Latencies in milliseconds, throughput in inferences per second."""
+
+    n: int
+    min: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    mean: float
+    stddev: float
+    throughput: float
+
+    @classmethod
+    def from_samples(cls, samples_ns: Sequence[int], batch: int = 1) -> Stats:
+        """Summarise per-iteration latencies (ns) of ``batch`` inferences each.
+
+        Percentiles interpolate linearly between closest ranks (numpy's default method),
+        computed on the nanosecond values and then scaled; stddev is the sample standard
+        deviation (n - 1), 0.0 for a single sample.
+        """
+        if len(samples_ns) == 0:
+            raise ValueError("no samples: statistics need at least one latency sample")
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        ns = np.asarray(samples_ns, dtype=np.float64)
+        pct = {
+            name: float(np.percentile(ns, q, method="linear")) / _NS_PER_MS
+            for name, q in _PERCENTILES.items()
+        }
+        mean = float(np.mean(ns)) / _NS_PER_MS
+        stddev = float(np.std(ns, ddof=1)) / _NS_PER_MS if ns.size > 1 else 0.0
+        return cls(
+            n=int(ns.size),
+            min=float(ns.min()) / _NS_PER_MS,
+            p50=pct["p50"],
+            p90=pct["p90"],
+            p99=pct["p99"],
+            max=float(ns.max()) / _NS_PER_MS,
+            mean=mean,
+            stddev=stddev,
+            throughput=batch * 1000.0 / mean,
+        )
+
+    def get(self, field: str) -> float:
+        """The value of a stat by name (``"p50"``, ``"throughput"``...); unknown -> KeyError."""
+        if field not in STAT_FIELDS and field != "throughput":
+            known = ", ".join((*STAT_FIELDS, "throughput"))
+            raise KeyError(f"unknown statistic {field!r}; known: {known}")
+        return getattr(self, field)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,301 @@
+"""The results store: one SQLite file in the user data dir, safe for many writers at once.
+
+Each run is one row: a few columns to filter and sort on, plus the full record as JSON
+(raw samples included), so nothing a later tool may want is thrown away. WAL mode lets
+readers run while a writer commits; writes take the lock up front (BEGIN IMMEDIATE) and wait
+for it (busy_timeout), so parallel benchmarks of many devices never lose a result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from edgekit.bench.record import validate_record
+from edgekit.errors import ResultsError
+
+DB_SCHEMA_VERSION = 1  # PRAGMA user_version; bump with a migration when the tables change
+EXPORT_KIND = "edgekit.results"
+EXPORT_SCHEMA = 1
+_BUSY_TIMEOUT_MS = 60_000
+_SUMMARY = (
+    "id", "created", "model_name", "target", "device", "variant", "backend", "precision",
+    "p50", "p99", "mean", "n", "bundle_hash",
+)  # fmt: skip
+_DDL = """
+CREATE TABLE runs (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_uuid    TEXT NOT NULL UNIQUE,
+    created     TEXT NOT NULL,
+    model_name  TEXT NOT NULL,
+    target      TEXT NOT NULL,
+    device      TEXT NOT NULL,
+    variant     TEXT NOT NULL,
+    backend     TEXT NOT NULL,
+    precision   TEXT NOT NULL,
+    bundle_hash TEXT,
+    n           INTEGER NOT NULL,
+    p50         REAL NOT NULL,
+    p99         REAL NOT NULL,
+    mean        REAL NOT NULL,
+    record      TEXT NOT NULL
+);
+CREATE INDEX runs_created ON runs (created);
+CREATE INDEX runs_model_target ON runs (model_name, target);
+"""
+
+
+def default_db_path() -> Path:
+    """``$EDGEKIT_DATA_DIR/results.db``, else ``results.db`` in the platform's user data dir."""
+    base = os.environ.get("EDGEKIT_DATA_DIR") or platformdirs.user_data_dir("edgekit")
+    return Path(base) / "results.db"
+
+
+class ResultsStore:
+    """Benchmark records in SQLite. Opens (and creates) the database on first use."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_db_path()
+        self._conn: sqlite3.Connection | None = None
+
+    def __enter__(self) -> ResultsStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writes -------------------------------------------------------------------------
+    def add(self, record: dict) -> int:
+        """Validate and store one record (raw samples included); return its run id."""
+        record = validate_record(record)
+        with self._write() as conn:
+            if conn.execute(
+                "SELECT 1 FROM runs WHERE run_uuid = ?", (record["run_uuid"],)
+            ).fetchone():
+                raise ResultsError(
+                    f"run {record['run_uuid']} is already in the results store",
+                    "each record is stored once; make a new record for a new run",
+                )
+            return self._insert(conn, record)
+
+    def import_(self, document: dict) -> tuple[int, int]:
+        """Add the records of an export document; return (imported, skipped duplicates).
+
+        All or nothing: every record is validated first, and the inserts are one transaction.
+        Duplicates (same run_uuid, in the store or earlier in the document) are skipped.
+        """
+        records = _check_export(document)
+        with self._write() as conn:
+            imported = skipped = 0
+            for record in records:
+                seen = conn.execute(
+                    "SELECT 1 FROM runs WHERE run_uuid = ?", (record["run_uuid"],)
+                ).fetchone()
+                if seen:
+                    skipped += 1
+                else:
+                    self._insert(conn, record)
+                    imported += 1
+        return imported, skipped
+
+    # -- reads --------------------------------------------------------------------------
+    def get(self, run_id: int) -> dict:
+        """The stored record with its ``id`` added."""
+        row = (
+            self._connect()
+            .execute("SELECT id, record FROM runs WHERE id = ?", (run_id,))
+            .fetchone()
+        )
+        if row is None:
+            raise ResultsError(
+                f"no result with id {run_id}", "see the stored runs with: edgekit results list"
+            )
+        return {"id": row[0], **json.loads(row[1])}
+
+    def list(
+        self,
+        *,
+        limit: int = 50,
+        model: str | None = None,
+        target: str | None = None,
+        device: str | None = None,
+        variant: str | None = None,
+    ) -> list[dict]:
+        """Summary rows, newest first, optionally filtered by exact model/target/device/variant."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        where, params = [], []
+        for column, value in (
+            ("model_name", model),
+            ("target", target),
+            ("device", device),
+            ("variant", variant),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = f"SELECT {', '.join(_SUMMARY)} FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created DESC, id DESC LIMIT ?"
+        rows = self._connect().execute(sql, (*params, limit)).fetchall()
+        return [dict(zip(_SUMMARY, row, strict=True)) for row in rows]
+
+    def export(self, ids: Sequence[int] | None = None) -> dict:
+        """An import-ready document with the given runs (all runs when ``ids`` is None), oldest first."""
+        conn = self._connect()
+        if ids is None:
+            rows = conn.execute("SELECT record FROM runs ORDER BY id").fetchall()
+        else:
+            wanted = list(dict.fromkeys(ids))
+            found = {}
+            for run_id in wanted:
+                row = conn.execute("SELECT record FROM runs WHERE id = ?", (run_id,)).fetchone()
+                if row is None:
+                    raise ResultsError(
+                        f"no result with id {run_id}",
+                        "see the stored runs with: edgekit results list",
+                    )
+                found[run_id] = row
+            rows = [found[i] for i in wanted]
+        return {
+            "schema": EXPORT_SCHEMA,
+            "kind": EXPORT_KIND,
+            "records": [json.loads(r[0]) for r in rows],
+        }
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- internals ------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is not None:
+            return self._conn
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ResultsError(
+                f"cannot create the results directory {self.path.parent}: {exc.strerror}",
+                "set EDGEKIT_DATA_DIR to a writable directory",
+            ) from None
+        try:
+            # autocommit mode: transactions are explicit (BEGIN IMMEDIATE in _write).
+            conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise self._db_error(exc) from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version <= DB_SCHEMA_VERSION:  # never touch a database from a newer edgekit
+                conn.execute("PRAGMA journal_mode = WAL")
+            if version == 0:
+                version = self._create_schema(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise self._db_error(exc) from None
+        if version > DB_SCHEMA_VERSION:
+            conn.close()
+            raise ResultsError(
+                f"results database {self.path} has schema version {version}, newer than this "
+                f"edgekit supports ({DB_SCHEMA_VERSION})",
+                "upgrade edgekit (pip install -U edgekit), or set EDGEKIT_DATA_DIR to use another store",
+            )
+        self._conn = conn
+        return conn
+
+    @staticmethod
+    def _create_schema(conn: sqlite3.Connection) -> int:
+        """Create the tables unless another process just did; return the schema version."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                for statement in filter(str.strip, _DDL.split(";")):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {DB_SCHEMA_VERSION}")
+                version = DB_SCHEMA_VERSION
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return version
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction that holds the write lock from its start."""
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise self._db_error(exc) from None
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK")
+            raise self._db_error(exc) from None
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, record: dict) -> int:
+        agent, stats = record["agent"], record["stats"]
+        cur = conn.execute(
+            "INSERT INTO runs (run_uuid, created, model_name, target, device, variant, backend,"
+            " precision, bundle_hash, n, p50, p99, mean, record)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record["run_uuid"], record["created"], record["model_name"], record["target"],
+                record["device"], agent["variant"], agent["backend"], agent["precision"],
+                agent.get("bundle_hash"), stats["n"], stats["p50"], stats["p99"], stats["mean"],
+                json.dumps(record, separators=(",", ":")),
+            ),
+        )  # fmt: skip
+        return int(cur.lastrowid)
+
+    def _db_error(self, exc: sqlite3.Error) -> ResultsError:
+        return ResultsError(
+            f"results database {self.path} is unusable: {exc}",
+            "check the file (is it a SQLite database? is the disk full or read-only?) "
+            "or set EDGEKIT_DATA_DIR to use another store",
+        )
+
+
+def _check_export(document: Any) -> list[dict]:
+    """Validate an export document as a whole; return its normalised records."""
+    hint = "give a file written by `edgekit results export`"
+    if not isinstance(document, dict) or document.get("kind") != EXPORT_KIND:
+        got = document.get("kind") if isinstance(document, dict) else type(document).__name__
+        raise ResultsError(
+            f"not an edgekit results export (kind is {got!r}, expected {EXPORT_KIND!r})", hint
+        )
+    schema = document.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+        raise ResultsError(
+            f"export field 'schema' must be a positive integer, got {schema!r}", hint
+        )
+    if schema > EXPORT_SCHEMA:
+        raise ResultsError(
+            f"export schema {schema} is newer than this edgekit understands ({EXPORT_SCHEMA})",
+            "upgrade edgekit (pip install -U edgekit) on this machine",
+        )
+    records = document.get("records")
+    if not isinstance(records, list):
+        raise ResultsError("export field 'records' must be a list", hint)
+    checked = []
+    for i, record in enumerate(records):
+        try:
+            checked.append(validate_record(record))
+        except ResultsError as exc:
+            raise ResultsError(f"records[{i}]: {exc.message}", exc.hint) from None
+    return checked
