@@ -1,0 +1,129 @@
+"""The profile data model: what a device class is, as frozen dataclasses.
+
+A profile is data. The loader turns TOML into these objects after validating every key;
+nothing here reads files or probes hardware.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+BACKENDS = ("native", "tensorrt", "openvino", "tflite", "onnxruntime")
+PRECISIONS = ("int8", "fp16", "fp32")
+ARCHES = ("x86_64", "aarch64", "armv7l")
+
+# Normalized ISA feature names, per architecture family. These are the features the
+# backends and the native runtime dispatch on (int8 dot products, half precision, VNNI);
+# the names follow Linux /proc/cpuinfo where it has one ("asimddp", "avx512_vnni"), with
+# "neon" for Advanced SIMD and "fp16" for half-precision SIMD arithmetic (asimdhp).
+ARM_ISA = ("neon", "asimddp", "i8mm", "fp16")
+X86_ISA = ("sse4_2", "avx2", "avx512f", "avx512_vnni", "avx_vnni")
+ISA_FEATURES = ARM_ISA + X86_ISA
+ISA_BY_ARCH = {"x86_64": X86_ISA, "aarch64": ARM_ISA, "armv7l": ARM_ISA}
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"2022.3.1"`` -> ``(2022, 3, 1)``; anything after the numeric prefix is ignored."""
+    match = re.match(r"\d+(\.\d+)*", version.strip())
+    if not match:
+        raise ValueError(f"not a version: {version!r}")
+    return tuple(int(p) for p in match.group(0).split("."))
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    precisions: tuple[str, ...]
+    device: str | None = None
+    min_version: str | None = None
+    max_version: str | None = None
+    dla_cores: int = 0
+    notes: str = ""
+
+    def version_ok(self, version: str) -> bool:
+        """Does runtime ``version`` fall inside [min_version, max_version]?
+
+        Bounds compare on the components they give: max_version "2022.3" admits 2022.3.2
+        (a patch release of 2022.3) but not 2023.0.
+        """
+        have = version_tuple(version)
+        if self.min_version and have < version_tuple(self.min_version):
+            return False
+        if self.max_version:
+            bound = version_tuple(self.max_version)
+            if have[: len(bound)] > bound:
+                return False
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "precisions": list(self.precisions),
+            "device": self.device,
+            "min_version": self.min_version,
+            "max_version": self.max_version,
+            "dla_cores": self.dla_cores,
+            "notes": self.notes,
+        }
+
+
+@dataclass(frozen=True)
+class CpuSpec:
+    arch: str  # "" only in a probe profile that has not been resolved yet
+    core: str | None
+    isa: tuple[str, ...]
+    cores: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arch": self.arch, "core": self.core, "isa": list(self.isa), "cores": self.cores}
+
+
+@dataclass(frozen=True)
+class BenchDefaults:
+    warmup: int = 10
+    iterations: int = 100
+    threads: int | None = None  # None = all cores
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"warmup": self.warmup, "iterations": self.iterations, "threads": self.threads}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    source: str  # "builtin" or the file it came from
+    cpu: CpuSpec
+    accelerator: str | None
+    backends: tuple[BackendSpec, ...]  # preference order
+    probe: bool = False  # cpu facts come from probing the machine (see resolve())
+    workdir: str = "~/.edgekit"
+    python: str = "python3"
+    bench: BenchDefaults = field(default_factory=BenchDefaults)
+
+    def backend(self, name: str) -> BackendSpec | None:
+        """The spec of backend ``name``, or None when this device cannot use it."""
+        for spec in self.backends:
+            if spec.name == name:
+                return spec
+        return None
+
+    @property
+    def resolved(self) -> bool:
+        """False for a probe profile whose cpu facts have not been filled in yet."""
+        return bool(self.cpu.arch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "source": self.source,
+            "probe": self.probe,
+            "cpu": self.cpu.to_dict(),
+            "accelerator": self.accelerator,
+            "backends": [b.to_dict() for b in self.backends],
+            "workdir": self.workdir,
+            "python": self.python,
+            "bench": self.bench.to_dict(),
+        }
