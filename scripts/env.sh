@@ -1,0 +1,34 @@
+# Sourced by scripts/demo and scripts/test: a cached virtualenv with edgekit and its test deps.
+#
+# The venv lives outside the repo (default ~/.cache/edgekit-dev/venv-<hash>), keyed by
+# pyproject.toml and this file, so a fresh clone reuses it; the project itself is re-installed (editable,
+# no deps, a few seconds) every time so the venv always points at *this* checkout.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${EDGEKIT_PYTHON:-python3}"
+if ! command -v "$PY" >/dev/null; then
+  echo "error: $PY not found" >&2
+  echo "hint: install Python 3.10+ or set EDGEKIT_PYTHON to its path" >&2
+  exit 2
+fi
+KEY="$(cat "$REPO/pyproject.toml" "$REPO/scripts/env.sh" | sha256sum | cut -c1-12)"
+CACHE="${EDGEKIT_DEV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgekit-dev}"
+VENV="$CACHE/venv-$KEY"
+
+if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
+  echo "setting up $VENV (once per dependency change) ..." >&2
+  rm -rf "$VENV"
+  mkdir -p "$CACHE"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+  # edgekit's dependencies plus the test and openvino extras (the project itself follows below).
+  "$VENV/bin/python" -m pip install -q "$REPO[test,openvino]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  # Real pretrained models for the tests ship inside this wheel; its own deps (opencv...) are
+  # not needed because edgekit only reads the .onnx files in it.
+  "$VENV/bin/python" -m pip install -q --no-deps rapidocr-onnxruntime==1.4.4
+  touch "$VENV/.complete"
+fi
+"$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$REPO" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+export PATH="$VENV/bin:$PATH"
+export VIRTUAL_ENV="$VENV"
