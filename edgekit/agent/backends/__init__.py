@@ -1,0 +1,26 @@
+"""Backends the agent can time: one module per runtime, imported only when a variant needs it.
+
+A backend module has ``load(model_path: str, threads: int | None) -> session``; the session
+has ``run(feeds: dict) -> outputs`` and a ``version`` string. The module imports its runtime
+inside ``load`` and turns "not installed" into an AgentFailure with an install hint.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .. import AgentFailure
+
+# backend name (as in the bundle manifest) -> module in this package
+BACKENDS = {"onnxruntime": "onnxruntime"}
+
+
+def load_backend(name: str):
+    """The backend module for ``name``; an unknown name is an AgentFailure."""
+    module = BACKENDS.get(name)
+    if module is None:
+        raise AgentFailure(
+            f"this agent cannot run backend '{name}' (it runs: {', '.join(sorted(BACKENDS))})",
+            "update edgekit on the host (the agent is pushed with it) or bench another variant",
+        )
+    return importlib.import_module("." + module, __name__)

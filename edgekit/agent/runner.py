@@ -1,0 +1,262 @@
+"""Time one variant of a bundle on this device and describe the run as one JSON document.
+
+The agent reports raw per-iteration latencies and facts only; statistics are the host's job.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import posixpath
+import sys
+import time
+from datetime import datetime, timezone
+
+from . import AGENT_VERSION, SCHEMA, AgentFailure, bundle_hash
+from .backends import load_backend
+from .facts import device_facts, device_state
+
+# A --duration run on a microsecond model would otherwise print a JSON document of many MB.
+MAX_SAMPLES = 1_000_000
+INPUTS_FILE = "inputs.npz"
+
+_REPUSH = "push the bundle again (edgekit bench / edgekit deploy do this)"
+
+
+def bench(
+    bundle_dir: str,
+    variant: str,
+    warmup: int = 10,
+    iterations: int = 100,
+    duration_s: float | None = None,
+    threads: int | None = None,
+) -> dict:
+    """Load ``variant`` of the bundle at ``bundle_dir``, time it, return the bench document.
+
+    With ``duration_s`` the timed loop runs until that much time is used (at least one
+    iteration) instead of a fixed number of ``iterations``.
+    """
+    manifest = read_manifest(bundle_dir)
+    spec = find_variant(manifest, variant)
+    model_rel = spec["model"]
+    model_path = os.path.join(bundle_dir, *model_rel.split("/"))
+    if not os.path.isfile(model_path):
+        raise AgentFailure(f"the bundle on the device has no model file {model_rel}", _REPUSH)
+    model_sha = _sha256(model_path)
+    recorded = {f["path"]: f["sha256"] for f in manifest["files"]}
+    if recorded.get(model_rel) != model_sha:
+        raise AgentFailure(f"{model_rel} on the device does not match its sha256 in manifest.json", _REPUSH)
+    backend = load_backend(spec["backend"])
+    facts = device_facts()
+    before = device_state()
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    t0 = time.perf_counter_ns()
+    session = backend.load(model_path, threads)
+    load_ns = time.perf_counter_ns() - t0
+    feeds = make_inputs(bundle_dir, spec)
+
+    t0 = time.perf_counter_ns()
+    try:
+        session.run(feeds)
+    except Exception as exc:  # the runtime's own error types: name them, don't crash
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise AgentFailure(
+            f"inference of variant '{variant}' failed: {first}",
+            "check that the variant's inputs in manifest.json (or its inputs.npz) match the model",
+        ) from None
+    first_ns = time.perf_counter_ns() - t0
+    for _ in range(warmup):
+        session.run(feeds)
+    samples = _timed_loop(session, feeds, iterations, duration_s)
+    after = device_state()
+
+    first_input = feeds[spec["inputs"][0]["name"]] if spec["inputs"] else None
+    batch = int(first_input.shape[0]) if first_input is not None and first_input.ndim >= 2 else 1
+    return {
+        "schema": SCHEMA,
+        "kind": "edgekit.bench",
+        "agent_version": AGENT_VERSION,
+        "variant": spec["name"],
+        "backend": spec["backend"],
+        "backend_version": session.version,
+        "precision": spec["precision"],
+        "model": model_rel,
+        "model_sha256": model_sha,
+        "bundle_hash": bundle_hash((f["path"], f["sha256"]) for f in manifest["files"]),
+        "config": {
+            "warmup": warmup,
+            "iterations": None if duration_s is not None else iterations,
+            "duration_s": duration_s,
+            "threads": threads,
+            "batch": batch,
+        },
+        "samples_ns": samples,
+        "load_ns": load_ns,
+        "first_inference_ns": first_ns,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "layers": None,
+        "started_at": started_at,
+        "device": facts,
+        "device_state": {"before": before, "after": after},
+    }
+
+
+def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None) -> list:
+    run = session.run
+    clock = time.perf_counter_ns
+    samples = []
+    # Like timeit: a collector pause inside one iteration would show up as a fake outlier.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if duration_s is None:
+            for _ in range(iterations):
+                t = clock()
+                run(feeds)
+                samples.append(clock() - t)
+        else:
+            deadline = clock() + int(duration_s * 1e9)
+            while True:
+                t = clock()
+                run(feeds)
+                end = clock()
+                samples.append(end - t)
+                if end >= deadline or len(samples) >= MAX_SAMPLES:
+                    break
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return samples
+
+
+def read_manifest(bundle_dir: str) -> dict:
+    """The bundle's manifest.json, checked just enough to be used safely here."""
+    if not os.path.isdir(bundle_dir):
+        raise AgentFailure(f"no bundle directory on the device at {bundle_dir}", _REPUSH)
+    path = os.path.join(bundle_dir, "manifest.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            manifest = json.load(fh)
+    except OSError as exc:
+        raise AgentFailure(f"cannot read {path}: {exc.strerror}", _REPUSH) from None
+    except ValueError as exc:
+        raise AgentFailure(f"{path} is not valid JSON: {exc}", _REPUSH) from None
+    schema = manifest.get("schema") if isinstance(manifest, dict) else None
+    if schema != SCHEMA:
+        raise AgentFailure(
+            f"{path} has bundle schema {schema!r}; this agent reads schema {SCHEMA}",
+            "use the same edgekit version to build the bundle and to run it",
+        )
+    files = manifest.get("files")
+    if not isinstance(files, list) or not all(isinstance(f, dict) and "path" in f and "sha256" in f for f in files):
+        raise AgentFailure(f"{path}: 'files' must be a list of {{path, sha256, size}} objects", _REPUSH)
+    if not isinstance(manifest.get("variants"), list):
+        raise AgentFailure(f"{path}: 'variants' must be a list", _REPUSH)
+    return manifest
+
+
+def find_variant(manifest: dict, name: str) -> dict:
+    names = []
+    for spec in manifest["variants"]:
+        if isinstance(spec, dict):
+            names.append(str(spec.get("name")))
+            if spec.get("name") == name:
+                for key in ("backend", "precision", "model", "inputs"):
+                    if key not in spec:
+                        raise AgentFailure(f"variant '{name}' in manifest.json has no '{key}'", _REPUSH)
+                return spec
+    raise AgentFailure(
+        f"the bundle has no variant '{name}' (it has: {', '.join(names) or 'none'})",
+        "pass one of the bundle's variant names",
+    )
+
+
+def make_inputs(bundle_dir: str, spec: dict) -> dict:
+    """Feeds for the variant: its directory's inputs.npz when present, else seeded random data.
+
+    Random data is deterministic (seed 0) so every device times the same values: floats are
+    standard normal, integers lie in [0, 10) (safe as indices), booleans are coin flips.
+    Dimensions <= 0 (dynamic) become 1.
+    """
+    np = _numpy()
+    model_dir = posixpath.dirname(spec["model"])
+    npz = os.path.join(bundle_dir, *(model_dir.split("/") if model_dir else []), INPUTS_FILE)
+    if os.path.isfile(npz):
+        return _npz_inputs(np, npz, spec)
+    rng = np.random.RandomState(0)  # the legacy generator's stream is frozen across numpy versions
+    feeds = {}
+    for tensor in spec["inputs"]:
+        try:
+            dtype = np.dtype(tensor["dtype"])
+        except TypeError:
+            raise AgentFailure(
+                f"input '{tensor['name']}' has an unknown dtype {tensor['dtype']!r}",
+                "rebuild the bundle; dtypes are numpy names such as float32 or int64",
+            ) from None
+        shape = tuple(d if d > 0 else 1 for d in tensor["shape"])
+        if dtype.kind == "f":
+            feeds[tensor["name"]] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu":
+            feeds[tensor["name"]] = rng.randint(0, 10, size=shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[tensor["name"]] = rng.randint(0, 2, size=shape).astype(dtype)
+        else:
+            raise AgentFailure(
+                f"cannot make random data for input '{tensor['name']}' of dtype {dtype.name}",
+                f"put sample inputs in {INPUTS_FILE} beside the model in the bundle",
+            )
+    return feeds
+
+
+def _npz_inputs(np, path: str, spec: dict) -> dict:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except Exception as exc:  # numpy raises ValueError/OSError/zipfile errors for a bad file
+        raise AgentFailure(f"cannot read {path}: {exc}", f"rebuild {INPUTS_FILE} with numpy.savez") from None
+    feeds = {}
+    for tensor in spec["inputs"]:
+        name = tensor["name"]
+        if name not in arrays:
+            raise AgentFailure(
+                f"{path} has no array for input '{name}' (it has: {', '.join(sorted(arrays)) or 'none'})",
+                f"save one array per model input, keyed by input name: numpy.savez(path, **{{'{name}': ...}})",
+            )
+        if arrays[name].dtype.name != tensor["dtype"]:
+            raise AgentFailure(
+                f"{path}: input '{name}' is {arrays[name].dtype.name}, the model wants {tensor['dtype']}",
+                f"save it as {tensor['dtype']}",
+            )
+        feeds[name] = arrays[name]
+    return feeds
+
+
+def peak_rss_bytes() -> int | None:
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError as exc:
+        raise AgentFailure(
+            f"numpy is not installed on the device (for {sys.executable}): {exc}",
+            f"install it there: {sys.executable} -m pip install numpy",
+        ) from None
+    return numpy
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

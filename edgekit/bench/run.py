@@ -1,0 +1,103 @@
+"""Run the agent on a device to time one variant of a pushed bundle."""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from edgekit.agent import SCHEMA as AGENT_SCHEMA
+from edgekit.errors import AgentError
+from edgekit.transport.base import CommandResult, Transport
+from edgekit.transport.push import push_agent
+
+_OUT_OF_STEP = "the agent on the device is out of step with this edgekit; bench again to push the current one"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    warmup: int = 10
+    iterations: int = 100
+    duration_s: float | None = None  # when set, run for this long instead of `iterations`
+    threads: int | None = None  # None: the runtime's default (all cores)
+
+    def agent_args(self) -> list[str]:
+        args = ["--warmup", str(self.warmup), "--iterations", str(self.iterations)]
+        if self.duration_s is not None:
+            args += ["--duration", repr(float(self.duration_s))]
+        if self.threads is not None:
+            args += ["--threads", str(self.threads)]
+        return args
+
+
+def bench_variant(
+    transport: Transport, remote_bundle_dir: str, variant: str, config: BenchConfig, timeout: float = 900
+) -> dict:
+    """Time ``variant`` of the bundle at ``remote_bundle_dir`` on the device; the agent's document.
+
+    Pushes the agent first if the device lacks this version of it. Raises AgentError with
+    the agent's own message and hint when it reports a failure, or when its output is not
+    a bench document.
+    """
+    agent = push_agent(transport)
+    argv = [transport.python, agent, "bench", remote_bundle_dir, "--variant", variant, *config.agent_args()]
+    if config.duration_s is not None:
+        timeout = max(timeout, config.duration_s + 300)  # loading and warmup come on top
+    result = transport.run(argv, timeout=timeout, check=False)
+    doc = parse_agent_output(result)
+    if doc.get("variant") != variant:
+        raise AgentError(
+            f"the agent benchmarked variant {doc.get('variant')!r}, not '{variant}'",
+            _OUT_OF_STEP,
+        )
+    return doc
+
+
+def parse_agent_output(result: CommandResult) -> dict[str, Any]:
+    """The agent's bench document from a finished agent command, or AgentError saying why not."""
+    if result.returncode < 0:
+        try:
+            signame = signal.Signals(-result.returncode).name
+        except ValueError:
+            signame = f"signal {-result.returncode}"
+        raise AgentError(
+            f"the agent was killed by {signame} on the device" + _tail(result),
+            "the backend runtime crashed (a SIGILL or SIGSEGV usually means a build for another CPU); "
+            "run the command by hand on the device: " + result.command,
+        )
+    text = result.stdout.decode("utf-8", errors="replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise AgentError(
+            f"the agent printed no JSON document (exit code {result.returncode}){_tail(result)}",
+            f"check the device's Python ({result.argv[0]}) is 3.7 or newer; run by hand: {result.command}",
+        ) from None
+    if not isinstance(doc, dict):
+        raise AgentError("the agent printed JSON that is not an object", _OUT_OF_STEP)
+    if doc.get("kind") == "edgekit.error":
+        raise AgentError(str(doc.get("error") or "the agent failed"), str(doc.get("hint") or ""))
+    if doc.get("kind") != "edgekit.bench" or doc.get("schema") != AGENT_SCHEMA:
+        raise AgentError(
+            f"the agent printed a {doc.get('kind')!r} document of schema {doc.get('schema')!r}; "
+            f"expected 'edgekit.bench' schema {AGENT_SCHEMA}",
+            _OUT_OF_STEP,
+        )
+    if result.returncode != 0:
+        raise AgentError(
+            f"the agent exited with code {result.returncode} after a bench document{_tail(result)}",
+            f"run it by hand on the device: {result.command}",
+        )
+    samples = doc.get("samples_ns")
+    if not isinstance(samples, list) or not samples or not all(type(s) is int and s > 0 for s in samples):
+        raise AgentError(
+            "the agent's document has no usable samples_ns (a non-empty list of positive integers)",
+            _OUT_OF_STEP,
+        )
+    return doc
+
+
+def _tail(result: CommandResult) -> str:
+    tail = result.stderr_tail(3)
+    return f": {tail}" if tail else ""

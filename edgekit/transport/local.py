@@ -1,0 +1,199 @@
+"""The local device: this machine, with a working directory of its own.
+
+It is the embedded default target and the reference the SSH transport is tested against:
+same argv-only commands, same atomic, verified copies. The device's Python is the host's
+interpreter, so the host venv's runtimes are the device's runtimes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import platformdirs
+
+from edgekit.errors import TransportError
+from edgekit.fsutil import atomic_path, sha256_file
+from edgekit.transport.base import CommandResult
+
+
+def default_root() -> Path:
+    """``$EDGEKIT_CACHE_DIR/local-device`` (else the user cache dir's)."""
+    cache = os.environ.get("EDGEKIT_CACHE_DIR") or platformdirs.user_cache_dir("edgekit")
+    return Path(cache) / "local-device"
+
+
+class LocalTransport:
+    name = "local"
+
+    def __init__(self, root: Path | None = None) -> None:
+        self._root = Path(root) if root is not None else default_root()
+        self.root = str(self._root)
+        self.python = sys.executable
+        self._ready = False
+
+    # -- commands ---------------------------------------------------------------------------
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 600.0,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        check: bool = True,
+    ) -> CommandResult:
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("argv must be a list of arguments, not a shell string")
+        argv = tuple(os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in argv)
+        if not argv:
+            raise TransportError("empty command", "pass the program and its arguments as a list")
+        command = shlex.join(argv)
+        workdir = self._path(cwd) if cwd is not None else self._ensure_root()
+        if not workdir.is_dir():
+            raise TransportError(f"working directory does not exist on the device: {workdir}", "create it first")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=workdir,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group: a timeout kills children too
+            )
+        except FileNotFoundError:
+            raise TransportError(
+                f"command not found on the device: {argv[0]}", f"install it or use its full path ({command})"
+            ) from None
+        except PermissionError:
+            raise TransportError(f"cannot execute {argv[0]} on the device: permission denied", "check the file's mode") from None
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise TransportError(
+                f"command timed out after {timeout:g}s: {command}",
+                "the device may be overloaded or the command stuck; allow more time or do less per run",
+            ) from None
+        except BaseException:  # KeyboardInterrupt: don't leave the process running
+            _kill_group(proc)
+            raise
+        result = CommandResult(argv, proc.returncode, stdout, stderr, time.monotonic() - start)
+        if check and result.returncode != 0:
+            tail = result.stderr_tail()
+            raise TransportError(
+                f"command failed with exit code {result.returncode}: {command}" + (f": {tail}" if tail else ""),
+                "run the command by hand on the device to see its full output",
+            )
+        return result
+
+    # -- files ------------------------------------------------------------------------------
+    def put(self, local: Path, remote: str) -> None:
+        local = Path(local)
+        if not local.is_file():
+            raise TransportError(f"cannot upload {local}: no such file", "check the local path")
+        dest = self._path(remote)
+        if not dest.parent.is_dir():
+            raise TransportError(
+                f"cannot upload to {dest}: directory {dest.parent} does not exist on the device",
+                "create it first (Transport.mkdir)",
+            )
+        if dest.is_dir():
+            raise TransportError(f"cannot upload to {dest}: it is a directory", "give the file's full remote path")
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+        except OSError as exc:
+            raise TransportError(f"cannot write in {dest.parent} on the device: {exc.strerror}", "check permissions") from None
+        try:
+            sent = hashlib.sha256()
+            with os.fdopen(fd, "wb") as out, open(local, "rb") as src:
+                while block := src.read(1 << 20):
+                    sent.update(block)
+                    out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+            if sha256_file(Path(tmp)) != sent.hexdigest():
+                raise TransportError(f"upload of {local} to {dest} arrived corrupted", "retry; check the device's storage")
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a bundle is readable like any file
+            os.replace(tmp, dest)
+            _fsync_dir(dest.parent)
+        except OSError as exc:
+            raise TransportError(f"cannot upload {local} to {dest}: {exc.strerror or exc}", "check free space and permissions") from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def get(self, remote: str, local: Path) -> None:
+        src = self._path(remote)
+        if not src.is_file():
+            raise TransportError(f"cannot download {src}: no such file on the device", "check the remote path")
+        with atomic_path(Path(local)) as tmp, open(src, "rb") as fh_in, open(tmp, "wb") as fh_out:
+            while block := fh_in.read(1 << 20):
+                fh_out.write(block)
+
+    def sha256(self, remote: str) -> str | None:
+        path = self._path(remote)
+        if not path.exists():
+            return None
+        if not path.is_file():
+            raise TransportError(f"{path} on the device is not a file", "check the remote path")
+        return sha256_file(path)
+
+    def mkdir(self, remote: str) -> None:
+        path = self._path(remote)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise TransportError(f"cannot create directory {path}: a file is in the way", "remove that file") from None
+        except OSError as exc:
+            raise TransportError(f"cannot create directory {path}: {exc.strerror}", "check permissions") from None
+
+    def close(self) -> None:
+        """Nothing to release: the local device holds no connection."""
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _path(self, remote: str) -> Path:
+        path = Path(remote)
+        return path if path.is_absolute() else self._root / path
+
+    def _ensure_root(self) -> Path:
+        if not self._ready:
+            self.mkdir(self.root)
+            self._ready = True
+        return self._root
+
+    def __repr__(self) -> str:
+        return f"LocalTransport(root={self.root!r})"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.communicate(timeout=5)  # reap it and drain the pipes
+    except subprocess.TimeoutExpired:  # a child that left the group still holds the pipes
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,389 @@
+"""The device agent (as the zipapp the device runs), the host's bench runner, and `edgekit bench`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgekit.agent import bundle_hash
+from edgekit.agent.facts import parse_cpuinfo
+from edgekit.agent.pack import build_agent_zip
+from edgekit.bench.run import BenchConfig, bench_variant, parse_agent_output
+from edgekit.bundle import TensorSpec, Variant, write_bundle
+from edgekit.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_USAGE, AgentError
+from edgekit.fsutil import sha256_file
+from edgekit.profiles import cpu_from_cpuinfo
+from edgekit.transport.base import CommandResult
+from edgekit.transport.local import LocalTransport
+from edgekit.transport.push import push_bundle
+from tests.conftest import assert_one_line_error
+
+
+def _tiny_model(path: Path) -> Path:
+    """y = relu(x @ W): a real, tiny ONNX model with a dynamic batch dimension."""
+    w = numpy_helper.from_array(np.random.RandomState(1).randn(16, 8).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def _make_bundle(tmp_path: Path, *, backend: str = "onnxruntime", inputs: Path | None = None, name: str = "bundle"):
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    model = _tiny_model(src / "tiny.onnx")
+    files = {"fp32/tiny.onnx": model}
+    if inputs is not None:
+        files["fp32/inputs.npz"] = inputs
+    variant = Variant(
+        "fp32", backend, "fp32", "fp32/tiny.onnx",
+        (TensorSpec("x", (-1, 16), "float32"),), (TensorSpec("y", (-1, 8), "float32"),),
+    )  # fmt: skip
+    return write_bundle(
+        tmp_path / name, files=files, model_name="tiny", model_sha256=sha256_file(model),
+        profile="local", backend=backend, precision="fp32", variants=[variant], plan={},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def agent_zip(tmp_path_factory) -> Path:
+    return build_agent_zip(tmp_path_factory.mktemp("agent"))
+
+
+def _agent(zip_path: Path, *args: str, python_flags: tuple[str, ...] = (), pre: str = "") -> tuple[int, dict, str]:
+    """Run the zipapp the way the device does; return (exit code, the one JSON document, stderr)."""
+    if pre:  # run code first (e.g. hide a module), then the zipapp as __main__
+        argv = [sys.executable, *python_flags, "-c", f"{pre}\nimport runpy, sys\nsys.argv = sys.argv[1:]\n"
+                "runpy.run_path(sys.argv[0], run_name='__main__')", str(zip_path), *args]  # fmt: skip
+    else:
+        argv = [sys.executable, *python_flags, str(zip_path), *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=zip_path.parent)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout  # exactly one JSON document
+    return proc.returncode, json.loads(lines[0]), proc.stderr
+
+
+# -- the zipapp -------------------------------------------------------------------------------
+
+
+def test_agent_zip_is_deterministic(tmp_path, agent_zip):
+    again = build_agent_zip(tmp_path)
+    assert again.name == agent_zip.name  # content-addressed name
+    assert again.read_bytes() == agent_zip.read_bytes()
+    assert again.stem == hashlib.sha256(again.read_bytes()).hexdigest()
+    with zipfile.ZipFile(again) as zf:
+        names = zf.namelist()
+    assert names[0] == "__main__.py" and "edgekit_agent/runner.py" in names
+    assert "edgekit_agent/backends/onnxruntime.py" in names
+    assert "edgekit_agent/pack.py" not in names
+    assert not any("__pycache__" in n for n in names)
+
+
+def test_facts_run_with_the_stdlib_only(agent_zip):
+    # -I -S: no site-packages, no edgekit, no numpy; the agent must still describe the device.
+    rc, doc, _ = _agent(agent_zip, "facts", python_flags=("-I", "-S"))
+    assert rc == 0 and doc["kind"] == "edgekit.facts" and doc["schema"] == 1
+    dev = doc["device"]
+    assert dev["cores"] == os.cpu_count() and dev["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert dev["memory_bytes"] > 0 and dev["arch"]
+    assert dev["runtimes"] == {k: None for k in ("onnxruntime", "openvino", "tflite_runtime", "ai_edge_litert", "numpy")}
+    assert set(doc["device_state"]) == {"governor", "temp_c"}
+
+
+def test_facts_see_installed_runtimes(agent_zip):
+    rc, doc, _ = _agent(agent_zip, "facts")
+    assert rc == 0
+    assert doc["device"]["runtimes"]["onnxruntime"] == onnxruntime.__version__
+    assert doc["device"]["runtimes"]["numpy"] == np.__version__
+
+
+def test_bench_document(tmp_path, agent_zip):
+    bundle = _make_bundle(tmp_path)
+    args = ("bench", str(bundle.root), "--variant", "fp32", "--warmup", "2", "--iterations", "7", "--threads", "1")
+    rc, doc, _ = _agent(agent_zip, *args)
+    assert rc == 0, doc
+    assert doc["kind"] == "edgekit.bench" and doc["schema"] == 1 and doc["agent_version"] == "0.1.0"
+    assert (doc["variant"], doc["backend"], doc["precision"]) == ("fp32", "onnxruntime", "fp32")
+    assert doc["backend_version"] == onnxruntime.__version__
+    assert doc["model"] == "fp32/tiny.onnx"
+    assert doc["model_sha256"] == sha256_file(bundle.path("fp32/tiny.onnx"))
+    assert doc["bundle_hash"] == bundle.manifest.bundle_hash
+    assert doc["config"] == {"warmup": 2, "iterations": 7, "duration_s": None, "threads": 1, "batch": 1}
+    assert len(doc["samples_ns"]) == 7 and all(type(s) is int and s > 0 for s in doc["samples_ns"])
+    assert doc["load_ns"] > 0 and doc["first_inference_ns"] > 0 and doc["peak_rss_bytes"] > 10 * 2**20
+    assert doc["layers"] is None and doc["started_at"].endswith("+00:00")
+    assert set(doc["device_state"]) == {"before", "after"}
+    assert doc["device"]["runtimes"]["onnxruntime"] == onnxruntime.__version__
+    assert {"hostname", "arch", "cpu_model", "cores", "isa", "memory_bytes", "os", "kernel", "python"} <= set(doc["device"])
+
+
+def test_bench_for_a_duration(tmp_path, agent_zip):
+    bundle = _make_bundle(tmp_path)
+    rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32", "--warmup", "0", "--duration", "0.05")
+    assert rc == 0, doc
+    assert doc["config"]["iterations"] is None and doc["config"]["duration_s"] == 0.05
+    assert sum(doc["samples_ns"]) >= 0.05e9 * 0.5 and len(doc["samples_ns"]) >= 1
+
+
+def test_bench_uses_the_bundles_inputs(tmp_path, agent_zip):
+    good = tmp_path / "good.npz"
+    np.savez(good, x=np.ones((4, 16), np.float32))
+    rc, doc, _ = _agent(agent_zip, "bench", str(_make_bundle(tmp_path, inputs=good).root), "--variant", "fp32")
+    assert rc == 0 and doc["config"]["batch"] == 4  # random data would have been batch 1
+
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.ones((4, 16), np.float64))
+    rc, doc, _ = _agent(agent_zip, "bench", str(_make_bundle(tmp_path, inputs=bad, name="b2").root), "--variant", "fp32")
+    assert rc == 1 and doc["kind"] == "edgekit.error"
+    assert "inputs.npz: input 'x' is float64, the model wants float32" in doc["error"]
+
+
+def test_error_when_the_backend_is_not_installed(tmp_path, agent_zip):
+    bundle = _make_bundle(tmp_path)
+    hide = "import sys; sys.modules['onnxruntime'] = None  # as if it were not installed"
+    rc, doc, stderr = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32", pre=hide)
+    assert rc == 1, stderr
+    assert doc["kind"] == "edgekit.error" and doc["schema"] == 1
+    assert doc["error"].startswith("onnxruntime is not installed on the device")
+    assert "pip install onnxruntime" in doc["hint"]
+    assert "Traceback" not in stderr
+
+
+def test_error_without_site_packages(tmp_path, agent_zip):
+    bundle = _make_bundle(tmp_path)
+    rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32", python_flags=("-I", "-S"))
+    assert rc == 1 and doc["kind"] == "edgekit.error"
+    assert "not installed on the device" in doc["error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("bench", "{b}", "--variant", "int4"), "the bundle has no variant 'int4' (it has: fp32)"),
+        (("bench", "{b}/nope", "--variant", "fp32"), "no bundle directory on the device"),
+        (("bench", "{b}", "--variant", "fp32", "--iterations", "0"), "--iterations: must be >= 1"),
+        (("bench", "{b}", "--variant", "fp32", "--duration", "soon"), "--duration"),
+        (("bench", "{b}"), "required: --variant"),
+        (("explode",), "invalid choice: 'explode'"),
+    ],
+)
+def test_error_documents(tmp_path, agent_zip, args, needle):
+    bundle = _make_bundle(tmp_path)
+    rc, doc, _ = _agent(agent_zip, *(a.format(b=bundle.root) for a in args))
+    assert rc == 1 and doc["kind"] == "edgekit.error"
+    assert needle in doc["error"] and doc["hint"] and "\n" not in doc["hint"]
+
+
+def test_error_on_a_changed_model_or_unknown_backend(tmp_path, agent_zip):
+    bundle = _make_bundle(tmp_path)
+    with open(bundle.path("fp32/tiny.onnx"), "ab") as fh:
+        fh.write(b"\0")
+    rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32")
+    assert rc == 1 and "does not match its sha256" in doc["error"]
+
+    ov = _make_bundle(tmp_path, backend="openvino", name="ov")
+    rc, doc, _ = _agent(agent_zip, "bench", str(ov.root), "--variant", "fp32")
+    assert rc == 1 and "cannot run backend 'openvino'" in doc["error"]
+
+
+NOISY = """
+import os, sys, types
+import edgekit.agent.backends as backends
+
+class Session:
+    version = "0"
+    def run(self, feeds):
+        os.write(1, b"C-LEVEL NOISE\\n")
+        print("python noise")
+
+def load(path, threads):
+    os.write(1, b"LOAD NOISE\\n")
+    return Session()
+
+mod = types.ModuleType("edgekit.agent.backends.noisy")
+mod.load = load
+sys.modules[mod.__name__] = mod
+backends.BACKENDS["noisy"] = "noisy"
+from edgekit.agent.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_stdout_carries_only_the_document(tmp_path):
+    # A runtime that prints to stdout (even from C, straight to fd 1) must not corrupt it.
+    bundle = _make_bundle(tmp_path)
+    manifest = json.loads((bundle.root / "manifest.json").read_text())
+    manifest["variants"][0]["backend"] = "noisy"
+    (bundle.root / "manifest.json").write_text(json.dumps(manifest))
+    proc = subprocess.run(
+        [sys.executable, "-c", NOISY, "bench", str(bundle.root), "--variant", "fp32", "--iterations", "3"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["backend"] == "noisy" and len(doc["samples_ns"]) == 3
+    assert "C-LEVEL NOISE" in proc.stderr and "python noise" in proc.stderr and "LOAD NOISE" in proc.stderr
+
+
+# -- device facts -------------------------------------------------------------------------------
+
+RPI4 = """processor\t: 0
+BogoMIPS\t: 108.00
+Features\t: fp asimd evtstrm crc32 cpuid
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x0
+CPU part\t: 0xd08
+CPU revision\t: 3
+
+Hardware\t: BCM2835
+Revision\t: c03111
+Model\t\t: Raspberry Pi 4 Model B Rev 1.1
+"""
+RPI5 = """processor\t: 0
+BogoMIPS\t: 108.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x4
+CPU part\t: 0xd0b
+CPU revision\t: 1
+"""
+RK3588 = "".join(
+    f"processor\t: {i}\nFeatures\t: fp asimd asimdhp asimddp\nCPU implementer\t: 0x41\nCPU part\t: {part}\n\n"
+    for i, part in enumerate(["0xd05"] * 4 + ["0xd0b"] * 4)
+)
+RPI3_32BIT = """processor\t: 0
+model name\t: ARMv7 Processor rev 4 (v7l)
+BogoMIPS\t: 38.40
+Features\t: half thumb fastmult vfp edsp neon vfpv3 tls vfpv4 idiva idivt vfpd32 lpae evtstrm crc32
+CPU implementer\t: 0x41
+CPU architecture: 7
+CPU variant\t: 0x0
+CPU part\t: 0xd03
+CPU revision\t: 4
+"""
+X86 = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Core(TM) i7-1185G7 @ 3.00GHz
+flags\t\t: fpu vme sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "machine", "model", "isa"),
+    [
+        (RPI4, "aarch64", "cortex-a72", ["neon"]),
+        (RPI5, "aarch64", "cortex-a76", ["neon", "asimddp", "fp16"]),
+        (RK3588, "aarch64", "cortex-a55+cortex-a76", ["neon", "asimddp", "fp16"]),
+        (RPI3_32BIT, "armv7l", "cortex-a53", ["neon"]),
+        (X86, "x86_64", "Intel(R) Core(TM) i7-1185G7 @ 3.00GHz", ["sse4_2", "avx2", "avx512f", "avx512_vnni"]),
+    ],
+)
+def test_cpuinfo_matches_the_profile_vocabulary(text, machine, model, isa):
+    assert parse_cpuinfo(text, machine) == (model, isa)
+    # The host parses device cpuinfo for profiles; both must name things the same way.
+    host = cpu_from_cpuinfo(text, machine)
+    assert (host.core, list(host.isa)) == (model, isa)
+
+
+def test_bundle_hash_is_one_definition(tmp_path):
+    bundle = _make_bundle(tmp_path)
+    assert bundle.manifest.bundle_hash == bundle_hash((f.path, f.sha256) for f in bundle.manifest.files)
+
+
+# -- the host's bench runner -----------------------------------------------------------------------
+
+
+def test_bench_variant_over_the_local_transport(tmp_path):
+    bundle = _make_bundle(tmp_path)
+    dev = LocalTransport(tmp_path / "device")
+    remote = push_bundle(dev, bundle).remote_dir
+    doc = bench_variant(dev, remote, "fp32", BenchConfig(warmup=1, iterations=5))
+    assert len(doc["samples_ns"]) == 5 and doc["bundle_hash"] == bundle.manifest.bundle_hash
+    with pytest.raises(AgentError) as err:
+        bench_variant(dev, remote, "int8", BenchConfig(warmup=0, iterations=1))
+    assert "no variant 'int8'" in err.value.message and err.value.hint == "pass one of the bundle's variant names"
+
+
+def _result(rc: int, stdout: bytes, stderr: bytes = b"") -> CommandResult:
+    return CommandResult(("python3", "/r/agent/abc.pyz", "bench"), rc, stdout, stderr, 0.1)
+
+
+@pytest.mark.parametrize(
+    ("result", "needle"),
+    [
+        (_result(-11, b"", b"Fatal Python error"), "killed by SIGSEGV"),
+        (_result(-4, b""), "killed by SIGILL"),
+        (_result(1, b"Traceback...\n", b"SyntaxError: future feature annotations"), "printed no JSON document (exit code 1)"),
+        (_result(0, b"[1, 2]"), "not an object"),
+        (_result(0, json.dumps({"kind": "edgekit.bench", "schema": 2}).encode()), "schema 2"),
+        (_result(0, json.dumps({"kind": "edgekit.bench", "schema": 1, "samples_ns": [5, 0]}).encode()), "samples_ns"),
+        (_result(1, json.dumps({"kind": "edgekit.error", "error": "boom", "hint": "fix"}).encode()), "boom"),
+    ],
+)
+def test_agent_output_that_is_not_a_result(result, needle):
+    with pytest.raises(AgentError) as err:
+        parse_agent_output(result)
+    assert needle in err.value.message and err.value.hint
+
+
+# -- edgekit bench ---------------------------------------------------------------------------------
+
+
+def test_cli_bench_json_and_store(cli, tmp_path):
+    bundle = _make_bundle(tmp_path)
+    result = cli("bench", bundle.root, "--iterations", "6", "--warmup", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    records = json.loads(result.stdout)
+    assert len(records) == 1
+    rec = records[0]
+    assert rec["model_name"] == "tiny" and rec["target"] == "local" and rec["device"] == "local"
+    assert rec["stats"]["n"] == 6 and rec["agent"]["config"]["iterations"] == 6
+    assert rec["agent"]["bundle_hash"] == bundle.manifest.bundle_hash
+    assert "pushed 2 file(s)" in result.stderr
+
+    listed = cli("results", "list", "--json")
+    assert [r["id"] for r in json.loads(listed.stdout)] == [rec["id"]]
+
+    again = cli("bench", bundle.root, "--iterations", "3")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to push" in again.stderr
+    header = next(line for line in again.stdout.splitlines() if "p50 ms" in line)
+    assert "variant" in header and "inf/s" in header
+    assert any(line.startswith("fp32") and "onnxruntime" in line for line in again.stdout.splitlines())
+
+
+def test_cli_bench_bad_inputs(cli, tmp_path):
+    bundle = _make_bundle(tmp_path)
+    assert_one_line_error(cli("bench", tmp_path / "nope"), EXIT_INPUT, "does not exist")
+    assert_one_line_error(cli("bench", bundle.root, "--variant", "int8"), EXIT_USAGE, "no variant 'int8'")
+    assert_one_line_error(cli("bench", bundle.root, "--iterations", "0"), EXIT_USAGE, "--iterations")
+    assert_one_line_error(cli("bench", bundle.root, "--device", "pi@10.0.0.7"), EXIT_USAGE, "pi@10.0.0.7")
+    assert_one_line_error(cli("bench", bundle.root, "--target", "no-such-board"), EXIT_INPUT, "no-such-board")
+    ov = _make_bundle(tmp_path, backend="openvino", name="ov")
+    assert_one_line_error(cli("bench", ov.root), EXIT_DEVICE, "cannot run backend 'openvino'")
+    bundle.path("fp32/tiny.onnx").write_bytes(b"tampered")
+    failed = cli("bench", bundle.root, "--json")
+    assert_one_line_error(failed, EXIT_INPUT, "fp32/tiny.onnx")
+    assert failed.stdout == ""
+    assert json.loads(cli("results", "list", "--json").stdout) == []  # nothing was stored

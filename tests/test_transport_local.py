@@ -1,0 +1,220 @@
+"""LocalTransport: argv-only commands, timeouts that kill the whole group, atomic verified copies,
+and content-addressed pushes of bundles and the agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from edgekit.bundle import TensorSpec, Variant, write_bundle
+from edgekit.errors import TransportError, UsageError
+from edgekit.fsutil import sha256_file
+from edgekit.transport import Transport, open_transport
+from edgekit.transport.local import LocalTransport
+from edgekit.transport.push import push_agent, push_bundle, remote_bundle_dir
+
+# Every one of these would do something if it ever reached a shell.
+NASTY = ["a b", "it's", 'say "hi"', "semi;colon", "$(touch pwned)", "`touch pwned`", "x && touch pwned", "*"]
+ECHO = "import json, sys; print(json.dumps(sys.argv[1:]))"
+
+
+@pytest.fixture
+def dev(tmp_path) -> LocalTransport:
+    return LocalTransport(tmp_path / "device")
+
+
+def _no_pwned(*roots: Path) -> None:
+    for root in roots:
+        assert not list(root.rglob("pwned")), f"a shell ran somewhere under {root}"
+
+
+def test_is_a_transport_with_default_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGEKIT_CACHE_DIR", str(tmp_path / "cache"))
+    t = LocalTransport()
+    assert isinstance(t, Transport)
+    assert t.name == "local" and t.python == sys.executable
+    assert t.root == str(tmp_path / "cache" / "local-device")
+    assert isinstance(open_transport(None), LocalTransport)
+    assert isinstance(open_transport("local"), LocalTransport)
+
+
+def test_open_transport_refuses_ssh_for_now():
+    with pytest.raises(UsageError) as err:
+        open_transport("pi@10.0.0.7")
+    assert "pi@10.0.0.7" in err.value.message and err.value.hint
+
+
+def test_run_passes_argv_verbatim(dev, tmp_path):
+    result = dev.run([sys.executable, "-c", ECHO, *NASTY])
+    assert json.loads(result.stdout) == NASTY
+    assert result.returncode == 0 and result.duration_s > 0
+    assert result.argv[0] == sys.executable
+    assert Path(dev.root).is_dir()  # created on first use
+    _no_pwned(tmp_path, Path.cwd())
+
+
+def test_run_cwd_and_env(dev, tmp_path):
+    weird = tmp_path / "dir with $(touch pwned); 'quotes'"
+    weird.mkdir()
+    code = "import os; print(os.getcwd()); print(os.environ['EK_VALUE'])"
+    result = dev.run([sys.executable, "-c", code], cwd=str(weird), env={"EK_VALUE": "$(touch pwned)"})
+    cwd, value = result.stdout.decode().splitlines()
+    assert cwd == str(weird) and value == "$(touch pwned)"
+    # the default cwd is the device root
+    assert dev.run([sys.executable, "-c", "import os; print(os.getcwd())"]).stdout.decode().strip() == dev.root
+    _no_pwned(tmp_path)
+
+
+def test_run_failure_quotes_stderr(dev):
+    code = "import sys; sys.stderr.write('first\\nthe real reason\\n'); sys.exit(3)"
+    with pytest.raises(TransportError) as err:
+        dev.run([sys.executable, "-c", code])
+    assert "exit code 3" in err.value.message and "the real reason" in err.value.message
+    result = dev.run([sys.executable, "-c", code], check=False)
+    assert result.returncode == 3 and result.stderr_tail(1) == "the real reason"
+
+
+def test_run_bad_commands(dev, tmp_path):
+    with pytest.raises(TransportError, match="command not found on the device: no-such-program-ek"):
+        dev.run(["no-such-program-ek", "--x"])
+    with pytest.raises(TransportError, match="empty command"):
+        dev.run([])
+    with pytest.raises(TypeError):
+        dev.run("echo hi")  # a shell string is a bug, not a command
+    with pytest.raises(TransportError, match="working directory does not exist"):
+        dev.run([sys.executable, "-c", "pass"], cwd=str(tmp_path / "nope"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_timeout_kills_the_process_group(dev, tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    # The child starts a grandchild (same process group), records its pid, then hangs.
+    code = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
+    start = time.monotonic()
+    with pytest.raises(TransportError) as err:
+        dev.run([sys.executable, "-c", code], timeout=2)
+    assert time.monotonic() - start < 30
+    assert err.value.message.startswith("command timed out after 2s: ")
+    assert sys.executable in err.value.message
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+
+
+def test_put_get_sha256_with_nasty_names(dev, tmp_path):
+    local = tmp_path / "local"
+    local.mkdir()
+    dev.mkdir("sub dir/$(touch pwned)")
+    for i, name in enumerate(NASTY):
+        src = local / f"src{i}"
+        src.write_bytes(f"payload {i} {name}".encode() * 1000)
+        remote = f"sub dir/$(touch pwned)/{name}"
+        assert dev.sha256(remote) is None
+        dev.put(src, remote)
+        assert dev.sha256(remote) == sha256_file(src)
+        assert (Path(dev.root) / remote).read_bytes() == src.read_bytes()
+        back = local / f"back {name}"
+        dev.get(remote, back)
+        assert back.read_bytes() == src.read_bytes()
+    assert sorted(os.listdir(Path(dev.root) / "sub dir" / "$(touch pwned)")) == sorted(NASTY)  # no temp files
+    _no_pwned(tmp_path)
+
+
+def test_put_replaces_atomically_and_fails_cleanly(dev, tmp_path):
+    dev.mkdir("d")
+    remote = str(Path(dev.root) / "d" / "f.bin")  # absolute remote paths work too
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.write_bytes(b"old" * 10)
+    new.write_bytes(b"new" * 20)
+    dev.put(old, remote)
+    dev.put(new, remote)
+    assert Path(remote).read_bytes() == new.read_bytes()
+    assert oct(Path(remote).stat().st_mode & 0o777) == "0o644"
+    with pytest.raises(TransportError, match="no such file"):
+        dev.put(tmp_path / "missing", remote)
+    with pytest.raises(TransportError, match="does not exist on the device"):
+        dev.put(new, "not/made/yet.bin")
+    with pytest.raises(TransportError, match="is a directory"):
+        dev.put(new, "d")
+    assert Path(remote).read_bytes() == new.read_bytes()
+    assert os.listdir(Path(dev.root) / "d") == ["f.bin"]
+
+
+def test_get_and_mkdir_errors(dev, tmp_path):
+    with pytest.raises(TransportError, match="no such file on the device"):
+        dev.get("missing.bin", tmp_path / "x")
+    (tmp_path / "device").mkdir(exist_ok=True)
+    (tmp_path / "device" / "file").write_text("x")
+    with pytest.raises(TransportError, match="a file is in the way"):
+        dev.mkdir("file/sub")
+    with pytest.raises(TransportError, match="is not a file"):
+        dev.sha256(".")
+    dev.mkdir("a/b/c")
+    dev.mkdir("a/b/c")  # exist_ok
+    assert (tmp_path / "device" / "a" / "b" / "c").is_dir()
+    assert not (tmp_path / "x").exists()
+
+
+def _bundle(tmp_path: Path, payload: bytes = b"weights" * 500):
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    (src / "model.onnx").write_bytes(payload)
+    (src / "inputs.npz").write_bytes(b"sample inputs")
+    variant = Variant("fp32", "onnxruntime", "fp32", "fp32/model.onnx", (TensorSpec("x", (1, 4), "float32"),), ())
+    return write_bundle(
+        tmp_path / f"bundle-{len(list(tmp_path.glob('bundle-*')))}",
+        files={"fp32/model.onnx": src / "model.onnx", "fp32/inputs.npz": src / "inputs.npz"},
+        model_name="m", model_sha256="0" * 64, profile="local", backend="onnxruntime",
+        precision="fp32", variants=[variant], plan={},
+    )  # fmt: skip
+
+
+def test_push_is_content_addressed(dev, tmp_path):
+    bundle = _bundle(tmp_path)
+    first = push_bundle(dev, bundle)
+    assert first.remote_dir == remote_bundle_dir(dev, bundle)
+    assert first.remote_dir.endswith("/bundles/" + bundle.manifest.bundle_hash)
+    assert (first.files_sent, first.files_skipped) == (3, 0)  # two files + manifest.json
+    total = sum(f.size for f in bundle.manifest.files) + (bundle.root / "manifest.json").stat().st_size
+    assert first.bytes_sent == total
+    for f in bundle.manifest.files:
+        assert dev.sha256(f"{first.remote_dir}/{f.path}") == f.sha256
+
+    second = push_bundle(dev, bundle)
+    assert (second.bytes_sent, second.files_sent, second.files_skipped) == (0, 0, 3)
+
+    # An interrupted or damaged copy on the device is repaired, and only that file is sent.
+    remote_model = Path(first.remote_dir) / "fp32" / "model.onnx"
+    remote_model.write_bytes(b"half a fi")
+    (Path(first.remote_dir) / "fp32" / "inputs.npz").unlink()
+    third = push_bundle(dev, bundle)
+    assert third.files_sent == 2 and third.files_skipped == 1
+    assert third.bytes_sent == sum(f.size for f in bundle.manifest.files)
+    assert dev.sha256(str(remote_model)) == sha256_file(bundle.path("fp32/model.onnx"))
+
+
+def test_push_agent_once(dev):
+    remote = push_agent(dev)
+    assert remote.startswith(dev.root + "/agent/") and remote.endswith(".pyz")
+    inode = os.stat(remote).st_ino
+    assert push_agent(dev) == remote
+    assert os.stat(remote).st_ino == inode  # not uploaded again
+    assert dev.sha256(remote) == Path(remote).name.removesuffix(".pyz")
