@@ -321,8 +321,13 @@ def collect_ranges(
             out[name] = (lo_, hi_)
             continue
         if method == "entropy" or symmetric:
+            hist = abs_hist[name]
+            if lo_ >= 0:
+                # ReLU outputs: the spike of exact zeros says nothing about where to clip.
+                hist = hist.copy()
+                hist[0] = 0
             threshold = (
-                kl_threshold(abs_hist[name], absmax[name])
+                kl_threshold(hist, absmax[name])
                 if method == "entropy"
                 else _hist_quantile(abs_hist[name], 0.0, absmax[name], percentile / 100.0)
             )
@@ -355,17 +360,17 @@ def kl_threshold(hist: np.ndarray, absmax: float, levels: int = 128) -> float:
     best_i, best_kl = nbins, np.inf
     if hist.sum() == 0:
         return absmax
-    nonzero = hist > 0
     for i in range(levels, nbins + 1, 8):
         p = hist[:i].copy()
         p[-1] += hist[i:].sum()
+        nonzero = p > 0
         # Q: merge the first i bins into `levels` groups and spread each group's mass evenly
         # over its non-empty bins (empty bins stay empty, as P has nothing there).
         starts = np.linspace(0, i, levels + 1).astype(int)[:-1]
-        sums = np.add.reduceat(hist[:i], starts)
-        counts = np.add.reduceat(nonzero[:i].astype(np.int64), starts)
+        sums = np.add.reduceat(hist[:i], starts)  # Q has no outlier mass: clipping costs
+        counts = np.add.reduceat(nonzero.astype(np.int64), starts)
         spread = np.repeat(sums / np.maximum(counts, 1), np.diff(np.append(starts, i)))
-        q = np.where(nonzero[:i], spread, 0.0)
+        q = np.where(nonzero, spread, 0.0)
         p_sum, q_sum = p.sum(), q.sum()
         if q_sum == 0:
             continue
