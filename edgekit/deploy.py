@@ -19,7 +19,15 @@ from edgekit.errors import OutputPathError
 from edgekit.modelio import LoadedModel, load_model
 from edgekit.plan import Plan, make_plan
 from edgekit.profiles import Profile, load_profile, resolve
-from edgekit.quantize import FeedSet, Preprocess, QuantizeResult, load_feeds, quantize_model, random_feeds, save_model
+from edgekit.quantize import (
+    FeedSet,
+    Preprocess,
+    QuantizeResult,
+    load_feeds,
+    quantize_model,
+    random_feeds,
+    save_model,
+)
 from edgekit.transport import open_transport
 from edgekit.transport.push import PushResult, push_bundle
 

@@ -16,19 +16,34 @@ KEY="$(cat "$REPO/pyproject.toml" "$REPO/scripts/env.sh" | sha256sum | cut -c1-1
 CACHE="${EDGEKIT_DEV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgekit-dev}"
 VENV="$CACHE/venv-$KEY"
 
+# pip, quiet: its output only when it fails (minus this machine's index-location noise).
+pip_q() {
+  local log
+  log="$(mktemp)"
+  if "$VENV/bin/python" -m pip "$@" >"$log" 2>&1; then
+    rm -f "$log"
+  else
+    grep -v "^WARNING: Location" "$log" >&2 || true
+    rm -f "$log"
+    echo "error: pip $* failed" >&2
+    echo "hint: check that the package registry is reachable, then rerun" >&2
+    exit 3
+  fi
+}
+
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   echo "setting up $VENV (once per dependency change) ..." >&2
   rm -rf "$VENV"
   mkdir -p "$CACHE"
   "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+  pip_q install -q --upgrade pip setuptools wheel
   # edgekit's dependencies plus the test and openvino extras (the project itself follows below).
-  "$VENV/bin/python" -m pip install -q "$REPO[test,openvino]" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+  pip_q install -q "$REPO[test,openvino]"
   # Real pretrained models for the tests ship inside this wheel; its own deps (opencv...) are
   # not needed because edgekit only reads the .onnx files in it.
-  "$VENV/bin/python" -m pip install -q --no-deps rapidocr-onnxruntime==1.4.4
+  pip_q install -q --no-deps rapidocr-onnxruntime==1.4.4
   touch "$VENV/.complete"
 fi
-"$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$REPO" 2>&1 | grep -v "^WARNING: Location" >&2 || true
+pip_q install -q --no-deps --no-build-isolation -e "$REPO"
 export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -12,23 +12,23 @@ from edgekit.quantize.calib import METHODS, Preprocess
 
 Target = Annotated[str, typer.Option("--target", "-t", help="Target profile name or path to a profile TOML.")]
 Shape = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--shape", help="Concrete shape for a dynamic input, NAME:D0,D1,... (repeatable).", metavar="NAME:DIMS"),
 ]
 Calib = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--calib", help="Calibration data: .npz/.npy of stacked samples, a folder of .npz, or a folder of images."),
 ]
-Eval = Annotated[Optional[Path], typer.Option("--eval", help="Held-out data for the fp32-vs-int8 report (same formats as --calib).")]
-Labels = Annotated[Optional[Path], typer.Option("--labels", help="Class labels (.npy of ints) for the --eval samples: reports accuracy.")]
+Eval = Annotated[Path | None, typer.Option("--eval", help="Held-out data for the fp32-vs-int8 report (same formats as --calib).")]
+Labels = Annotated[Path | None, typer.Option("--labels", help="Class labels (.npy of ints) for the --eval samples: reports accuracy.")]
 Method = Annotated[str, typer.Option("--method", help=f"Calibration method: {', '.join(METHODS)}.")]
-Exclude = Annotated[Optional[list[str]], typer.Option("--exclude", help="Keep this node in float (repeatable).", metavar="NODE")]
+Exclude = Annotated[list[str] | None, typer.Option("--exclude", help="Keep this node in float (repeatable).", metavar="NODE")]
 PreprocessOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--preprocess", help="Image preprocessing, e.g. 'scale=1/255,mean=0.485/0.456/0.406,std=0.229/0.224/0.225,color=rgb'."),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout.")]
-Backend = Annotated[Optional[str], typer.Option("--backend", help="Force a backend (onnxruntime, native, openvino, tensorrt, tflite).")]
+Backend = Annotated[str | None, typer.Option("--backend", help="Force a backend (onnxruntime, native, openvino, tensorrt, tflite).")]
 
 
 def output(json_mode: bool) -> Output:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 def deploy(
     model: Annotated[Path, typer.Argument(help="The float ONNX model.", show_default=False)],
     target: common.Target = "local",
-    device: Annotated[Optional[str], typer.Option("--device", "-d", help="Device to deploy to (default: this machine).")] = None,
+    device: Annotated[str | None, typer.Option("--device", "-d", help="Device to deploy to (default: this machine).")] = None,
     backend: common.Backend = None,
     no_quantize: Annotated[bool, typer.Option("--no-quantize", help="Deploy the float model only.")] = False,
     no_bench: Annotated[bool, typer.Option("--no-bench", help="Build the bundle, don't push or benchmark.")] = False,
@@ -30,11 +30,11 @@ def deploy(
     exclude: common.Exclude = None,
     shape: common.Shape = None,
     preprocess: common.PreprocessOpt = None,
-    warmup: Annotated[Optional[int], typer.Option("--warmup", min=0, help="Warm-up runs (default: the profile's).")] = None,
-    iterations: Annotated[Optional[int], typer.Option("--iterations", "-n", min=1, help="Timed runs (default: the profile's).")] = None,
-    duration: Annotated[Optional[float], typer.Option("--duration", min=0.01, help="Time for this many seconds instead of a count.")] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", min=1, help="Inference threads (default: all cores).")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option("--output", "-o", help="Bundle directory (default: edgekit-out/MODEL-TARGET).")] = None,
+    warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="Warm-up runs (default: the profile's).")] = None,
+    iterations: Annotated[int | None, typer.Option("--iterations", "-n", min=1, help="Timed runs (default: the profile's).")] = None,
+    duration: Annotated[float | None, typer.Option("--duration", min=0.01, help="Time for this many seconds instead of a count.")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help="Inference threads (default: all cores).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle directory (default: edgekit-out/MODEL-TARGET).")] = None,
     json_out: common.Json = False,
 ) -> None:
     """Quantize MODEL, bundle it for a target, push it to the device, benchmark fp32 vs int8 there.
@@ -44,7 +44,8 @@ def deploy(
         edgekit deploy examples/digits/digits_cnn.onnx --target local
     """
     from edgekit.cli.plan import print_plan
-    from edgekit.deploy import DeployRequest, deploy as run_deploy, prepare_deploy
+    from edgekit.deploy import DeployRequest, prepare_deploy
+    from edgekit.deploy import deploy as run_deploy
     from edgekit.modelio import parse_shape_overrides
 
     o = common.output(json_out)

@@ -24,43 +24,11 @@ _ARCH_ALIASES = {
     "armv8l": "armv7l",
 }
 
-# /proc/cpuinfo flag -> normalized feature name (model.ISA_FEATURES).
-_ARM_FLAGS = {"asimd": "neon", "neon": "neon", "asimddp": "asimddp", "i8mm": "i8mm", "asimdhp": "fp16"}
-_X86_FLAGS = {f: f for f in ISA_BY_ARCH["x86_64"]}
+# The cpuinfo vocabulary (flag names, ARM part numbers) is defined once, in the agent, which
+# must stay stdlib-only and standalone; the host may import it, never the other way round.
+from edgekit.agent.facts import _ARM_FLAGS, _ARM_PARTS  # noqa: E402
 
-# (CPU implementer, CPU part) -> core name, from the Linux kernel's arm64 cputype.h.
-_ARM_PARTS = {
-    ("0x41", "0xc07"): "cortex-a7",
-    ("0x41", "0xc09"): "cortex-a9",
-    ("0x41", "0xc0f"): "cortex-a15",
-    ("0x41", "0xd03"): "cortex-a53",
-    ("0x41", "0xd04"): "cortex-a35",
-    ("0x41", "0xd05"): "cortex-a55",
-    ("0x41", "0xd07"): "cortex-a57",
-    ("0x41", "0xd08"): "cortex-a72",
-    ("0x41", "0xd09"): "cortex-a73",
-    ("0x41", "0xd0a"): "cortex-a75",
-    ("0x41", "0xd0b"): "cortex-a76",
-    ("0x41", "0xd0c"): "neoverse-n1",
-    ("0x41", "0xd0d"): "cortex-a77",
-    ("0x41", "0xd0e"): "cortex-a76ae",
-    ("0x41", "0xd40"): "neoverse-v1",
-    ("0x41", "0xd41"): "cortex-a78",
-    ("0x41", "0xd42"): "cortex-a78ae",
-    ("0x41", "0xd44"): "cortex-x1",
-    ("0x41", "0xd46"): "cortex-a510",
-    ("0x41", "0xd47"): "cortex-a710",
-    ("0x41", "0xd48"): "cortex-x2",
-    ("0x41", "0xd49"): "neoverse-n2",
-    ("0x41", "0xd4b"): "cortex-a78c",
-    ("0x41", "0xd4d"): "cortex-a715",
-    ("0x41", "0xd4e"): "cortex-x3",
-    ("0x41", "0xd4f"): "neoverse-v2",
-    ("0x41", "0xd80"): "cortex-a520",
-    ("0x41", "0xd81"): "cortex-a720",
-    ("0x41", "0xd82"): "cortex-x4",
-    ("0x4e", "0x004"): "nvidia-carmel",
-}
+_X86_FLAGS = {f: f for f in ISA_BY_ARCH["x86_64"]}
 
 
 def normalize_arch(machine: str) -> str:

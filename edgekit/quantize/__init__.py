@@ -12,7 +12,14 @@ import onnx
 from edgekit.errors import ModelError
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel
-from edgekit.quantize.calib import METHODS, FeedSet, Preprocess, collect_ranges, load_feeds, random_feeds
+from edgekit.quantize.calib import (
+    METHODS,
+    FeedSet,
+    Preprocess,
+    collect_ranges,
+    load_feeds,
+    random_feeds,
+)
 from edgekit.quantize.prepare import prepare
 from edgekit.quantize.report import AgreementReport, measure_agreement
 from edgekit.quantize.rewrite import Analysis, analyze, rewrite, tensor_params
