@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,9 @@ class Variant:
     model: str  # relative path inside the bundle
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # Backend options the agent passes to the runtime (JSON values only), e.g. OpenVINO's
+    # {"device": "CPU"} or TensorRT's trtexec flags. The planner decides them; the agent obeys.
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +64,7 @@ class Variant:
             "model": self.model,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
+            "options": dict(self.options),
         }
 
 
@@ -403,4 +407,5 @@ def _variant(value: Any, field: str) -> Variant:
         model=_check_relpath(d.get("model"), f"{field}.model"),
         inputs=tuple(_tensor(t, f"{field}.inputs[{i}]") for i, t in enumerate(_list(d, "inputs", p))),
         outputs=tuple(_tensor(t, f"{field}.outputs[{i}]") for i, t in enumerate(_list(d, "outputs", p))),
+        options=dict(_obj(d.get("options", {}), f"{field}.options")),
     )

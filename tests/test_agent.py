@@ -215,7 +215,7 @@ class Session:
         os.write(1, b"C-LEVEL NOISE\\n")
         print("python noise")
 
-def load(path, threads):
+def load(path, threads, options=None, workdir=None):
     os.write(1, b"LOAD NOISE\\n")
     return Session()
 

@@ -54,7 +54,7 @@ def bench(
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     t0 = time.perf_counter_ns()
-    session = backend.load(model_path, threads)
+    session = backend.load(model_path, threads, dict(spec.get("options") or {}), bundle_dir)
     load_ns = time.perf_counter_ns() - t0
     feeds = make_inputs(bundle_dir, spec)
 
@@ -97,7 +97,8 @@ def bench(
         "load_ns": load_ns,
         "first_inference_ns": first_ns,
         "peak_rss_bytes": peak_rss_bytes(),
-        "layers": None,
+        "layers": session.layers() if hasattr(session, "layers") else None,
+        "backend_info": dict(getattr(session, "info", None) or {}),
         "started_at": started_at,
         "device": facts,
         "device_state": {"before": before, "after": after},

@@ -1,7 +1,11 @@
 """Backends the agent can time: one module per runtime, imported only when a variant needs it.
 
-A backend module has ``load(model_path: str, threads: int | None) -> session``; the session
-has ``run(feeds: dict) -> outputs`` and a ``version`` string. The module imports its runtime
+A backend module has ``load(model_path: str, threads: int | None, options: dict, workdir: str)
+-> session``; ``options`` are the variant's backend options from the manifest and ``workdir``
+a directory the backend may keep caches in. The session has ``run(feeds: dict) -> outputs``
+and a ``version`` string; optionally ``layers() -> list[dict] | None`` (per-layer times after
+the timed loop: name, op, ns, and backend-specific fields) and ``info`` (a JSON dict such as
+first-load vs cached-load time or the devices that really executed). The module imports its runtime
 inside ``load`` and turns "not installed" into an AgentFailure with an install hint.
 """
 

@@ -16,7 +16,7 @@ class Session:
         return self._session.run(None, feeds)
 
 
-def load(model_path: str, threads: int | None) -> Session:
+def load(model_path: str, threads: int | None, options: dict | None = None, workdir: str | None = None) -> Session:
     try:
         import onnxruntime as ort
     except ImportError as exc:
