@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 
 from edgekit.bench.record import make_record
-from edgekit.bench.run import BenchConfig, bench_variant
+from edgekit.bench.run import BenchConfig, bench_variant, device_facts
 from edgekit.bench.stats import Stats
 from edgekit.bench.store import ResultsStore
 from edgekit.bundle import Bundle, TensorSpec, Variant, write_bundle
 from edgekit.errors import OutputPathError
 from edgekit.modelio import LoadedModel, load_model
 from edgekit.plan import Plan, make_plan
-from edgekit.profiles import Profile, load_profile, resolve
+from edgekit.profiles import CpuSpec, Profile, load_profile, resolve
 from edgekit.quantize import (
     FeedSet,
     Preprocess,
@@ -28,6 +28,7 @@ from edgekit.quantize import (
     random_feeds,
     save_model,
 )
+from edgekit.targets import get_backend
 from edgekit.transport import open_transport
 from edgekit.transport.push import PushResult, push_bundle
 
@@ -91,9 +92,10 @@ class Prepared:
     output: Path
 
 
-def prepare_deploy(req: DeployRequest) -> Prepared:
+def prepare_deploy(req: DeployRequest, facts: dict | None = None) -> Prepared:
+    """Load and check everything, then plan; ``facts`` of the probed device make the plan real."""
     loaded = load_model(req.model, req.shapes)
-    profile = resolve(load_profile(req.target))
+    profile = resolve(load_profile(req.target), cpu=cpu_from_facts(facts))
     sc = loaded.sidecar
     calib = req.calib or sc.calibration
     evaluation = req.eval or (sc.evaluation if req.eval is None else None)
@@ -116,8 +118,19 @@ def prepare_deploy(req: DeployRequest) -> Prepared:
         iterations=req.iterations,
         threads=req.threads,
         output=output,
+        facts=facts,
     )
     return Prepared(loaded, profile, plan, calib, evaluation, labels, output)
+
+
+def cpu_from_facts(facts: dict | None) -> CpuSpec | None:
+    """The CPU facts of a probed device in the profiles' vocabulary (None: not probed)."""
+    if not facts:
+        return None
+    d = facts.get("device") or {}
+    if not d.get("arch"):
+        return None
+    return CpuSpec(arch=d["arch"], core=d.get("cpu_model"), isa=tuple(d.get("isa") or ()), cores=d.get("cores"))
 
 
 def load_data(
@@ -241,6 +254,22 @@ def _specs(model_path: Path, inputs) -> tuple[tuple[TensorSpec, ...], tuple[Tens
 def deploy(req: DeployRequest, events: Events | None = None, prep: Prepared | None = None) -> DeployResult:
     events = events or Events()
     prep = prep or prepare_deploy(req)
+    transport = None
+    try:
+        if req.bench:
+            # The real plan needs the device's facts: which runtimes it has, its CPU.
+            transport = open_transport(req.device, prep.profile)
+            facts = device_facts(transport)
+            prep = prepare_deploy(req, facts)
+            for note in prep.plan.notes:
+                events.info(f"note: {note}")
+        return _execute(req, prep, events, transport)
+    finally:
+        if transport is not None:
+            transport.close()
+
+
+def _execute(req: DeployRequest, prep: Prepared, events: Events, transport) -> DeployResult:
     plan = prep.plan
     qresult = None
     with tempfile.TemporaryDirectory(prefix="edgekit-deploy-") as tmpdir:
@@ -269,8 +298,9 @@ def deploy(req: DeployRequest, events: Events | None = None, prep: Prepared | No
             files[rel] = tmp / f"model.{name}.onnx"
             if sample is not None:
                 files[f"{name}/inputs.npz"] = tmp / "inputs.npz"
-            backend = plan.backend if name == "int8" or plan.precision != "int8" else plan.backend
-            variants.append(Variant(name, backend, name, rel, ins, outs))
+            impl = get_backend(plan.backend)
+            options = impl.variant_options(prep.profile.backend(plan.backend), name)
+            variants.append(Variant(name, plan.backend, name, rel, ins, outs, options))
             sizes[name] = files[rel].stat().st_size
         if req.output is None:
             prep.output.parent.mkdir(parents=True, exist_ok=True)
@@ -290,31 +320,27 @@ def deploy(req: DeployRequest, events: Events | None = None, prep: Prepared | No
     push = None
     records: list[dict] = []
     run_ids: list[int] = []
-    if req.bench:
-        transport = open_transport(req.device, prep.profile)
+    if transport is not None:
+        push = push_bundle(transport, bundle)
+        events.info(
+            f"pushed to {transport.name}: {push.files_sent} file(s) sent ({push.bytes_sent} bytes), {push.files_skipped} unchanged"
+        )
+        config = BenchConfig(
+            warmup=req.warmup if req.warmup is not None else prep.profile.bench.warmup,
+            iterations=req.iterations if req.iterations is not None else prep.profile.bench.iterations,
+            duration_s=req.duration_s,
+            threads=req.threads if req.threads is not None else prep.profile.bench.threads,
+        )
+        store = ResultsStore()
         try:
-            push = push_bundle(transport, bundle)
-            events.info(
-                f"pushed to {transport.name}: {push.files_sent} file(s) sent ({push.bytes_sent} bytes), {push.files_skipped} unchanged"
-            )
-            config = BenchConfig(
-                warmup=req.warmup if req.warmup is not None else prep.profile.bench.warmup,
-                iterations=req.iterations if req.iterations is not None else prep.profile.bench.iterations,
-                duration_s=req.duration_s,
-                threads=req.threads if req.threads is not None else prep.profile.bench.threads,
-            )
-            store = ResultsStore()
-            try:
-                for v in variants:
-                    with events.progress(f"benchmarking {v.name} on {transport.name}"):
-                        doc = bench_variant(transport, push.remote_dir, v.name, config)
-                    record = make_record(doc, model_name=prep.loaded.name, target=plan.profile, device=plan.device)
-                    run_ids.append(store.add(record))
-                    records.append(record)
-            finally:
-                store.close()
+            for v in variants:
+                with events.progress(f"benchmarking {v.name} on {transport.name}"):
+                    doc = bench_variant(transport, push.remote_dir, v.name, config)
+                record = make_record(doc, model_name=prep.loaded.name, target=plan.profile, device=plan.device)
+                run_ids.append(store.add(record))
+                records.append(record)
         finally:
-            transport.close()
+            store.close()
     return DeployResult(plan, qresult, bundle, push, records, run_ids, sizes)
 
 

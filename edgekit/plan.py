@@ -51,6 +51,8 @@ class Plan:
     skipped: tuple[tuple[str, str], ...]  # (backend, why it was not chosen)
     notes: tuple[str, ...]
     steps: tuple[Step, ...] = field(default_factory=tuple)
+    options: dict = field(default_factory=dict)  # backend options for the variants (agent side)
+    probed: bool = False  # True: decided with the device's facts; False: on paper
 
     def to_dict(self) -> dict:
         return {
@@ -74,16 +76,20 @@ class Plan:
             "skipped_backends": [{"backend": b, "reason": r} for b, r in self.skipped],
             "notes": list(self.notes),
             "steps": [s.to_dict() for s in self.steps],
+            "options": self.options,
+            "probed": self.probed,
         }
 
 
-def choose_backend(model: LoadedModel, profile: Profile, forced: str | None) -> tuple[str, list[tuple[str, str]], list[str]]:
+def choose_backend(
+    model: LoadedModel, profile: Profile, forced: str | None, facts: dict | None = None
+) -> tuple[str, list[tuple[str, str]], list[str]]:
     skipped: list[tuple[str, str]] = []
     notes: list[str] = []
     if forced:
         if forced not in KNOWN_BACKENDS:
             raise UsageError(f"unknown backend '{forced}'", f"choose one of: {', '.join(KNOWN_BACKENDS)}")
-        verdict = get_backend(forced).supports(model, profile)
+        verdict = get_backend(forced).supports(model, profile, facts)
         if not verdict.ok:
             raise PlanError(
                 f"--backend {forced} cannot run this model on {profile.name}: {'; '.join(verdict.reasons)}",
@@ -94,7 +100,7 @@ def choose_backend(model: LoadedModel, profile: Profile, forced: str | None) -> 
         notes.extend(verdict.reasons)
         return forced, skipped, notes
     for spec in profile.backends:
-        verdict = get_backend(spec.name).supports(model, profile)
+        verdict = get_backend(spec.name).supports(model, profile, facts)
         if verdict.ok:
             notes.extend(verdict.reasons)
             return spec.name, skipped, notes
@@ -122,8 +128,10 @@ def make_plan(
     iterations: int | None = None,
     threads: int | None = None,
     output: Path | None = None,
+    facts: dict | None = None,
 ) -> Plan:
-    name, skipped, notes = choose_backend(model, profile, backend)
+    """Decide backend, precision, scheme and steps; ``facts``: the probed device, or None (on paper)."""
+    name, skipped, notes = choose_backend(model, profile, backend, facts)
     impl = get_backend(name)
     spec = profile.backend(name)
     precisions = spec.precisions if spec else (("int8", "fp32") if impl.scheme else ("fp32",))
@@ -154,6 +162,8 @@ def make_plan(
     variants = ["fp32", "int8"] if precision == "int8" else [precision]
     steps.append(Step("bundle", f"{', '.join(variants)} model(s) + manifest -> {output or 'edgekit-out/'}"))
     steps.append(Step("push", f"to {device} (content-addressed: unchanged files are not sent)"))
+    for ds in impl.device_steps(spec, precision):
+        steps.append(Step(ds.name, ds.detail))
     if bench:
         for v in variants:
             steps.append(
@@ -180,4 +190,6 @@ def make_plan(
         skipped=tuple(skipped),
         notes=tuple(notes),
         steps=tuple(steps),
+        options=impl.variant_options(spec, precision),
+        probed=facts is not None,
     )

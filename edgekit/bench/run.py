@@ -54,8 +54,15 @@ def bench_variant(
     return doc
 
 
-def parse_agent_output(result: CommandResult) -> dict[str, Any]:
-    """The agent's bench document from a finished agent command, or AgentError saying why not."""
+def device_facts(transport: Transport, timeout: float = 120) -> dict:
+    """The device's facts (arch, CPU, ISA, memory, OS, runtimes) from the agent's ``facts``."""
+    agent = push_agent(transport)
+    result = transport.run([transport.python, agent, "facts"], timeout=timeout, check=False)
+    return parse_agent_output(result, kind="edgekit.facts")
+
+
+def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> dict[str, Any]:
+    """The agent's ``kind`` document from a finished agent command, or AgentError saying why not."""
     if result.returncode < 0:
         try:
             signame = signal.Signals(-result.returncode).name
@@ -78,10 +85,10 @@ def parse_agent_output(result: CommandResult) -> dict[str, Any]:
         raise AgentError("the agent printed JSON that is not an object", _OUT_OF_STEP)
     if doc.get("kind") == "edgekit.error":
         raise AgentError(str(doc.get("error") or "the agent failed"), str(doc.get("hint") or ""))
-    if doc.get("kind") != "edgekit.bench" or doc.get("schema") != AGENT_SCHEMA:
+    if doc.get("kind") != kind or doc.get("schema") != AGENT_SCHEMA:
         raise AgentError(
             f"the agent printed a {doc.get('kind')!r} document of schema {doc.get('schema')!r}; "
-            f"expected 'edgekit.bench' schema {AGENT_SCHEMA}",
+            f"expected {kind!r} schema {AGENT_SCHEMA}",
             _OUT_OF_STEP,
         )
     if result.returncode != 0:
@@ -89,6 +96,8 @@ def parse_agent_output(result: CommandResult) -> dict[str, Any]:
             f"the agent exited with code {result.returncode} after a bench document{_tail(result)}",
             f"run it by hand on the device: {result.command}",
         )
+    if kind != "edgekit.bench":
+        return doc
     samples = doc.get("samples_ns")
     if not isinstance(samples, list) or not samples or not all(type(s) is int and s > 0 for s in samples):
         raise AgentError(

@@ -77,8 +77,9 @@ def deploy(
             print_plan(o, prep.plan.to_dict())
             o.info("dry run: nothing was quantized, written, pushed or benchmarked")
         return
-    for note in prep.plan.notes:
-        o.info(f"note: {note}")
+    if no_bench:
+        for note in prep.plan.notes:
+            o.info(f"note: {note}")
     result = run_deploy(req, o, prep)
     doc = result.to_dict()
     if json_out:

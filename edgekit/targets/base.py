@@ -1,11 +1,17 @@
-"""The shape every backend has: what it supports, which scheme it wants, how it runs."""
+"""The shape every backend has: what it supports, which scheme it wants, how it runs.
+
+One module per backend subclasses ``Backend``. The planner asks each backend of a profile,
+in order, whether it ``supports`` the model on that device (with the device's facts when a
+device was probed, else on paper), and takes the first that does.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from edgekit.modelio import LoadedModel
-from edgekit.profiles import Profile
+from edgekit.profiles import BackendSpec, Profile
 from edgekit.quantize.scheme import QuantScheme
 
 
@@ -15,21 +21,56 @@ class Verdict:
     reasons: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class DeviceStep:
+    """A step the plan runs on the device before benchmarking (e.g. a TensorRT engine build)."""
+
+    name: str
+    detail: str
+
+
+def runtime_version(facts: dict | None, *keys: str) -> str | None:
+    """The first of ``keys`` the device has installed, from the agent's facts (None: absent)."""
+    if not facts:
+        return None
+    runtimes = (facts.get("device") or facts).get("runtimes") or {}
+    for key in keys:
+        if runtimes.get(key):
+            return runtimes[key]
+    return None
+
+
 class Backend:
-    """A backend: subclasses set the class attributes and override ``supports``."""
+    """A backend: subclasses set the class attributes and override what differs."""
 
     name: str = ""
     implemented: bool = True
     scheme: QuantScheme | None = None  # None: takes the model in float only
     archs: tuple[str, ...] = ("x86_64", "aarch64", "armv7l")
-    agent_backend: str = ""  # the agent module that runs it on the device
+    formats: tuple[str, ...] = ("onnx",)  # model file formats it runs
+    runtimes: tuple[str, ...] = ()  # facts["device"]["runtimes"] keys; any one present will do
 
-    def supports(self, model: LoadedModel, profile: Profile) -> Verdict:
+    def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
+        """Can this backend run ``model`` on ``profile``'s device? ``facts``: the probed device."""
         if not self.implemented:
             return Verdict(False, (f"the {self.name} backend is not available in this edgekit version",))
-        if profile.cpu.arch and profile.cpu.arch not in self.archs:
-            return Verdict(False, (f"{self.name} does not run on {profile.cpu.arch}",))
+        fmt = getattr(model, "format", "onnx")
+        if fmt not in self.formats:
+            return Verdict(False, (f"{self.name} does not run {fmt} models",))
+        arch = (facts or {}).get("device", {}).get("arch") or profile.cpu.arch
+        if arch and arch not in self.archs:
+            return Verdict(False, (f"{self.name} does not run on {arch}",))
+        if facts is not None and self.runtimes and runtime_version(facts, *self.runtimes) is None:
+            return Verdict(False, (f"{' or '.join(self.runtimes)} is not installed on the device",))
         return Verdict(True)
+
+    def variant_options(self, spec: BackendSpec | None, precision: str) -> dict[str, Any]:
+        """Options the agent passes to the runtime for a variant (JSON values)."""
+        return {}
+
+    def device_steps(self, spec: BackendSpec | None, precision: str) -> list[DeviceStep]:
+        """Extra steps on the device before timing (shown in the plan)."""
+        return []
 
 
 class Unavailable(Backend):

@@ -15,10 +15,10 @@ MAX_OPSET = 20
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     scheme = ONNXRUNTIME
-    agent_backend = "onnxruntime"
+    runtimes = ("onnxruntime",)
 
-    def supports(self, model: LoadedModel, profile: Profile) -> Verdict:
-        verdict = super().supports(model, profile)
+    def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
+        verdict = super().supports(model, profile, facts)
         if not verdict.ok:
             return verdict
         if model.opset > MAX_OPSET:
