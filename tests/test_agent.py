@@ -200,9 +200,9 @@ def test_error_on_a_changed_model_or_unknown_backend(tmp_path, agent_zip):
     rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32")
     assert rc == 1 and "does not match its sha256" in doc["error"]
 
-    ov = _make_bundle(tmp_path, backend="openvino", name="ov")
+    ov = _make_bundle(tmp_path, backend="native", name="ov")
     rc, doc, _ = _agent(agent_zip, "bench", str(ov.root), "--variant", "fp32")
-    assert rc == 1 and "cannot run backend 'openvino'" in doc["error"]
+    assert rc == 1 and "has no 'native' backend" in doc["error"]
 
 
 NOISY = """
@@ -380,8 +380,8 @@ def test_cli_bench_bad_inputs(cli, tmp_path):
     assert_one_line_error(cli("bench", bundle.root, "--iterations", "0"), EXIT_USAGE, "--iterations")
     assert_one_line_error(cli("bench", bundle.root, "--device", "pi@10.0.0.7"), EXIT_USAGE, "pi@10.0.0.7")
     assert_one_line_error(cli("bench", bundle.root, "--target", "no-such-board"), EXIT_INPUT, "no-such-board")
-    ov = _make_bundle(tmp_path, backend="openvino", name="ov")
-    assert_one_line_error(cli("bench", ov.root), EXIT_DEVICE, "cannot run backend 'openvino'")
+    ov = _make_bundle(tmp_path, backend="native", name="ov")
+    assert_one_line_error(cli("bench", ov.root), EXIT_DEVICE, "has no 'native' backend")
     bundle.path("fp32/tiny.onnx").write_bytes(b"tampered")
     failed = cli("bench", bundle.root, "--json")
     assert_one_line_error(failed, EXIT_INPUT, "fp32/tiny.onnx")

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-BACKENDS = ("native", "tensorrt", "openvino", "tflite", "onnxruntime")
+BACKENDS = ("native", "tensorrt", "openvino", "tflite", "onnxruntime", "numpy")
 PRECISIONS = ("int8", "fp16", "fp32")
 ARCHES = ("x86_64", "aarch64", "armv7l")
 

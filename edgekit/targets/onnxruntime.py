@@ -24,3 +24,4 @@ class OnnxRuntimeBackend(Backend):
         if model.opset > MAX_OPSET:
             return Verdict(True, (f"model opset {model.opset} needs onnxruntime newer than 1.17 on the device",))
         return Verdict(True)
+BACKEND = OnnxRuntimeBackend()

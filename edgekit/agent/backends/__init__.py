@@ -16,7 +16,14 @@ import importlib
 from .. import AgentFailure
 
 # backend name (as in the bundle manifest) -> module in this package
-BACKENDS = {"onnxruntime": "onnxruntime"}
+BACKENDS = {
+    "onnxruntime": "onnxruntime",
+    "openvino": "openvino",
+    "tflite": "tflite",
+    "tensorrt": "tensorrt",
+    "numpy": "numpy_ref",
+    "native": "native",
+}
 
 
 def load_backend(name: str):
@@ -27,4 +34,12 @@ def load_backend(name: str):
             f"this agent cannot run backend '{name}' (it runs: {', '.join(sorted(BACKENDS))})",
             "update edgekit on the host (the agent is pushed with it) or bench another variant",
         )
-    return importlib.import_module("." + module, __name__)
+    try:
+        return importlib.import_module("." + module, __name__)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{module}":
+            raise
+        raise AgentFailure(
+            f"this agent has no '{name}' backend yet",
+            "update edgekit on the host (the agent is pushed with it) or bench another variant",
+        ) from None
