@@ -74,7 +74,8 @@ def parse_shape_overrides(items: list[str] | None) -> dict[str, tuple[int, ...]]
     """``["input:1,3,224,224", "mask:1,128"]`` -> ``{"input": (1,3,224,224), ...}``."""
     shapes: dict[str, tuple[int, ...]] = {}
     for item in items or []:
-        m = re.fullmatch(r"\s*([^:]+):\s*(\d+(?:\s*[,x]\s*\d+)*)\s*", item)
+        # The last ':' separates: input names may contain ':' (tf2onnx's "serving_default_x:0").
+        m = re.fullmatch(r"\s*(.+):\s*(\d+(?:\s*[,x]\s*\d+)*)\s*", item)
         if not m:
             raise UsageError(f"bad --shape value '{item}'", "write NAME:D0,D1,..., e.g. --shape input:1,3,224,224")
         dims = tuple(int(d) for d in re.split(r"\s*[,x]\s*", m.group(2)))
@@ -92,6 +93,13 @@ def read_sidecar(model_path: Path) -> Sidecar:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"{path}: invalid TOML: {exc}", "fix the sidecar file or remove it") from exc
+
+    for section in ("calibration", "evaluation", "inputs"):
+        if section in data and not isinstance(data[section], dict):
+            raise ModelError(
+                f"{path}: [{section}] must be a table",
+                f"write it as a section, e.g. [{section}] with data = \"file.npz\" below it",
+            )
 
     def rel(section: str, key: str) -> Path | None:
         value = data.get(section, {}).get(key)

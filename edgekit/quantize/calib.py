@@ -75,7 +75,7 @@ class Preprocess:
                     kw["layout"] = value.lower()
                 else:
                     raise ValueError(key)
-            except ValueError:
+            except (ValueError, ZeroDivisionError):
                 raise UsageError(
                     f"bad --preprocess item '{part}'",
                     "use size=HxW, scale=1/255, mean=a/b/c, std=a/b/c, color=rgb|bgr|gray, layout=nchw|nhwc",

@@ -93,21 +93,16 @@ def _static_shapes(m: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
 
 def _fold_constants(m: onnx.ModelProto) -> None:
     consts = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
-    graph_inputs = {i.name for i in m.graph.input} - set(consts)
     shapes = _static_shapes(m)
     keep = []
     folded_any = False
     for node in m.graph.node:
         ins = [i for i in node.input if i]
-        if node.op_type == "Shape" and ins and ins[0] in shapes and ins[0] not in graph_inputs | set(consts):
+        if node.op_type == "Shape" and ins and ins[0] in shapes and ins[0] not in consts:
             shape = np.array(shapes[ins[0]], dtype=np.int64)
             start = next((a.i for a in node.attribute if a.name == "start"), 0)
             end = next((a.i for a in node.attribute if a.name == "end"), None)
             consts[node.output[0]] = shape[start:end]
-            folded_any = True
-            continue
-        if node.op_type == "Shape" and ins and ins[0] in graph_inputs and ins[0] in shapes:
-            consts[node.output[0]] = np.array(shapes[ins[0]], dtype=np.int64)
             folded_any = True
             continue
         foldable = (

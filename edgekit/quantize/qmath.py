@@ -41,7 +41,9 @@ def scale_zero_point(
         scale = (rmax - rmin) / (qmax - qmin)
         safe = np.where(scale > 0, scale, 1.0)
         zero_point = np.clip(np.round(qmin - rmin / safe), qmin, qmax)
-    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    # Cast first, then guard: a tiny positive float64 scale can round to 0.0 in float32.
+    scale = scale.astype(np.float32)
+    scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
     return scale, zero_point.astype(NP_DTYPES[dtype])
 
 
@@ -51,7 +53,9 @@ def quantize(
     """QuantizeLinear: round half to even, add zero point, saturate."""
     scale, zero_point = _broadcastable(x, scale, zero_point, axis)
     qmin, qmax = QRANGES[dtype]
-    q = np.rint(x.astype(np.float64) / scale) + zero_point
+    # Divide in float32 like the spec's runtimes do, so ties round the same way they do.
+    with np.errstate(over="ignore"):  # inf saturates below, as the spec says
+        q = np.rint(x.astype(np.float32) / scale.astype(np.float32)).astype(np.float64) + zero_point
     return np.clip(q, qmin, qmax).astype(NP_DTYPES[dtype])
 
 
