@@ -279,7 +279,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
                 new_nodes.append(helper.make_node("DequantizeLinear", [f"{base}__q", s_name, z_name], [f"{base}__dq"], name=f"{base}__DQ"))
                 done[key] = f"{base}__dq"
             node.input[idx] = done[key]
-        if r.bias is not None and w_scale is not None and r.activations:
+        if r.bias is not None and w_scale is not None and r.activations and scheme.quantize_bias:
             act = orig_inputs[r.activations[0]]
             x_scale = float(np.asarray(params[act].scale).reshape(()))
             b_name = orig_inputs[r.bias]

@@ -28,6 +28,9 @@ class QuantScheme:
     ops: frozenset[str] = COMPUTE_OPS
     passthrough: frozenset[str] = PASSTHROUGH_OPS
     min_opset: int = 13  # per-channel DequantizeLinear (axis) needs opset 13
+    # int32 bias through DequantizeLinear (input scale x weight scale); False keeps bias float,
+    # for runtimes that fold the bias themselves and reject an int32 DequantizeLinear (TensorRT).
+    quantize_bias: bool = True
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict:
@@ -48,7 +51,10 @@ ONNXRUNTIME = QuantScheme(
 TENSORRT = QuantScheme(
     name="tensorrt",
     activation_symmetric=True,
-    notes=("TensorRT Q/DQ: symmetric int8, zero point 0, per-channel weights on the output-channel axis",),
+    # TensorRT's ONNX parser takes DequantizeLinear of int8 (fp8/int4) only: an int32 bias DQ fails
+    # with "only activation types allowed as input to this layer"; its int8 kernels add a float bias.
+    quantize_bias=False,
+    notes=("TensorRT Q/DQ: symmetric int8, zero point 0, per-channel weights on the output-channel axis, float bias",),
 )
 # OpenVINO reads QDQ ONNX as FakeQuantize; int8 asymmetric activations are fine on CPU/NPU.
 OPENVINO = QuantScheme(name="openvino", notes=("int8 asymmetric activations, per-channel int8 weights",))
