@@ -1,0 +1,223 @@
+"""OpenVINO on the device: compile on the requested device with a model cache, time sync infers.
+
+``load`` compiles twice when caching is on: once with this model's cache emptied (the first
+load a user sees after a deploy) and once more from the cache (every later start), and
+reports both. The timed session is the cached one. Per-layer counters come from a separate
+compile with PERF_COUNT on, run after the timed loop, so counting never slows the timing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+
+from .. import AgentFailure
+
+_META_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
+_PROFILE_WARMUP = 5  # a fresh compile's first inferences include one-time work
+_PROFILE_RUNS = 20  # inferences whose per-layer counters are averaged
+
+
+class Session:
+    def __init__(self, core, model_path, device, config, compiled, version, info):
+        self._core = core
+        self._model_path = model_path
+        self._device = device
+        self._config = config
+        self._infer = _infer_fn(compiled.create_infer_request())
+        self._last_feeds = None
+        self.version = version
+        self.info = info
+
+    def run(self, feeds: dict):
+        self._last_feeds = feeds  # layers() replays the inputs that were timed
+        return self._infer(feeds)
+
+    def layers(self):
+        """Per-layer times averaged over a few inferences of a PERF_COUNT compile of the model."""
+        if self._last_feeds is None:
+            return None
+        config = dict(self._config)
+        config["PERF_COUNT"] = True
+        try:
+            request = self._core.compile_model(self._model_path, self._device, config).create_infer_request()
+        except Exception:  # counters are a bonus: a device without them still has its timing
+            return None
+        for _ in range(_PROFILE_WARMUP):
+            request.infer(self._last_feeds)
+        totals = {}
+        for _ in range(_PROFILE_RUNS):
+            request.infer(self._last_feeds)
+            for p in request.get_profiling_info():
+                entry = totals.setdefault(p.node_name, [p, 0])  # dicts keep the execution order
+                entry[1] += _ns(p.real_time)
+        return [
+            {
+                "name": p.node_name,
+                "op": p.node_type,
+                "ns": int(round(ns / _PROFILE_RUNS)),
+                "exec_type": p.exec_type,
+                "status": _status(p.status),
+            }
+            for p, ns in totals.values()
+        ]
+
+
+def load(model_path: str, threads, options: dict = None, workdir: str = None) -> Session:
+    ov = _import_openvino()
+    options = dict(options or {})
+    device = str(options.get("device") or "CPU").upper()
+    core = ov.Core()
+    version = _version(ov)
+    available = list(core.available_devices)
+    primary = _primary(device)
+    if primary not in _META_DEVICES and not any(d.split(".")[0] == primary for d in available):
+        raise AgentFailure(
+            f"OpenVINO {version} on this device sees {', '.join(available) or 'no devices'}, not the requested {device}",
+            _missing_device_hint(primary),
+        )
+    supported = _supported(core, primary)
+    config = {}
+    if threads and "INFERENCE_NUM_THREADS" in supported:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    if "PERFORMANCE_HINT" in supported:
+        config["PERFORMANCE_HINT"] = "LATENCY"  # batch 1, one request: what the timed loop does
+    hint = options.get("precision_hint")
+    if hint and "INFERENCE_PRECISION_HINT" in supported:
+        config["INFERENCE_PRECISION_HINT"] = hint
+
+    info = {"device": device, "available_devices": available, "config": {k: str(v) for k, v in config.items()}}
+    cache_dir = None
+    if options.get("cache", True) and workdir:
+        cache_dir = os.path.join(workdir, "ov-cache", _model_key(model_path, device, config))
+        shutil.rmtree(cache_dir, ignore_errors=True)  # the first load must not find a cache
+        os.makedirs(cache_dir)
+        core.set_property({"CACHE_DIR": cache_dir})
+        info["cache_dir"] = cache_dir
+
+    compiled, first_ns = _compile(core, model_path, device, config, version)
+    info["first_load_ns"] = first_ns
+    info["cached_load_ns"] = None
+    if cache_dir is not None:
+        info["cache_files"] = len(os.listdir(cache_dir))
+        del compiled
+        compiled, info["cached_load_ns"] = _compile(core, model_path, device, config, version)
+
+    executed = _execution_devices(compiled)
+    info["execution_devices"] = executed
+    # OpenVINO falls back to another device silently (HETERO, AUTO): say it out loud.
+    info["fallback"] = bool(executed) and primary not in _META_DEVICES and any(
+        d.split(".")[0] != primary for d in executed
+    )
+    if "INFERENCE_PRECISION_HINT" in supported:
+        try:
+            precision = compiled.get_property("INFERENCE_PRECISION_HINT")
+            info["inference_precision"] = precision.to_string() if hasattr(precision, "to_string") else str(precision)
+        except Exception:  # a plugin may list the property and still not report it
+            pass
+    return Session(core, model_path, device, config, compiled, version, info)
+
+
+def _compile(core, model_path, device, config, version):
+    t0 = time.perf_counter_ns()
+    try:
+        compiled = core.compile_model(model_path, device, config)
+    except Exception as exc:  # OpenVINO raises RuntimeError (and its own subclasses)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise AgentFailure(
+            f"OpenVINO {version} cannot compile {os.path.basename(model_path)} for {device}: {first}",
+            f"check that the device's OpenVINO supports every op of the model on {device} "
+            "(edgekit plan shows the ops); try --backend onnxruntime",
+        ) from None
+    return compiled, time.perf_counter_ns() - t0
+
+
+def _infer_fn(request):
+    """The fastest sync call this OpenVINO has: ``infer(feeds, share_inputs=True)`` (2023.1+)."""
+    import inspect
+
+    try:
+        params = inspect.signature(request.infer).parameters
+    except (TypeError, ValueError):  # a compiled method without a signature
+        params = {}
+    if "share_inputs" in params:
+        return lambda feeds: request.infer(feeds, share_inputs=True)
+    return request.infer
+
+
+def _import_openvino():
+    try:
+        import openvino as ov
+
+        if not hasattr(ov, "Core"):  # 2022.x: API 2.0 lives in openvino.runtime
+            import openvino.runtime as ov
+        return ov
+    except ImportError as exc:
+        if getattr(exc, "name", None) in ("openvino", "openvino.runtime"):
+            raise AgentFailure(
+                f"openvino is not installed on the device (for {sys.executable})",
+                f"install it there ({sys.executable} -m pip install openvino) or bench a variant whose backend the device has",
+            ) from None
+        raise AgentFailure(
+            f"openvino is installed on the device but does not import: {exc}",
+            "install an openvino build that matches the device's Python and CPU",
+        ) from None
+
+
+def _version(ov) -> str:
+    version = getattr(ov, "__version__", None) or ov.get_version()
+    return str(version).split("-")[0]
+
+
+def _primary(device: str) -> str:
+    """``CPU`` -> CPU, ``GPU.1`` -> GPU, ``HETERO:NPU,CPU`` -> NPU, ``AUTO:GPU,CPU`` -> AUTO."""
+    head, _, rest = device.partition(":")
+    if rest and head == "HETERO":
+        return rest.split(",")[0].split(".")[0]
+    return head.split(".")[0]
+
+
+def _supported(core, device: str) -> set:
+    try:
+        return set(core.get_property(device, "SUPPORTED_PROPERTIES"))
+    except Exception:
+        return set()
+
+
+def _execution_devices(compiled) -> list:
+    try:
+        return [str(d) for d in compiled.get_property("EXECUTION_DEVICES")]
+    except Exception:  # before 2023.0 compiled models did not report it
+        return []
+
+
+def _model_key(model_path: str, device: str, config: dict) -> str:
+    h = hashlib.sha256()
+    with open(model_path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    h.update(repr((device, sorted(config.items()))).encode())
+    return h.hexdigest()[:16]
+
+
+def _missing_device_hint(device: str) -> str:
+    if device == "MYRIAD":
+        return "plug in the Neural Compute Stick 2 and use OpenVINO <= 2022.3 (the MYRIAD plugin was removed in 2023.0)"
+    if device == "NPU":
+        return "install the Intel NPU driver (Linux kernel 6.6+) and OpenVINO >= 2024.0; check ls /dev/accel"
+    if device == "GPU":
+        return "install the Intel GPU compute runtime (intel-opencl-icd) for OpenVINO's GPU plugin"
+    return "choose a device OpenVINO lists here, or another --target"
+
+
+def _ns(delta) -> int:
+    """A profiling time (datetime.timedelta, microsecond resolution) in nanoseconds."""
+    return (delta.days * 86400 + delta.seconds) * 1000000000 + delta.microseconds * 1000
+
+
+def _status(status) -> str:
+    name = getattr(status, "name", None) or str(status)
+    return name.rsplit(".", 1)[-1]

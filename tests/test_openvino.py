@@ -1,0 +1,174 @@
+"""OpenVINO for real (CPU plugin): deploy on x86-openvino, load/cached-load times, per-layer
+counters with int8 kernels, device fallback detection; and the plans for NCS2 (MYRIAD, fp16,
+OpenVINO <= 2022.3) and for devices whose facts lack OpenVINO or have the wrong version.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edgekit.modelio import load_model
+from edgekit.plan import make_plan
+from edgekit.profiles import load_profile
+from edgekit.targets import get_backend
+from tests.conftest import EXAMPLES, assert_one_line_error
+
+ov = pytest.importorskip("openvino", reason="openvino (the openvino extra) is not installed")
+
+DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
+
+
+def _facts(**runtimes) -> dict:
+    return {"device": {"arch": "x86_64", "runtimes": {"onnxruntime": "1.20.0", "numpy": "2.2.0", **runtimes}}}
+
+
+# -- the done-when: deploy on x86-openvino runs OpenVINO for real --------------------------------
+
+
+@pytest.mark.slow
+def test_deploy_x86_openvino_reports_loads_layers_and_devices(cli, tmp_path):
+    r = cli("deploy", DIGITS, "--target", "x86-openvino", "--iterations", "30", "--json", "-o", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["backend"], doc["precision"]) == ("openvino", "int8")
+    assert doc["summary"]["accuracy_fp32"] - doc["summary"]["accuracy_int8"] <= 0.01
+    runs = {run["variant"]: run for run in doc["runs"]}
+    assert set(runs) == {"fp32", "int8"}
+    for run in runs.values():
+        info = run["backend_info"]
+        assert info["device"] == "CPU" and info["execution_devices"] == ["CPU"] and info["fallback"] is False
+        assert 0 < info["cached_load_ns"] < info["first_load_ns"]  # the second compile hits the cache
+        assert info["cache_files"] >= 1
+        assert info["inference_precision"] == "f32"  # not bf16, even on CPUs that have it
+        assert run["stats"]["n"] == 30
+    kernels = lambda run: {x["exec_type"] for x in run["layers"] if x["op"] == "Convolution"}  # noqa: E731
+    # int8 convolutions run int8 kernels (e.g. brgconv_avx512_I8, jit_avx2_I8); fp32 ones don't.
+    assert kernels(runs["int8"]) and all(k.lower().endswith("_i8") for k in kernels(runs["int8"]))
+    assert kernels(runs["fp32"]) and not any(k.lower().endswith("_i8") for k in kernels(runs["fp32"]))
+    assert all(set(x) >= {"name", "op", "ns", "exec_type", "status"} for x in runs["int8"]["layers"])
+    assert sum(x["ns"] for x in runs["int8"]["layers"]) > 0
+    # The stored record carries the same (edgekit results show).
+    shown = json.loads(cli("results", "show", str(runs["int8"]["id"]), "--json").stdout)
+    assert shown["agent"]["backend_info"]["first_load_ns"] == runs["int8"]["backend_info"]["first_load_ns"]
+    # The plan said how: compile on the device with a cache.
+    assert "compile" in [s["name"] for s in doc["plan"]["steps"]]
+    assert doc["plan"]["options"] == {"device": "CPU", "precision_hint": "f32", "cache": True}
+
+
+@pytest.mark.slow
+def test_deploy_x86_openvino_human_summary(cli, tmp_path):
+    r = cli("deploy", DIGITS, "--target", "x86-openvino", "--iterations", "10", "-o", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "backend openvino" in out
+    for variant in ("fp32", "int8"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"{variant}: first load"))
+        assert "cached load" in line and "executed on CPU" in line
+        assert f"{variant}: slowest" in out
+    assert "_I8" in out or "_i8" in out  # the int8 kernels in the layer table
+
+
+def test_forced_openvino_on_local(cli, tmp_path):
+    plan = json.loads(cli("plan", DIGITS, "--json").stdout)
+    assert plan["backend"] != "openvino"  # on local OpenVINO comes after ekrt and ONNX Runtime
+    r = cli("deploy", DIGITS, "--backend", "openvino", "--iterations", "5", "--json", "-o", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["backend"] == "openvino" and doc["plan"]["scheme"]["name"] == "openvino"
+    assert [run["backend_info"]["execution_devices"] for run in doc["runs"]] == [["CPU"], ["CPU"]]
+    b = cli("bench", DIGITS, "--backend", "openvino", "--iterations", "5", "--threads", "1", "--json")
+    assert b.returncode == 0, b.stderr
+    (rec,) = json.loads(b.stdout)
+    assert (rec["agent"]["backend"], rec["agent"]["precision"]) == ("openvino", "fp32")
+    assert rec["agent"]["backend_info"]["config"]["INFERENCE_NUM_THREADS"] == "1"
+
+
+def test_missing_openvino_device_is_one_error(cli, tmp_path):
+    profile = tmp_path / "npu-here.toml"
+    profile.write_text(
+        'schema = 1\nname = "npu-here"\ndescription = "this machine, asked for an NPU it does not have"\n'
+        '[cpu]\nprobe = true\n[[backends]]\nname = "openvino"\ndevice = "NPU"\nprecisions = ["int8", "fp16"]\n'
+    )
+    r = cli("deploy", DIGITS, "--target", profile, "--iterations", "3")
+    assert_one_line_error(r, 4, "NPU")  # found by the device check before, or by the agent
+
+
+def test_agent_names_the_devices_it_sees(tmp_path):
+    from edgekit.agent import AgentFailure
+    from edgekit.agent.backends import openvino as agent_ov
+
+    with pytest.raises(AgentFailure) as err:
+        agent_ov.load(str(DIGITS), 1, {"device": "NPU"}, str(tmp_path))
+    assert "sees CPU, not the requested NPU" in err.value.message and "NPU driver" in err.value.hint
+    with pytest.raises(AgentFailure) as err:
+        agent_ov.load(str(DIGITS), 1, {"device": "MYRIAD"}, str(tmp_path))
+    assert "<= 2022.3" in err.value.hint
+
+
+# -- agent backend: numbers agree with ONNX Runtime on the same QDQ model ------------------------
+
+
+def test_openvino_int8_agrees_with_onnxruntime(tmp_path):
+    from edgekit.agent.backends import openvino as agent_ov
+    from edgekit.quantize import load_feeds, quantize_model, save_model
+    from edgekit.quantize.scheme import OPENVINO
+
+    loaded = load_model(DIGITS)
+    feeds = load_feeds(loaded.sidecar.calibration, loaded.inputs)
+    result = quantize_model(loaded, OPENVINO, feeds, feeds)
+    path = tmp_path / "q.onnx"
+    save_model(result.model, path)
+    session = agent_ov.load(str(path), 1, {"device": "CPU", "precision_hint": "f32", "cache": False}, str(tmp_path))
+    assert session.info["cached_load_ns"] is None and "cache_dir" not in session.info
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    agree = 0
+    samples = feeds.feeds[:100]
+    for feed in samples:
+        ov_out = next(iter(session.run(feed).values()))
+        ort_out = ref.run(None, feed)[0]
+        agree += int(np.argmax(ov_out) == np.argmax(ort_out))
+        assert np.abs(ov_out - ort_out).max() < 0.5  # a few int8 steps of the logits' scale
+    assert agree >= 98
+
+
+# -- plans: NCS2, versions, devices without OpenVINO ---------------------------------------------
+
+
+def test_plan_intel_ncs2_is_myriad_fp16_with_version_constraint(cli):
+    r = cli("plan", DIGITS, "--target", "intel-ncs2", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["backend"], doc["precision"], doc["quantize"], doc["scheme"]) == ("openvino", "fp16", False, None)
+    assert doc["options"] == {"device": "MYRIAD", "precision_hint": "f16", "cache": True}
+    notes = " | ".join(doc["notes"])
+    assert "int8 is refused" in notes and "<= 2022.3" in notes and "MYRIAD plugin was removed in 2023.0" in notes
+    assert "quantize" not in [s["name"] for s in doc["steps"]]
+    human = cli("plan", DIGITS, "--target", "intel-ncs2")
+    assert "precision fp16" in human.stdout and "MYRIAD" in human.stdout
+
+
+def test_openvino_verdicts_from_device_facts():
+    model = load_model(DIGITS)
+    ncs2, npu, x86 = load_profile("intel-ncs2"), load_profile("intel-npu"), load_profile("x86-openvino")
+    backend = get_backend("openvino")
+    too_new = backend.supports(model, ncs2, _facts(openvino="2023.0.0"))
+    assert not too_new.ok and "needs OpenVINO <= 2022.3" in too_new.reasons[0]
+    lts = backend.supports(model, ncs2, _facts(openvino="2022.3.1"))  # a patch of 2022.3 is fine
+    assert lts.ok and any("has OpenVINO 2022.3.1" in r for r in lts.reasons)
+    assert any("not IR" in r for r in lts.reasons)  # older than this host's: ship ONNX, say why
+    assert not backend.supports(model, npu, _facts(openvino="2023.2.0")).ok  # NPU plugin from 2023.3
+    assert backend.supports(model, npu, _facts(openvino="2024.4.0")).ok
+    ancient = backend.supports(model, x86, _facts(openvino="2021.4.2"))
+    assert not ancient.ok and "2022.1 or newer" in ancient.reasons[0]
+
+
+def test_device_without_openvino_skips_it_with_the_reason():
+    plan = make_plan(load_model(DIGITS), load_profile("x86-openvino"), facts=_facts())
+    assert plan.backend == "onnxruntime" and plan.probed
+    assert plan.skipped == (("openvino", "openvino is not installed on the device (python3 -m pip install openvino)"),)
+    with_ov = make_plan(load_model(DIGITS), load_profile("x86-openvino"), facts=_facts(openvino=ov.__version__.split("-")[0]))
+    assert with_ov.backend == "openvino" and with_ov.skipped == ()
