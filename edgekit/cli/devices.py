@@ -1,0 +1,267 @@
+"""`edgekit devices`: inventories, preflight checks, provisioning runtimes, the device lock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgekit.cli import common
+
+app = typer.Typer(
+    help="Devices: list an inventory, check a device against a profile, provision a runtime, unlock.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+InventoryOpt = Annotated[
+    Path | None,
+    typer.Option("--inventory", "-i", metavar="FILE", help="devices.toml, or an Ansible INI/YAML inventory. Default: ./devices.toml, then the config dir's."),
+]
+DeviceArg = Annotated[str, typer.Argument(metavar="DEVICE", help="An inventory name, user@host[:port], an ~/.ssh/config alias, or local.", show_default=False)]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option("--target", "-t", metavar="PROFILE", help="Target profile. Default: the device's inventory profile, else local / linux-cpu."),
+]
+# The same flags as deploy/bench (declared there too: cli.deploy imports this module).
+TrustOpt = Annotated[
+    bool,
+    typer.Option("--trust-new-host", help="Accept an SSH device whose host key is not in ~/.ssh/known_hosts yet, and save its key."),
+]
+PasswordOpt = Annotated[bool, typer.Option("--password", help="Allow SSH password login ($EDGEKIT_SSH_PASSWORD, else asked on the terminal).")]
+
+
+def _connect(entry, profile, trust_new_host: bool, password: bool, o):
+    from edgekit.cli.deploy import ssh_password
+    from edgekit.devices import connect
+
+    return connect(entry, profile, trust_new_host=trust_new_host, password=ssh_password(password, None if entry.is_local else entry.address), log=o.info)
+
+
+def _entry_and_profile(device: str, target: str | None, inventory: Path | None):
+    from edgekit.devices import resolve_devices
+    from edgekit.profiles import load_profile
+
+    entry = resolve_devices([device], inventory)[0]
+    profile = load_profile(target or entry.profile or ("local" if entry.is_local else "linux-cpu"))
+    return entry, profile
+
+
+@app.command("list")
+def list_devices(inventory: InventoryOpt = None, json_out: common.Json = False) -> None:
+    """List the devices of an inventory: name, SSH target, profile, tags.
+
+    \b
+    Examples:
+      edgekit devices list
+      edgekit devices list --inventory hosts.ini --json
+    """
+    from edgekit.devices.inventory import default_inventory_path, entries_table, load_inventory
+    from edgekit.errors import UsageError
+
+    path = inventory or default_inventory_path()
+    if path is None:
+        raise UsageError(
+            "no inventory: there is no ./devices.toml nor one in edgekit's config dir",
+            "pass --inventory FILE (devices.toml, Ansible INI or YAML; see docs/devices.md)",
+        )
+    inv = load_inventory(path)
+    o = common.output(json_out)
+    if json_out:
+        o.json({"inventory": str(inv.path), "devices": [d.to_dict() for d in inv.devices.values()]})
+        return
+    o.table(["device", "ssh", "profile", "tags", "overrides"], entries_table(inv.devices.values()), title=f"{len(inv)} device(s) in {inv.path}")
+
+
+@app.command("check")
+def check(
+    device: DeviceArg,
+    target: TargetOpt = None,
+    inventory: InventoryOpt = None,
+    trust_new_host: TrustOpt = False,
+    password: PasswordOpt = False,
+    json_out: common.Json = False,
+) -> None:
+    """Probe DEVICE and check it against a profile: arch, ISA, runtimes, memory, disk.
+
+    Prints the device's facts and one verdict per check; exits with code 4 when a check fails.
+    Nothing is pushed except the small agent that reads the facts.
+
+    \b
+    Examples:
+      edgekit devices check pi@10.0.0.7 --target rpi5
+      edgekit devices check orin1 --json
+    """
+    from edgekit.devices.lock import describe_holder, lock_status
+    from edgekit.devices.preflight import fact_rows, preflight
+
+    entry, profile = _entry_and_profile(device, target, inventory)
+    o = common.output(json_out)
+    transport = _connect(entry, profile, trust_new_host, password, o)
+    try:
+        with o.progress(f"probing {entry.name}"):
+            report = preflight(transport, profile, device=entry.name)
+            lock = lock_status(transport)
+    finally:
+        transport.close()
+    if json_out:
+        o.json({**report.to_dict(), "lock": lock})
+    else:
+        o.table(["fact", "value"], fact_rows(report), title=f"{entry.name}: facts")
+        rows = [[c.name, c.status.upper() if c.status != "ok" else "ok", c.detail] for c in report.checks]
+        o.table(["check", "status", "detail"], rows, title=f"{entry.name} against profile {profile.name}")
+        if lock.get("locked"):
+            state = "stale, will be broken by the next job" if lock.get("stale") else "held"
+            o.line(f"lock: {state} by {describe_holder(lock.get('holder'), lock.get('now'))}")
+        if report.ok:
+            o.line(f"{entry.name} is ready for {profile.name}" + (f" ({len(report.warnings)} warning(s))" if report.warnings else ""))
+    report.raise_for_failures()
+
+
+@app.command("provision")
+def provision(
+    device: DeviceArg,
+    runtime: Annotated[
+        str | None,
+        typer.Option("--runtime", "-r", metavar="NAME", help="onnxruntime, openvino, tflite or numpy. Default: what the profile's plan needs."),
+    ] = None,
+    target: TargetOpt = None,
+    inventory: InventoryOpt = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Don't let the device try the registry: download wheels here and push them.")] = False,
+    lock_wait: Annotated[float, typer.Option("--lock-wait", min=0, metavar="SECONDS", help="Wait this long for another job's lock on the device.")] = 0.0,
+    trust_new_host: TrustOpt = False,
+    password: PasswordOpt = False,
+    json_out: common.Json = False,
+) -> None:
+    """Install a runtime into edgekit's own venv on DEVICE (<workdir>/venv).
+
+    The device installs from the package registry itself when it can reach it; otherwise this
+    host downloads wheels for the device's platform and Python, pushes them and the device
+    installs them offline. From then on the agent runs with that venv's Python.
+
+    \b
+    Examples:
+      edgekit devices provision pi@10.0.0.7 --runtime onnxruntime
+      edgekit devices provision orin1 --runtime openvino --offline
+    """
+    from edgekit.devices.provision import RUNTIMES, provisionable
+    from edgekit.devices.provision import provision as run_provision
+    from edgekit.errors import UsageError
+    from edgekit.targets import get_backend
+
+    entry, profile = _entry_and_profile(device, target, inventory)
+    if runtime is None:
+        usable = [b.name for b in profile.backends if get_backend(b.name).implemented and provisionable(b.name)]
+        runtime = next((n for n in usable if "onnx" in get_backend(n).formats), usable[0] if usable else None)
+        if runtime is None:
+            raise UsageError(f"profile {profile.name} names no runtime edgekit can provision", f"pass --runtime ({', '.join(RUNTIMES)})")
+    o = common.output(json_out)
+    transport = _connect(entry, profile, trust_new_host, password, o)
+    try:
+        result = run_provision(transport, runtime, offline=offline, device=entry.name, events=o, lock_wait=lock_wait)
+    finally:
+        transport.close()
+    if json_out:
+        o.json(result.to_dict())
+        return
+    key = RUNTIMES[runtime][1]
+    how = {
+        "present": "already installed",
+        "registry": "installed from the registry by the device",
+        "host": f"installed from {len(result.wheels)} wheel(s) this host downloaded ({result.bytes_sent / 1e6:.1f} MB sent)",
+    }[result.source]
+    o.line(f"{runtime} {result.versions.get(key) or ''} on {entry.name}: {how}".replace("  ", " "))
+    o.line(f"the agent runs with {result.python}")
+
+
+@app.command("unlock")
+def unlock(
+    device: DeviceArg,
+    target: TargetOpt = None,
+    inventory: InventoryOpt = None,
+    trust_new_host: TrustOpt = False,
+    password: PasswordOpt = False,
+    json_out: common.Json = False,
+) -> None:
+    """Remove DEVICE's lock, whoever holds it: for a job that died (a lock also expires by itself).
+
+    \b
+    Example:
+      edgekit devices unlock pi@10.0.0.7
+    """
+    from edgekit.devices.lock import break_lock, describe_holder
+
+    entry, profile = _entry_and_profile(device, target, inventory)
+    o = common.output(json_out)
+    transport = _connect(entry, profile, trust_new_host, password, o)
+    try:
+        holder = break_lock(transport)
+    finally:
+        transport.close()
+    if json_out:
+        o.json({"device": entry.name, "removed": holder is not None, "holder": holder})
+    elif holder is not None:
+        o.line(f"removed the lock on {entry.name} held by {describe_holder(holder)}")
+    else:
+        o.line(f"{entry.name} was not locked")
+
+
+# -- shared by deploy and bench for many devices ------------------------------------------------
+
+DevicesOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--device", "-d", metavar="DEVICE",
+        help="Device: an inventory name, @GROUP, user@host[:port], an ~/.ssh/config alias, or local. "
+        "Repeat it for several devices (run in parallel). Default: this machine.",
+    ),
+]  # fmt: skip
+JobsOpt = Annotated[int, typer.Option("--jobs", "-j", min=1, metavar="N", help="With several devices: how many to work on at once.")]
+LockWaitOpt = Annotated[
+    float,
+    typer.Option("--lock-wait", min=0, metavar="SECONDS", help="Queue this long behind another job holding the device's lock."),
+]
+
+
+def is_fleet(entries: list, inventory: Path | None) -> bool:
+    """Several devices, or an inventory: the per-device table (a JSON list) instead of one result."""
+    return inventory is not None or len(entries) > 1
+
+
+def report_fleet(o, fleet, *, title: str, columns: list[str], row, json_out: bool, to_json=None) -> None:
+    """One row per device (or a JSON list of outcomes); then an error naming the failed devices.
+
+    ``row(value) -> list[str]`` gives the ``columns`` of a device that succeeded.
+    """
+    import os
+
+    from edgekit.devices.fleet import exit_now, workers_alive
+    from edgekit.errors import DeviceError
+
+    if json_out:
+        o.json([out.to_dict(to_json) for out in fleet.outcomes])
+    else:
+        rows = []
+        for out in fleet.outcomes:
+            cells = row(out.value) if out.succeeded else ["-"] * len(columns)
+            rows.append([out.device, out.status, *cells, f"{out.duration_s:.1f}s", out.error or ""])
+        o.table(["device", "status", *columns, "time", "error"], rows, title=title)
+        o.line(fleet.summary())
+    for out in fleet.failed:
+        if out.hint:
+            o.info(f"[{out.device}] hint: {out.hint}")
+        if out.traceback and os.environ.get("EDGEKIT_DEBUG") == "1":
+            o.info(f"[{out.device}] {out.traceback}")
+    if fleet.interrupted:
+        busy = "; devices still busy finish their current command on their own" if workers_alive() else ""
+        o.info(f"error: interrupted: {fleet.summary()}{busy}")
+        exit_now(fleet.exit_code)  # worker threads may still wait on a device: don't join them
+    if not fleet.ok:
+        failed = ", ".join(out.device for out in fleet.failed)
+        err = DeviceError(
+            f"{len(fleet.failed)} of {len(fleet.outcomes)} device(s) failed: {failed}",
+            "each device's error is in the table above; `edgekit devices check DEVICE` shows what a device lacks",
+        )
+        err.exit_code = fleet.exit_code  # the first failed device's: 4 for a device, 3 for the model...
+        raise err

@@ -1,0 +1,336 @@
+"""An exclusive lock on a device, so two CI jobs never benchmark the same board at once.
+
+The lock is the directory ``<root>/lock`` on the device: ``mkdir`` either creates it or
+fails, atomically, on every POSIX filesystem. Inside it ``owner.json`` names the holder
+(owner label, host, PID, user, a token) and when the lock was created and expires, in the
+device's own clock (so clock skew between hosts doesn't matter). A holder refreshes its
+expiry while it works (a heartbeat); a lock whose job died expires and is then broken.
+
+Breaking and releasing go through a guard (``flock`` on ``<root>/lock.guard``, held only for
+the few microseconds of check-and-rename on the device): under it the lock is read again, and
+only if it is still the same stale lock is it renamed away (then deleted). So two jobs that
+both find a stale lock cannot both break it, and neither can break the fresh lock the other
+took a moment later. A release only removes a lock that still carries the releaser's token.
+
+Every operation is one short stdlib-Python program run on the device with the transport's
+interpreter; paths travel as arguments, never through a shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import posixpath
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+from edgekit.errors import DeviceError
+from edgekit.transport.base import Transport
+
+LOCK_DIR = "lock"
+DEFAULT_TTL = 300.0  # seconds without a heartbeat after which a lock counts as abandoned
+DEFAULT_WAIT = 600.0  # how long deploy/bench queue behind another job by default
+
+# The device side. Python 3.4+ stdlib only; argv: OP LOCKDIR [args...]; prints one JSON object.
+_DEVICE_SCRIPT = r"""
+import fcntl, json, os, shutil, sys, time, uuid
+op, lockdir = sys.argv[1], os.path.abspath(os.path.expanduser(sys.argv[2]))
+parent = os.path.dirname(lockdir)
+owner_path = os.path.join(lockdir, "owner.json")
+GRACE = 60.0  # a lock dir with no owner file yet: its creator is writing it (or died doing so)
+
+def read_owner():
+    try:
+        with open(owner_path) as fh:
+            doc = json.load(fh)
+        return doc if isinstance(doc, dict) else None
+    except (OSError, ValueError):
+        return None
+
+def state():
+    try:
+        st = os.stat(lockdir)
+    except OSError:
+        return None, False, False
+    holder = read_owner()
+    now = time.time()
+    if holder is None or not isinstance(holder.get("expires"), (int, float)):
+        return holder, now - st.st_mtime > GRACE, True
+    return holder, now >= holder["expires"], True
+
+def token(holder):
+    return (holder or {}).get("token")
+
+def guarded():
+    fd = os.open(os.path.join(parent, "lock.guard"), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+def remove():
+    away = lockdir + ".stale." + uuid.uuid4().hex[:12]
+    os.rename(lockdir, away)
+    shutil.rmtree(away, ignore_errors=True)
+
+def write_owner(info):
+    tmp = os.path.join(lockdir, ".owner.json.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(info, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.rename(tmp, owner_path)
+
+out = {"now": time.time()}
+if op == "acquire":
+    info, ttl = json.loads(sys.argv[3]), float(sys.argv[4])
+    if not os.path.isdir(parent):
+        os.makedirs(parent)
+    for attempt in (0, 1):
+        try:
+            os.mkdir(lockdir, 0o755)
+        except FileExistsError:
+            holder, stale, exists = state()
+            if not exists:
+                continue
+            if not stale or attempt:
+                out.update(acquired=False, holder=holder, stale=stale)
+                break
+            fd = guarded()
+            try:
+                again, stale, exists = state()
+                if exists and stale and token(again) == token(holder):
+                    remove()
+                    out["broke"] = again
+            finally:
+                os.close(fd)
+            continue
+        now = time.time()
+        info.update(created=now, expires=now + ttl, ttl=ttl)
+        write_owner(info)
+        out.update(acquired=True, holder=info)
+        break
+    else:
+        out.update(acquired=False, holder=read_owner(), stale=False)
+elif op in ("release", "refresh", "break"):
+    if not os.path.isdir(parent):
+        out.update(done=False, holder=None)
+    else:
+        fd = guarded()
+        try:
+            holder, stale, exists = state()
+            mine = exists and token(holder) == sys.argv[3] if op != "break" else exists
+            if mine and op == "refresh":
+                holder["expires"] = time.time() + float(sys.argv[4])
+                write_owner(holder)
+            elif mine:
+                remove()
+            out.update(done=bool(mine), holder=holder if exists else None)
+        finally:
+            os.close(fd)
+elif op == "status":
+    holder, stale, exists = state()
+    out.update(holder=holder if exists else None, locked=exists, stale=stale)
+else:
+    raise SystemExit("unknown lock operation: " + op)
+sys.stdout.write(json.dumps(out) + "\n")
+"""
+
+
+def lock_path(transport: Transport) -> str:
+    return posixpath.join(transport.root, LOCK_DIR)
+
+
+def describe_holder(holder: dict | None, now: float | None = None) -> str:
+    """One line about who holds a lock: owner, where from, since when, until when."""
+    if not holder:
+        return "a job that has not written its owner file yet"
+    who = str(holder.get("owner") or "unknown")
+    where = f"{holder.get('user', '?')}@{holder.get('host', '?')}"
+    text = f"{who} (pid {holder.get('pid', '?')})" if who == where else f"{who} ({where}, pid {holder.get('pid', '?')})"
+    created = holder.get("created")
+    if isinstance(created, (int, float)):
+        text += f" since {datetime.fromtimestamp(created, timezone.utc).strftime('%Y-%m-%d %H:%M:%S')} UTC"
+    expires = holder.get("expires")
+    if isinstance(expires, (int, float)) and now is not None:
+        left = expires - now
+        text += f", expires in {left:.0f}s" if left > 0 else f", expired {-left:.0f}s ago"
+    return text
+
+
+def default_owner() -> str:
+    """The owner label: the CI job when there is one, else user@host."""
+    for var in ("CI_JOB_URL", "GITHUB_RUN_ID", "BUILD_URL", "CI_JOB_ID"):
+        if os.environ.get(var):
+            return f"{var}={os.environ[var]}"
+    return f"{_user()}@{socket.gethostname()}"
+
+
+class DeviceLock:
+    """The lock on one device; use ``device_lock(...)`` as a context manager."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        owner: str | None = None,
+        ttl: float = DEFAULT_TTL,
+        wait: float = 0.0,
+        on_wait: Callable[[str], None] | None = None,
+        heartbeat: bool = True,
+    ) -> None:
+        if ttl <= 0:
+            raise ValueError("ttl must be > 0")
+        self.transport = transport
+        self.path = lock_path(transport)
+        self.ttl = float(ttl)
+        self.wait = max(0.0, float(wait))
+        self.on_wait = on_wait
+        self.heartbeat = heartbeat
+        self.info = {
+            "token": uuid.uuid4().hex,
+            "owner": owner or default_owner(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "user": _user(),
+        }
+        self.held = False
+        self.broke: dict | None = None  # the stale lock this one replaced, if any
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        self._mutex = threading.Lock()  # the heartbeat and release never talk to the device at once
+
+    @property
+    def token(self) -> str:
+        return self.info["token"]
+
+    def acquire(self) -> None:
+        """Take the lock, waiting up to ``wait`` seconds; DeviceError naming the holder if not."""
+        deadline = time.monotonic() + self.wait
+        delay = 0.05
+        told = False
+        while True:
+            doc = self._call("acquire", json.dumps(self.info), repr(self.ttl))
+            if doc.get("acquired"):
+                self.held = True
+                self.broke = doc.get("broke")
+                if self.heartbeat:
+                    self._beat = threading.Thread(target=self._heartbeat, name=f"edgekit-lock-{self.transport.name}", daemon=True)
+                    self._beat.start()
+                return
+            holder = doc.get("holder")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                waited = f"; waited {self.wait:g}s" if self.wait else ""
+                raise DeviceError(
+                    f"device {self.transport.name} is locked by {describe_holder(holder, doc.get('now'))}{waited}",
+                    "wait for that job to finish or queue behind it with --lock-wait SECONDS; the lock of a job "
+                    f"that died expires by itself (TTL {(holder or {}).get('ttl', self.ttl):g}s), or remove it: "
+                    "edgekit devices unlock DEVICE",
+                )
+            if not told and self.on_wait is not None:
+                self.on_wait(f"{self.transport.name} is locked by {describe_holder(holder, doc.get('now'))}; waiting up to {self.wait:g}s")
+                told = True
+            time.sleep(min(delay, left))  # polling a remote condition; each poll is one command
+            delay = min(delay * 1.5, 2.0)
+
+    def refresh(self) -> bool:
+        """Push the expiry ``ttl`` seconds ahead; False when the lock is no longer ours."""
+        with self._mutex:
+            if not self.held:
+                return False
+            return bool(self._call("refresh", self.token, repr(self.ttl)).get("done"))
+
+    def release(self) -> bool:
+        """Give the lock up; False when it was no longer ours (it expired and was broken)."""
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+            self._beat = None
+        with self._mutex:
+            if not self.held:
+                return False
+            self.held = False
+            return bool(self._call("release", self.token).get("done"))
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                if not self.refresh():
+                    return
+            except Exception:  # noqa: BLE001 - a failed beat is retried; the work itself reports the outage
+                continue
+
+    def _call(self, op: str, *args: str) -> dict[str, Any]:
+        return run_lock_op(self.transport, op, *args)
+
+    def __enter__(self) -> DeviceLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.release()
+        except Exception:
+            if exc[0] is None:
+                raise  # a failed release after a failure would hide the real error
+
+
+@contextlib.contextmanager
+def device_lock(
+    transport: Transport,
+    *,
+    owner: str | None = None,
+    ttl: float = DEFAULT_TTL,
+    wait: float = 0.0,
+    on_wait: Callable[[str], None] | None = None,
+    heartbeat: bool = True,
+) -> Iterator[DeviceLock]:
+    """Hold the device's exclusive lock for the block (waiting up to ``wait`` seconds for it).
+
+    ``on_wait`` is told once, in a sentence naming the holder, when the lock is busy and we wait.
+    """
+    lock = DeviceLock(transport, owner=owner, ttl=ttl, wait=wait, on_wait=on_wait, heartbeat=heartbeat)
+    with lock:
+        yield lock
+
+
+def lock_status(transport: Transport) -> dict[str, Any]:
+    """``{"locked": bool, "stale": bool, "holder": dict|None, "now": device time}``."""
+    return run_lock_op(transport, "status")
+
+
+def break_lock(transport: Transport) -> dict | None:
+    """Remove the device's lock whoever holds it; the holder it had (None: it was not locked)."""
+    doc = run_lock_op(transport, "break", "")
+    return doc.get("holder") if doc.get("done") else None
+
+
+def run_lock_op(transport: Transport, op: str, *args: str) -> dict[str, Any]:
+    """Run one lock operation on the device; its JSON answer, or DeviceError saying why not."""
+    result = transport.run([transport.python, "-c", _DEVICE_SCRIPT, op, lock_path(transport), *args], timeout=60, check=False)
+    text = result.stdout.decode("utf-8", errors="replace").strip()
+    try:
+        doc = json.loads(text.splitlines()[-1]) if text else None
+    except ValueError:
+        doc = None
+    if result.returncode != 0 or not isinstance(doc, dict):
+        tail = result.stderr_tail(3)
+        raise DeviceError(
+            f"cannot {op} the device lock at {lock_path(transport)} on {transport.name}"
+            + (f": {tail}" if tail else f" (exit code {result.returncode})"),
+            f"check that {transport.python} runs on the device and that its workdir is writable",
+        )
+    return doc
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        return str(os.getuid())

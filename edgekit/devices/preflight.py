@@ -1,0 +1,406 @@
+"""Preflight: is this device what the profile (and the plan) says it is? Checked before any push.
+
+``preflight(transport, profile, plan)`` runs the agent's ``facts`` on the device and compares:
+architecture, the ISA features the profile promises (an rpi5 profile on a board without
+``asimddp``), CPU model and core count (warnings), a runtime for the profile's backends (or
+the plan's) with versions inside the profile's bounds and, for OpenVINO, the plugin device,
+memory and free disk in the workdir against the bundle. Every verdict says what is missing or
+mismatched and what to do about it (``edgekit devices provision DEVICE --runtime ...``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit.bench.run import device_facts
+from edgekit.errors import DeviceError, EdgekitError, ProfileError
+from edgekit.profiles import Profile, list_profiles
+from edgekit.targets import get_backend
+from edgekit.targets.base import runtime_version
+from edgekit.transport.base import Transport
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+MIB = 1 << 20
+# The runtime holds the model and a working copy (packed weights, arena): the bundle's size
+# twice over is the least memory a run needs; more is normal, less fails.
+MEMORY_FACTOR = 2.0
+DISK_MARGIN = 16 * MIB  # the agent, results, temp names during a push
+LOW_DISK = 64 * MIB  # without a bundle to measure against, less free space than this is a warning
+
+
+class PreflightError(DeviceError):
+    """The device does not match its profile or plan (exit code 4)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # arch, isa, cpu, cores, python, runtime, memory, disk
+    status: str  # ok | warn | fail
+    detail: str
+    hint: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail, "hint": self.hint}
+
+
+@dataclass
+class PreflightReport:
+    device: str  # the name the user gave (inventory name, user@host, local)
+    transport: str  # the transport's name (local, ssh:user@host:port)
+    profile: str
+    facts: dict[str, Any]  # the agent's facts document ({"device": ..., "probe": ...})
+    python: str  # the interpreter the agent runs with on the device
+    checks: list[Check] = field(default_factory=list)
+    runtime_to_provision: str | None = None  # what `devices provision --runtime` would fix
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    @property
+    def warnings(self) -> list[Check]:
+        return [c for c in self.checks if c.status == WARN]
+
+    @property
+    def only_runtime_missing(self) -> bool:
+        return bool(self.failures) and all(c.name == "runtime" for c in self.failures) and self.runtime_to_provision is not None
+
+    def raise_for_failures(self) -> None:
+        """PreflightError listing every failed check (hint: the first failure's)."""
+        if self.ok:
+            return
+        detail = "; ".join(f"{c.name}: {c.detail}" for c in self.failures)
+        raise PreflightError(
+            f"preflight failed on {self.device} (profile {self.profile}): {detail}",
+            next((c.hint for c in self.failures if c.hint), "run `edgekit devices check DEVICE --target PROFILE`"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "kind": "edgekit.preflight",
+            "device": self.device,
+            "transport": self.transport,
+            "profile": self.profile,
+            "ok": self.ok,
+            "python": self.python,
+            "checks": [c.to_dict() for c in self.checks],
+            "runtime_to_provision": self.runtime_to_provision,
+            "facts": self.facts,
+        }
+
+
+def preflight(
+    transport: Transport,
+    profile: Profile,
+    plan: Any = None,
+    *,
+    device: str | None = None,
+    bundle_bytes: int | None = None,
+    facts: dict | None = None,
+) -> PreflightReport:
+    """Probe the device and check it against ``profile`` and, when given, ``plan``.
+
+    Uses edgekit's own venv on the device when one was provisioned (``transport.python`` is
+    pointed at it). ``bundle_bytes`` (default: estimated from the plan's model) is checked
+    against free disk and memory. Nothing is raised for a mismatch: see ``raise_for_failures``.
+    """
+    from edgekit.devices.provision import use_provisioned_python, venv_python
+
+    use_provisioned_python(transport)
+    facts = facts if facts is not None else device_facts(transport)
+    name = device or transport.name
+    d = facts.get("device") or {}
+    probe = facts.get("probe") or {}
+    if bundle_bytes is None and plan is not None:
+        bundle_bytes = estimate_bundle_bytes(plan)
+    report = PreflightReport(name, transport.name, profile.name, facts, transport.python)
+    checks = report.checks
+    checks += _cpu_checks(profile, d)
+    checks.append(_python_check(d, probe, transport.python, transport.python == venv_python(transport)))
+    runtime_check, to_provision = _runtime_check(profile, plan, facts, name)
+    checks.append(runtime_check)
+    report.runtime_to_provision = to_provision
+    checks.append(_memory_check(d, probe, bundle_bytes))
+    checks.append(_disk_check(probe, bundle_bytes))
+    return report
+
+
+def ensure_ready(
+    transport: Transport,
+    profile: Profile,
+    plan: Any = None,
+    *,
+    device: str | None = None,
+    provision: bool = False,
+    events: Any = None,
+    bundle_bytes: int | None = None,
+) -> PreflightReport:
+    """Preflight, provisioning the missing runtime first when asked; raises PreflightError on failure.
+
+    This is what deploy runs before pushing: its warnings go to ``events.warn``.
+    """
+    report = preflight(transport, profile, plan, device=device, bundle_bytes=bundle_bytes)
+    if provision and report.only_runtime_missing:
+        from edgekit.devices.provision import provision as run_provision
+
+        if events is not None:
+            events.info(f"provisioning {report.runtime_to_provision} on {report.device} (deploy --provision)")
+        run_provision(transport, report.runtime_to_provision, device=report.device, events=events, facts=report.facts)
+        report = preflight(transport, profile, plan, device=device, bundle_bytes=bundle_bytes)
+    report.raise_for_failures()
+    if events is not None:
+        for c in report.warnings:
+            events.warn(f"preflight: {c.name}: {c.detail}")
+    return report
+
+
+def estimate_bundle_bytes(plan: Any) -> int | None:
+    """The plan's bundle size: the float model, plus about a quarter of it again for int8."""
+    try:
+        size = Path(plan.model_path).stat().st_size
+    except (OSError, AttributeError, TypeError):
+        return None
+    return int(size * (1.3 if getattr(plan, "precision", None) == "int8" and getattr(plan, "scheme", None) else 1.0))
+
+
+# -- the checks ------------------------------------------------------------------------------
+
+
+def _cpu_checks(profile: Profile, d: dict) -> list[Check]:
+    from edgekit.profiles.probe import normalize_arch
+
+    raw = str(d.get("arch") or "")
+    try:
+        arch = normalize_arch(raw)
+    except ProfileError:
+        return [Check("arch", FAIL, f"the device's CPU architecture is '{raw}', which edgekit does not target", "use an x86_64, aarch64 or armv7l device")]
+    isa = list(d.get("isa") or [])
+    model = d.get("cpu_model")
+    if profile.probe or not profile.cpu.arch:
+        return [Check("arch", OK, f"{arch} ({model or 'unknown CPU'}), ISA {' '.join(isa) or 'baseline'}; {profile.name} takes the device's own CPU facts")]
+    checks = []
+    if arch != profile.cpu.arch:
+        fits = matching_profiles(arch, isa, model)
+        checks.append(
+            Check(
+                "arch",
+                FAIL,
+                f"the device is {arch}, profile {profile.name} is for {profile.cpu.arch}",
+                f"pick a profile for this device: --target {fits[0]}" + (f" (or {', '.join(fits[1:4])})" if len(fits) > 1 else "")
+                if fits else "pick a profile for this device (edgekit profiles list), or --target linux-cpu",
+            )
+        )
+        return checks
+    checks.append(Check("arch", OK, f"{arch}, as profile {profile.name} says"))
+    missing = [f for f in profile.cpu.isa if f not in isa]
+    if missing:
+        fits = matching_profiles(arch, isa, model)
+        checks.append(
+            Check(
+                "isa",
+                FAIL,
+                f"profile {profile.name} promises {', '.join(missing)}, which this CPU ({model or 'unknown'}) lacks "
+                f"(it has: {' '.join(isa) or 'none of the tracked features'})",
+                (f"use a profile this CPU meets: --target {fits[0]}" if fits else "use a profile this CPU meets, or --target linux-cpu")
+                + "; code built for the missing features would die with SIGILL",
+            )
+        )
+    else:
+        checks.append(Check("isa", OK, f"has {' '.join(profile.cpu.isa) or 'the baseline'} as {profile.name} requires" + (f" (CPU has {' '.join(isa)})" if isa else "")))
+    if profile.cpu.core and model and profile.cpu.core != model:
+        checks.append(
+            Check(
+                "cpu",
+                WARN,
+                f"profile {profile.name} describes a {profile.cpu.core}, the device is a {model}: timings will not be typical of {profile.name}",
+            )
+        )
+    cores = d.get("cores")
+    if profile.cpu.cores and isinstance(cores, int) and cores < profile.cpu.cores:
+        checks.append(Check("cores", WARN, f"the device has {cores} cores, profile {profile.name} expects {profile.cpu.cores}"))
+    return checks
+
+
+def _python_check(d: dict, probe: dict, python: str, provisioned: bool) -> Check:
+    env = probe.get("python") or {}
+    where = env.get("executable") or python
+    venv = " (edgekit's venv)" if provisioned else ""
+    return Check("python", OK, f"Python {d.get('python') or '?'} at {where}{venv}")
+
+
+def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tuple[Check, str | None]:
+    """A runtime for the backend(s) that can run: ok, warn (not the paper plan's, another) or fail."""
+    from edgekit.devices.provision import provisionable
+
+    fmt = "tflite" if plan is not None and str(getattr(plan, "model_path", "")).endswith(".tflite") else None
+    if plan is None:
+        names = [b.name for b in profile.backends]
+    elif getattr(plan, "probed", False):
+        names = [plan.backend]
+    else:
+        # On paper the planner took the first backend that could run; with the device's facts it
+        # takes the first whose runtime is there, from the same point of the profile's order on.
+        order = [b.name for b in profile.backends]
+        names = [plan.backend] + (order[order.index(plan.backend) + 1 :] if plan.backend in order else [])
+    reasons: list[str] = []
+    candidates: list[str] = []
+    kinds: list[str] = []
+    for name in names:
+        impl = get_backend(name)
+        if not impl.implemented:
+            continue
+        if fmt and fmt not in impl.formats:
+            continue
+        candidates.append(name)
+        problem, kind = _backend_problem(profile, name, facts)
+        if problem is None:
+            version = runtime_version(facts, *impl.runtimes) if impl.runtimes else None
+            what = f"{name} can run ({' / '.join(impl.runtimes)} {version})" if version else f"{name} can run"
+            if plan is not None and name != plan.backend:
+                return Check("runtime", WARN, f"the plan on paper chose {plan.backend}, which the device lacks ({reasons[0]}); {what}, so deploy runs {name}"), None
+            return Check("runtime", OK, what), None
+        reasons.append(f"{name}: {problem}")
+        kinds.append(kind)
+    if not candidates:
+        return Check("runtime", FAIL, f"none of profile {profile.name}'s backends is available in this edgekit version", "pick another --target"), None
+    # Provisioning helps only where a runtime is missing, not where it is the wrong version or
+    # lacks a device (a driver): those get their own hint.
+    missing = [n for n, k in zip(candidates, kinds) if k == "missing"]
+    runtime = next((r for r in (provisionable(n) for n in missing if "onnx" in get_backend(n).formats) if r), None)
+    runtime = runtime or next((r for r in (provisionable(n) for n in missing) if r), None)
+    if runtime:
+        hint = f"install it into edgekit's own venv on the device: edgekit devices provision {device} --runtime {runtime} (or add --provision to deploy)"
+    elif kinds and kinds[0] == "version":
+        hint = "install a runtime version inside the profile's bounds on the device, or use a profile written for the version it has"
+    elif kinds and kinds[0] == "device":
+        hint = "install the device's driver and the runtime's plugin for it, or use a profile for the devices the runtime sees"
+    else:
+        hint = "install the runtime on the device, or pick another --target"
+    return Check("runtime", FAIL, "no runtime for this profile on the device: " + "; ".join(reasons), hint), runtime
+
+
+def _backend_problem(profile: Profile, name: str, facts: dict) -> tuple[str | None, str]:
+    """Why backend ``name`` cannot run on the probed device (None: it can), and the kind of
+    problem: arch, missing (the runtime), version, device (e.g. no NPU plugin/driver)."""
+    impl = get_backend(name)
+    d = facts.get("device") or {}
+    arch = d.get("arch")
+    if arch and arch not in impl.archs:
+        return f"does not run on {arch}", "arch"
+    if not impl.runtimes:
+        return None, ""
+    version = runtime_version(facts, *impl.runtimes)
+    if version is None:
+        return f"{' or '.join(impl.runtimes)} is not installed", "missing"
+    spec = profile.backend(name)
+    if spec is not None:
+        try:
+            inside = spec.version_ok(version)
+        except ValueError:
+            inside = True  # a custom build's version string: don't guess
+        if not inside:
+            bounds = " and ".join(b for b in (f">= {spec.min_version}" if spec.min_version else "", f"<= {spec.max_version}" if spec.max_version else "") if b)
+            return f"{impl.runtimes[0]} {version} is installed; {profile.name} needs {bounds}", "version"
+    devices = (facts.get("probe") or {}).get("openvino_devices")
+    if name == "openvino" and spec is not None and spec.device and isinstance(devices, list):
+        wanted = [p for p in spec.device.replace("HETERO:", "").replace("AUTO:", "").split(",") if p]
+        absent = [p for p in wanted if not any(str(x).split(".")[0] == p for x in devices)]
+        if absent:
+            return f"OpenVINO sees devices {', '.join(map(str, devices)) or 'none'}, not {', '.join(absent)} (driver or plugin missing)", "device"
+    return None, ""
+
+
+def _memory_check(d: dict, probe: dict, bundle_bytes: int | None) -> Check:
+    total = d.get("memory_bytes")
+    available = probe.get("memory_available_bytes")
+    have = available if isinstance(available, int) else total
+    if not isinstance(have, int):
+        return Check("memory", WARN, "the device's memory could not be read")
+    text = f"{_mb(have)} available" if isinstance(available, int) else f"{_mb(have)} total"
+    if bundle_bytes:
+        need = int(bundle_bytes * MEMORY_FACTOR)
+        if have < need:
+            return Check(
+                "memory",
+                FAIL,
+                f"{text}; the bundle ({_mb(bundle_bytes)}) needs at least {_mb(need)} to load and run",
+                "free memory on the device (stop other services) or use a smaller model",
+            )
+        return Check("memory", OK, f"{text}, bundle {_mb(bundle_bytes)}")
+    return Check("memory", OK, text)
+
+
+def _disk_check(probe: dict, bundle_bytes: int | None) -> Check:
+    wd = probe.get("workdir") or {}
+    free, path = wd.get("free_bytes"), wd.get("path") or "the workdir"
+    if not isinstance(free, int):
+        return Check("disk", WARN, f"free space in {path} could not be read")
+    if bundle_bytes:
+        need = bundle_bytes + DISK_MARGIN
+        if free < need:
+            return Check(
+                "disk",
+                FAIL,
+                f"{_mb(free)} free in {path}; the bundle needs {_mb(need)}",
+                "free space on the device, or point the profile's workdir (or the inventory's) at a bigger filesystem",
+            )
+        return Check("disk", OK, f"{_mb(free)} free in {path}, bundle {_mb(bundle_bytes)}")
+    if free < LOW_DISK:
+        return Check("disk", WARN, f"only {_mb(free)} free in {path}")
+    return Check("disk", OK, f"{_mb(free)} free in {path}")
+
+
+def matching_profiles(arch: str, isa: list[str], model: str | None) -> list[str]:
+    """Profiles this CPU meets (same arch, every promised ISA feature), best match first."""
+    try:
+        profiles = list_profiles()
+    except EdgekitError:  # a broken user profile must not hide the real problem
+        return []
+    # A profile with an accelerator promises more than a CPU can show: suggest CPU-only ones.
+    fits = [p for p in profiles if not p.probe and not p.accelerator and p.cpu.arch == arch and set(p.cpu.isa) <= set(isa)]
+    fits.sort(key=lambda p: (p.cpu.core != model, -len(p.cpu.isa), p.name))
+    generic = [p.name for p in profiles if p.name == "linux-cpu"]  # probes the device: fits any CPU
+    return [p.name for p in fits] + generic
+
+
+def fact_rows(report: PreflightReport) -> list[list[str]]:
+    """The device's facts as (fact, value) rows for a human table."""
+    facts = report.facts
+    d = facts.get("device") or {}
+    probe = facts.get("probe") or {}
+    libc = probe.get("libc") or {}
+    wd = probe.get("workdir") or {}
+    rows = [
+        ["device", f"{report.device} ({report.transport})"],
+        ["hostname", str(d.get("hostname") or "-")],
+        ["arch", str(d.get("arch") or "-")],
+        ["cpu", str(d.get("cpu_model") or "-") + (f" ({d['board']})" if d.get("board") else "")],
+        ["isa", " ".join(d.get("isa") or []) or "-"],
+        ["cores", str(d.get("cores") or "-")],
+        ["memory", _mb(d.get("memory_bytes")) + (f" ({_mb(probe['memory_available_bytes'])} available)" if probe.get("memory_available_bytes") else "")],
+        ["disk", f"{_mb(wd.get('free_bytes'))} free in {wd.get('path') or '-'}"],
+        ["os", f"{d.get('os') or '-'} (kernel {d.get('kernel') or '-'}, {libc.get('name') or '?'} {libc.get('version') or ''})".rstrip()],
+        ["python", f"{d.get('python') or '-'} at {report.python}"],
+    ]
+    for key, version in (d.get("runtimes") or {}).items():
+        rows.append([f"runtime {key}", version or "-"])
+    if probe.get("openvino_devices") is not None:
+        rows.append(["openvino devices", ", ".join(map(str, probe["openvino_devices"])) or "-"])
+    trt = d.get("tensorrt") if isinstance(d.get("tensorrt"), dict) else {}
+    for key in ("l4t", "trtexec"):  # Jetson facts, where the agent found them
+        if trt.get(key):
+            rows.append([f"tensorrt {key}", str(trt[key])])
+    return rows
+
+
+def _mb(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "-"
+    return f"{n / MIB:.0f} MiB" if n < 10 * 1024 * MIB else f"{n / (1024 * MIB):.1f} GiB"
