@@ -1,0 +1,173 @@
+/* ekrt kernels: signatures, requantization parameters and weight packing (docs/ekrt.md,
+ * "Kernels"; ../STYLE "Kernels").
+ *
+ * Each family has an X-macro list, csrc/kernels/<family>/<family>.inc, of lines
+ *     EK_KERNEL(isa_flag, function, mr, nr, kr)
+ * ordered from the scalar reference (always first, always present) to the best kernel: the
+ * dispatch takes the LAST entry whose isa_flag bits the CPU has ((features & isa) == isa).
+ * The lists carry their own #if guards (EK_ENABLE_<ISA> below), so including a list never
+ * names a kernel this build does not compile. Tile fields per family:
+ *     qs8-gemm    mr x nr output tile, kr = k elements per packed group
+ *     qs8-dwconv  mr = 1, nr = channel tile, kr = 1
+ *     qs8-vadd    mr = 1, nr = elements per loop iteration (the unroll), kr = 1
+ *     qs8-vmul    as qs8-vadd
+ *
+ * Every kernel is bit-identical to the scalar reference (csrc/include/edgekit/requant.h).
+ * No kernel reads or writes outside the buffers its arguments describe. */
+#ifndef EDGEKIT_KERNELS_H
+#define EDGEKIT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ISA flags of the lists: the same bits as ekrt_cpu_features() (EKRT_CPU_* in ekrt.h). */
+#define EK_ISA_SCALAR 0u
+#define EK_ISA_NEON (1u << 0)       /* aarch64 Advanced SIMD */
+#define EK_ISA_NEONDOT (1u << 1)    /* + SDOT (ARMv8.2 dotprod); own TU, -march=armv8.2-a+dotprod */
+#define EK_ISA_AVX2 (1u << 8)       /* x86-64 AVX2; -mavx2 */
+#define EK_ISA_AVX512VNNI (1u << 9) /* AVX-512 F/BW/VL/VNNI; -mavx512f -mavx512bw -mavx512vl -mavx512vnni */
+
+/* Which ISAs this translation unit may name. A build whose compiler cannot take a kernel
+ * file's flags skips the file and compiles everything else with -DEK_NO_<ISA>. */
+#if defined(__aarch64__) && !defined(EK_NO_NEON)
+#define EK_ENABLE_NEON 1
+#else
+#define EK_ENABLE_NEON 0
+#endif
+#if defined(__aarch64__) && !defined(EK_NO_NEON) && !defined(EK_NO_NEONDOT)
+#define EK_ENABLE_NEONDOT 1
+#else
+#define EK_ENABLE_NEONDOT 0
+#endif
+#if defined(__x86_64__) && !defined(EK_NO_AVX2)
+#define EK_ENABLE_AVX2 1
+#else
+#define EK_ENABLE_AVX2 0
+#endif
+#if defined(__x86_64__) && !defined(EK_NO_AVX512VNNI)
+#define EK_ENABLE_AVX512VNNI 1
+#else
+#define EK_ENABLE_AVX512VNNI 0
+#endif
+
+/* Per-output-channel requantization (requant.h's ek_requant): channel j of a call uses
+ * multiplier[j], shift[j]; zp_out and [qmin, qmax] (within [-128, 127]) are per tensor. */
+struct ek_requant_params {
+  const int32_t* multiplier;
+  const int32_t* shift;
+  int32_t zp_out;
+  int32_t qmin;
+  int32_t qmax;
+};
+
+/* ---- qs8-gemm ----------------------------------------------------------------------------
+ * C[i][j] = requant_j(bias'[j] + sum_k A[i][k] * W[j][k]) for i < m, j < n.
+ * A: int8 rows of k elements, a_stride bytes apart (a_stride >= k). C: c_stride bytes apart.
+ * packed_w: ek_qs8_gemm_pack output for this kernel's (isa, nr, kr); a call with n < the
+ * packed width uses the first n columns. rq->multiplier/shift have >= n entries.
+ * m, n, k >= 1. */
+typedef void (*ek_qs8_gemm_fn)(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride,
+                               const void* packed_w, int8_t* c, size_t c_stride,
+                               const struct ek_requant_params* rq);
+
+/* Packed layout, per block of nr columns (the last block zero-padded):
+ *     nr x int32 bias'  then  (k_pad / kr) groups of nr x kr int8 (group g, column j, element
+ *     r = W[block*nr + j][g*kr + r], 0 beyond n or k),      k_pad = k rounded up to kr,
+ * bias'[j] = bias[j] - (zx + a_offset) * sum_k W[j][k], a_offset = ek_qs8_gemm_a_offset(isa)
+ * (128 for kernels that multiply unsigned activations: VPDPBUSD takes x + 128). */
+size_t ek_qs8_gemm_packed_size(size_t n, size_t k, size_t nr, size_t kr);
+int32_t ek_qs8_gemm_a_offset(uint32_t isa);
+/* w: int8 [n][k] row-major; bias: int32 [n] or NULL (zeros); zx: the activations' zero
+ * point. packed: ek_qs8_gemm_packed_size bytes, 4-byte aligned (64 is best). */
+void ek_qs8_gemm_pack(uint32_t isa, size_t nr, size_t kr, size_t n, size_t k, const int8_t* w,
+                      const int32_t* bias, int32_t zx, void* packed);
+
+/* ---- qs8-dwconv --------------------------------------------------------------------------
+ * Depthwise convolution (group == channels, one filter per channel) over an indirection
+ * buffer. For output pixel p < output_width and channel c < channels:
+ *     acc = bias'[c] + sum_{t < kernel_size} input[p * input_step + t][c] * W[t][c]
+ *     output[p * output_stride + c] = requant_c(acc)
+ * input[...] are pointers to `channels` int8 values (the tap's input pixel in NHWC), or to a
+ * row of `channels` bytes equal to zx for padding (padding is real zero). input_step (in
+ * pointers) is usually kernel_size. output_stride >= channels (bytes). */
+typedef void (*ek_qs8_dwconv_fn)(size_t channels, size_t output_width, size_t kernel_size,
+                                 const int8_t* const* input, size_t input_step, const void* packed_w,
+                                 int8_t* output, size_t output_stride,
+                                 const struct ek_requant_params* rq);
+
+/* Packed layout, per block of cr channels (the last block zero-padded), bias'[c] = bias[c] -
+ * zx * sum_t W[t][c]:
+ *   plain (scalar, neon):  cr x int32 bias'  then  kernel_size groups of cr int8
+ *                          (tap t, channel j = W[t][block*cr + j]);
+ *   pair (avx2, avx512vnni; cr a multiple of 8): two taps at a time as int16 pairs for
+ *                          VPMADDWD / VPDPWSSD, channels in the lane order VPUNPCKLWD/HWD
+ *                          produce (qs8-dwconv-pack.c): cr x int32 bias' then ceil(ks/2)
+ *                          groups of cr x (int16 W[t][c], int16 W[t+1][c]).
+ * ek_qs8_dwconv_packed_size is enough for any ISA's layout of that cr. */
+size_t ek_qs8_dwconv_packed_size(size_t channels, size_t kernel_size, size_t cr);
+/* w: int8 [kernel_size][channels] (ONNX [C][1][KH][KW] transposed: tap-major = [KH][KW][C]);
+ * bias: int32 [channels] or NULL. */
+void ek_qs8_dwconv_pack(uint32_t isa, size_t cr, size_t channels, size_t kernel_size, const int8_t* w,
+                        const int32_t* bias, int32_t zx, void* packed);
+
+/* ---- qs8-vadd ----------------------------------------------------------------------------
+ * TFLite's quantized Add (docs/ekrt.md op ADD), for i < n:
+ *     a' = ek_mul_by_multiplier((a[i] - a_zp) << left_shift, a_multiplier, a_shift)
+ *     b' = likewise for b
+ *     y[i] = ek_requant(a' + b', out_multiplier, out_shift, out_zp, qmin, qmax)
+ * left_shift in [0, 23] keeps (a - a_zp) << left_shift within int32. */
+struct ek_qs8_add_params {
+  int32_t a_zp, b_zp;
+  int32_t a_multiplier, a_shift;
+  int32_t b_multiplier, b_shift;
+  int32_t left_shift;
+  int32_t out_multiplier, out_shift;
+  int32_t out_zp, qmin, qmax;
+};
+typedef void (*ek_qs8_vadd_fn)(size_t n, const int8_t* a, const int8_t* b, int8_t* y,
+                               const struct ek_qs8_add_params* p);
+
+/* ---- qs8-vmul ----------------------------------------------------------------------------
+ * Quantized Mul (op MUL): y[i] = ek_requant((a[i] - a_zp) * (b[i] - b_zp), multiplier, shift,
+ * out_zp, qmin, qmax), multiplier/shift of s_a * s_b / s_y. */
+struct ek_qs8_mul_params {
+  int32_t a_zp, b_zp;
+  int32_t multiplier, shift;
+  int32_t out_zp, qmin, qmax;
+};
+typedef void (*ek_qs8_vmul_fn)(size_t n, const int8_t* a, const int8_t* b, int8_t* y,
+                               const struct ek_qs8_mul_params* p);
+
+/* ---- prototypes of every kernel in the lists --------------------------------------------- */
+#define EK_KERNEL(isa, fn, mr, nr, kr)                                                           \
+  void fn(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride, const void* packed_w, \
+          int8_t* c, size_t c_stride, const struct ek_requant_params* rq);
+#include "../../kernels/qs8-gemm/qs8-gemm.inc"
+#undef EK_KERNEL
+
+#define EK_KERNEL(isa, fn, mr, nr, kr)                                                            \
+  void fn(size_t channels, size_t output_width, size_t kernel_size, const int8_t* const* input, \
+          size_t input_step, const void* packed_w, int8_t* output, size_t output_stride,         \
+          const struct ek_requant_params* rq);
+#include "../../kernels/qs8-dwconv/qs8-dwconv.inc"
+#undef EK_KERNEL
+
+#define EK_KERNEL(isa, fn, mr, nr, kr) \
+  void fn(size_t n, const int8_t* a, const int8_t* b, int8_t* y, const struct ek_qs8_add_params* p);
+#include "../../kernels/qs8-vadd/qs8-vadd.inc"
+#undef EK_KERNEL
+
+#define EK_KERNEL(isa, fn, mr, nr, kr) \
+  void fn(size_t n, const int8_t* a, const int8_t* b, int8_t* y, const struct ek_qs8_mul_params* p);
+#include "../../kernels/qs8-vmul/qs8-vmul.inc"
+#undef EK_KERNEL
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* EDGEKIT_KERNELS_H */

@@ -1,0 +1,25 @@
+/* Loads of the last 1..7 bytes of a row without reading past it, zero-filled: inline byte
+ * loads (a variable-length memcpy would be a library call per row). Private to the kernels. */
+#ifndef EK_KERNELS_LOAD_TAIL_H
+#define EK_KERNELS_LOAD_TAIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* len in [1, 4] */
+static inline int32_t ek_load_tail32(const int8_t* p, size_t len) {
+  uint32_t v = (uint8_t)p[0];
+  if (len > 1) v |= (uint32_t)(uint8_t)p[1] << 8;
+  if (len > 2) v |= (uint32_t)(uint8_t)p[2] << 16;
+  if (len > 3) v |= (uint32_t)(uint8_t)p[3] << 24;
+  return (int32_t)v;
+}
+
+/* len in [1, 8] */
+static inline int64_t ek_load_tail64(const int8_t* p, size_t len) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < len; i++) v |= (uint64_t)(uint8_t)p[i] << (8 * i);
+  return (int64_t)v;
+}
+
+#endif /* EK_KERNELS_LOAD_TAIL_H */

@@ -1,0 +1,79 @@
+/* requant.h's ek_mul_by_multiplier, 8 x int32 lanes at a time, AVX2 (bit-exact):
+ *     v = x * multiplier (exact, 64-bit),  y = sat32((v + 2^(n-1)) >> n),  n = 31 - shift.
+ * AVX2 has no 64-bit arithmetic shift: with |v| < 2^62, (v + 2^(n-1) + 2^62) is non-negative,
+ * a logical shift of it equals floor((v + 2^(n-1)) / 2^n) + 2^(62-n), and the 2^(62-n) comes
+ * off afterwards (mod 2^32 when the result fits int32, i.e. shift <= 0; in 64 bits with a
+ * saturation otherwise). Private to the kernels; include only from files built with -mavx2. */
+#ifndef EK_KERNELS_REQUANT_AVX2_H
+#define EK_KERNELS_REQUANT_AVX2_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+/* Per-lane constants of 8 (multiplier, shift) pairs; "even"/"odd" = lanes 0,2,4,6 / 1,3,5,7
+ * in the 64-bit positions _mm256_mul_epi32 works on. */
+struct ek_rq_avx2 {
+  __m256i mult, mult_odd;
+  __m256i n_even, n_odd;     /* n = 31 - shift, as 64-bit counts */
+  __m256i rnd_even, rnd_odd; /* 2^(n-1) + 2^62 */
+  __m256i off_even, off_odd; /* 2^(62-n), 64-bit */
+  __m256i off32;             /* 2^(62-n) mod 2^32, per 32-bit lane */
+  int has_left;              /* some shift > 0: results may need saturating */
+};
+
+static inline struct ek_rq_avx2 ek_rq_avx2_init(__m256i mult, __m256i shift) {
+  struct ek_rq_avx2 r;
+  const __m256i one64 = _mm256_set1_epi64x(1), lo32 = _mm256_set1_epi64x(0xFFFFFFFF);
+  const __m256i bias62 = _mm256_set1_epi64x(INT64_C(1) << 62), c62 = _mm256_set1_epi64x(62);
+  const __m256i n = _mm256_sub_epi32(_mm256_set1_epi32(31), shift);
+  r.mult = mult;
+  r.mult_odd = _mm256_srli_epi64(mult, 32);
+  r.n_even = _mm256_and_si256(n, lo32);
+  r.n_odd = _mm256_srli_epi64(n, 32);
+  r.rnd_even = _mm256_add_epi64(_mm256_sllv_epi64(one64, _mm256_sub_epi64(r.n_even, one64)), bias62);
+  r.rnd_odd = _mm256_add_epi64(_mm256_sllv_epi64(one64, _mm256_sub_epi64(r.n_odd, one64)), bias62);
+  r.off_even = _mm256_sllv_epi64(one64, _mm256_sub_epi64(c62, r.n_even));
+  r.off_odd = _mm256_sllv_epi64(one64, _mm256_sub_epi64(c62, r.n_odd));
+  r.off32 = _mm256_blend_epi32(r.off_even, _mm256_slli_epi64(r.off_odd, 32), 0xAA);
+  r.has_left = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(shift, _mm256_setzero_si256()))) != 0;
+  return r;
+}
+
+static inline __m256i ek_avx2_sat32_epi64(__m256i v) {
+  const __m256i hi = _mm256_set1_epi64x(INT32_MAX), lo = _mm256_set1_epi64x(INT32_MIN);
+  v = _mm256_blendv_epi8(v, hi, _mm256_cmpgt_epi64(v, hi));
+  return _mm256_blendv_epi8(v, lo, _mm256_cmpgt_epi64(lo, v));
+}
+
+/* ek_mul_by_multiplier per lane. */
+static inline __m256i ek_avx2_mul_by_multiplier(__m256i x, const struct ek_rq_avx2* r) {
+  __m256i pe = _mm256_add_epi64(_mm256_mul_epi32(x, r->mult), r->rnd_even);
+  __m256i po = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(x, 32), r->mult_odd), r->rnd_odd);
+  pe = _mm256_srlv_epi64(pe, r->n_even);
+  po = _mm256_srlv_epi64(po, r->n_odd);
+  if (!r->has_left) return _mm256_sub_epi32(_mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA), r->off32);
+  pe = ek_avx2_sat32_epi64(_mm256_sub_epi64(pe, r->off_even));
+  po = ek_avx2_sat32_epi64(_mm256_sub_epi64(po, r->off_odd));
+  return _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA);
+}
+
+/* 16 int32 (lo = elements 0..7, hi = 8..15) -> clamp(zp + v, qmin, qmax) as int8. Saturating
+ * narrows, a saturating zp add, then the clamp equal requant.h's 64-bit add and clamp
+ * (qmin/qmax lie within int8). */
+static inline __m128i ek_avx2_narrow16(__m256i lo, __m256i hi, __m256i vzp16, __m128i vqmin, __m128i vqmax) {
+  __m256i v = _mm256_packs_epi32(lo, hi); /* 0-3 8-11 | 4-7 12-15 */
+  v = _mm256_permute4x64_epi64(v, 0xD8);  /* 0-7 | 8-15 */
+  v = _mm256_adds_epi16(v, vzp16);
+  __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return _mm_min_epi8(_mm_max_epi8(b, vqmin), vqmax);
+}
+
+/* 8 int32 -> 8 int8 in the low half. */
+static inline __m128i ek_avx2_narrow8(__m256i x, __m128i vzp16, __m128i vqmin, __m128i vqmax) {
+  __m128i v = _mm_packs_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  v = _mm_adds_epi16(v, vzp16);
+  v = _mm_packs_epi16(v, v);
+  return _mm_min_epi8(_mm_max_epi8(v, vqmin), vqmax);
+}
+
+#endif /* EK_KERNELS_REQUANT_AVX2_H */

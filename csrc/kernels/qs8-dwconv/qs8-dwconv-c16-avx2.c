@@ -1,0 +1,86 @@
+/* qs8-dwconv, 16 channels per step, AVX2: two taps at a time with VPMADDWD on int16 pairs
+ * (x_t, x_t+1) x (w_t, w_t+1), exact in int32. Packed in the "pair" layout (qs8-dwconv-pack.c):
+ * VPUNPCKLWD/HWD leave channels in lane order, VPACKSSDW restores it. Channel blocks outside,
+ * pixels inside: the requantization constants are set up once per block per call. */
+#include "edgekit/kernels.h"
+
+#if EK_ENABLE_AVX2
+#include <immintrin.h>
+#include <string.h>
+
+#include "../common/requant-avx2.h"
+
+static inline __m256i ek_load16(const int8_t* p, size_t nc) {
+  if (nc == 16) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
+  int8_t tmp[16] = {0};
+  memcpy(tmp, p, nc);
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)tmp));
+}
+
+/* natural-order int32 x 16 -> the lo / hi accumulator orders (lane L: channels 8L+0..3 / 8L+4..7) */
+static inline void ek_split_order(const int32_t* v, __m256i* lo, __m256i* hi) {
+  const __m256i a = _mm256_loadu_si256((const __m256i*)v), b = _mm256_loadu_si256((const __m256i*)(v + 8));
+  *lo = _mm256_permute2x128_si256(a, b, 0x20); /* a.lane0 (ch 0-3) | b.lane0 (ch 8-11) */
+  *hi = _mm256_permute2x128_si256(a, b, 0x31); /* a.lane1 (ch 4-7) | b.lane1 (ch 12-15) */
+}
+
+void ek_qs8_dwconv_ukernel_c16__avx2(size_t channels, size_t output_width, size_t kernel_size,
+                                     const int8_t* const* input, size_t input_step, const void* packed_w,
+                                     int8_t* output, size_t output_stride,
+                                     const struct ek_requant_params* rq) {
+  const __m256i vzp = _mm256_set1_epi16((int16_t)rq->zp_out);
+  const __m128i vqmin = _mm_set1_epi8((int8_t)rq->qmin), vqmax = _mm_set1_epi8((int8_t)rq->qmax);
+  const size_t pairs = (kernel_size + 1) / 2;
+  const size_t block_bytes = 16 * sizeof(int32_t) + pairs * 64;
+  const uint8_t* w = (const uint8_t*)packed_w;
+  for (size_t c0 = 0; c0 < channels; c0 += 16, w += block_bytes) {
+    const size_t nc = channels - c0 < 16 ? channels - c0 : 16;
+    int32_t mult[16], shift[16];
+    memset(mult, 0, sizeof mult);
+    memset(shift, 0, sizeof shift);
+    memcpy(mult, rq->multiplier + c0, nc * sizeof(int32_t));
+    memcpy(shift, rq->shift + c0, nc * sizeof(int32_t));
+    __m256i m_lo, m_hi, s_lo, s_hi;
+    ek_split_order(mult, &m_lo, &m_hi);
+    ek_split_order(shift, &s_lo, &s_hi);
+    const struct ek_rq_avx2 r_lo = ek_rq_avx2_init(m_lo, s_lo), r_hi = ek_rq_avx2_init(m_hi, s_hi);
+    const __m256i bias_lo = _mm256_loadu_si256((const __m256i*)w);
+    const __m256i bias_hi = _mm256_loadu_si256((const __m256i*)(w + 32));
+
+    for (size_t p = 0; p < output_width; p++) {
+      const int8_t* const* in = input + p * input_step;
+      __m256i acc_lo = bias_lo, acc_hi = bias_hi;
+      const uint8_t* wt = w + 64;
+      size_t t = 0;
+      for (; t + 1 < kernel_size; t += 2) {
+        const __m256i x0 = ek_load16(in[t] + c0, nc), x1 = ek_load16(in[t + 1] + c0, nc);
+        acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1),
+                                                            _mm256_loadu_si256((const __m256i*)wt)));
+        acc_hi = _mm256_add_epi32(acc_hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, x1),
+                                                            _mm256_loadu_si256((const __m256i*)(wt + 32))));
+        wt += 64;
+      }
+      if (t < kernel_size) { /* the odd last tap pairs with zeros */
+        const __m256i x0 = ek_load16(in[t] + c0, nc), x1 = _mm256_setzero_si256();
+        acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1),
+                                                            _mm256_loadu_si256((const __m256i*)wt)));
+        acc_hi = _mm256_add_epi32(acc_hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, x1),
+                                                            _mm256_loadu_si256((const __m256i*)(wt + 32))));
+      }
+      const __m256i y_lo = ek_avx2_mul_by_multiplier(acc_lo, &r_lo), y_hi = ek_avx2_mul_by_multiplier(acc_hi, &r_hi);
+      /* per lane: lo (ch 8L+0..3), hi (ch 8L+4..7) -> natural order */
+      __m256i v = _mm256_adds_epi16(_mm256_packs_epi32(y_lo, y_hi), vzp);
+      __m128i y = _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      y = _mm_min_epi8(_mm_max_epi8(y, vqmin), vqmax);
+      int8_t* out = output + p * output_stride + c0;
+      if (nc == 16) {
+        _mm_storeu_si128((__m128i*)out, y);
+      } else {
+        int8_t tmp[16];
+        _mm_storeu_si128((__m128i*)tmp, y);
+        memcpy(out, tmp, nc);
+      }
+    }
+  }
+}
+#endif

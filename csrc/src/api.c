@@ -1,0 +1,122 @@
+/* ekrt's C API around a loaded model: io info, threads, run, per-op profiling. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+int ekrt_num_inputs(const ekrt_model* m) { return m ? (int)m->n_inputs : 0; }
+int ekrt_num_outputs(const ekrt_model* m) { return m ? (int)m->n_outputs : 0; }
+int ekrt_num_ops(const ekrt_model* m) { return m ? (int)m->n_ops : 0; }
+
+static const struct ek_io* io_at(const ekrt_model* m, int is_output, int index) {
+  if (!m || index < 0) return NULL;
+  uint32_t n = is_output ? m->n_outputs : m->n_inputs;
+  if ((uint32_t)index >= n) return NULL;
+  return &m->io[(is_output ? m->n_inputs : 0) + (uint32_t)index];
+}
+
+int ekrt_io_info(const ekrt_model* m, int is_output, int index, const char** name, size_t* name_len, int* rank,
+                 uint32_t dims[4]) {
+  const struct ek_io* io = io_at(m, is_output, index);
+  if (!io) return EKRT_EARG;
+  const struct ek_tensor* t = &m->tensors[io->tensor];
+  if (name) *name = io->name;
+  if (name_len) *name_len = io->name_len;
+  if (rank) *rank = (int)t->rank;
+  if (dims) memcpy(dims, t->dims, sizeof t->dims);
+  return 0;
+}
+
+size_t ekrt_io_elements(const ekrt_model* m, int is_output, int index) {
+  const struct ek_io* io = io_at(m, is_output, index);
+  return io ? m->tensors[io->tensor].elems : 0;
+}
+
+int ekrt_set_threads(ekrt_model* m, int threads) {
+  if (!m || threads < 1 || threads > 256) return EKRT_EARG;
+  if (threads == m->threads) return 0;
+  uint8_t* scratch = NULL;
+  if (m->scratch_per_thread) {
+    if (posix_memalign((void**)&scratch, 64, (size_t)threads * m->scratch_per_thread) != 0) return EKRT_ENOMEM;
+    memset(scratch, 0, (size_t)threads * m->scratch_per_thread);
+  }
+  struct ek_pool* pool = NULL;
+  if (threads > 1) {
+    pool = ek_pool_create(threads);
+    if (!pool) {
+      free(scratch);
+      return EKRT_ETHREAD;
+    }
+  }
+  if (m->pool) ek_pool_destroy(m->pool);
+  free(m->scratch);
+  m->pool = pool;
+  m->scratch = scratch;
+  m->threads = threads;
+  return 0;
+}
+
+int ekrt_get_threads(const ekrt_model* m) { return m ? m->threads : 0; }
+
+int ekrt_run(ekrt_model* m, const float* const* inputs, float* const* outputs) {
+  if (!m || !inputs || !outputs) return EKRT_EARG;
+  for (uint32_t k = 0; k < m->n_inputs; k++) {
+    if (!inputs[k]) return EKRT_EARG;
+    m->tensors[m->io[k].tensor].data = (void*)(uintptr_t)inputs[k];
+  }
+  for (uint32_t k = 0; k < m->n_outputs; k++) {
+    if (!outputs[k]) return EKRT_EARG;
+    m->tensors[m->io[m->n_inputs + k].tensor].data = outputs[k];
+  }
+  if (m->profiling) {
+    for (uint32_t j = 0; j < m->n_ops; j++) {
+      uint64_t t0 = ek_now_ns();
+      m->ops[j].run(m, &m->ops[j]);
+      m->ops[j].ns += ek_now_ns() - t0;
+    }
+  } else {
+    for (uint32_t j = 0; j < m->n_ops; j++) m->ops[j].run(m, &m->ops[j]);
+  }
+  for (uint32_t k = 0; k < m->n_inputs + m->n_outputs; k++) m->tensors[m->io[k].tensor].data = NULL;
+  return 0;
+}
+
+int ekrt_profile(ekrt_model* m, int enable) {
+  if (!m) return EKRT_EARG;
+  m->profiling = enable != 0;
+  for (uint32_t j = 0; j < m->n_ops; j++) m->ops[j].ns = 0;
+  return 0;
+}
+
+int ekrt_op_times(const ekrt_model* m, int op, const char** name, uint64_t* ns) {
+  if (!m || op < 0 || (uint32_t)op >= m->n_ops) return EKRT_EARG;
+  if (name) *name = ek_op_name(m->ops[op].type);
+  if (ns) *ns = m->ops[op].ns;
+  return 0;
+}
+
+size_t ekrt_memory_bytes(const ekrt_model* m) {
+  if (!m) return 0;
+  return m->arena_size + m->weights_bytes + (size_t)m->threads * m->scratch_per_thread;
+}
+
+uint64_t ekrt_macs(const ekrt_model* m) {
+  if (!m) return 0;
+  uint64_t total = 0;
+  for (uint32_t j = 0; j < m->n_ops; j++) {
+    const struct ek_op* op = &m->ops[j];
+    const struct ek_tensor* y = &m->tensors[op->out];
+    uint64_t work = y->elems;
+    if (op->type == EKM_CONV2D || op->type == EKM_FULLY_CONNECTED) {
+      const struct ek_tensor* w = &m->tensors[op->in[1]];
+      work = (uint64_t)y->elems * (w->elems / w->dims[0]) /* K per output */;
+    } else if (op->type == EKM_MAXPOOL || op->type == EKM_AVGPOOL) {
+      work = (uint64_t)y->elems * (uint64_t)op->p[0] * (uint64_t)op->p[1];
+    } else {
+      for (uint32_t k = 0; k < op->n_in; k++) work += m->tensors[op->in[k]].elems;
+    }
+    total += work;
+  }
+  return total;
+}

@@ -1,0 +1,331 @@
+/* CONV2D and FULLY_CONNECTED: weights packed once at load for the chosen qs8-gemm kernel (or
+ * qs8-dwconv for depthwise), then run as tiles spread over the model's threads.
+ *
+ *   1x1, stride 1, no pad, 1 group  -> qs8-gemm straight on the NHWC input (rows = pixels)
+ *   depthwise (group == C == M)     -> qs8-dwconv over a per-row indirection buffer
+ *   anything else                   -> im2col of a block of output pixels, then qs8-gemm,
+ *                                      per group
+ * Padding reads the input's zero point (real zero). */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum conv_kind { CONV_DIRECT = 0, CONV_IM2COL = 1, CONV_DEPTHWISE = 2, CONV_FC = 3 };
+
+struct conv_state {
+  enum conv_kind kind;
+  /* geometry (NHWC) */
+  size_t batch, h, w, c, oh, ow, m, kh, kw, sh, sw, dh, dw, pt, pl, groups, cg, mg, k;
+  int32_t zx;
+  /* gemm */
+  ek_qs8_gemm_fn gemm;
+  size_t mr, nr, kr, block_bytes, group_bytes, rows_per_task;
+  /* dwconv */
+  ek_qs8_dwconv_fn dwconv;
+  int8_t* zero_row; /* c bytes of zx, for padding taps */
+  const int8_t** indirection; /* depthwise: all rows' tap pointers, built at load when small */
+  void* packed;     /* groups * group_bytes (gemm) or the dwconv packing */
+  int32_t* mult;
+  int32_t* shift;
+  int32_t zp_out, qmin, qmax;
+};
+
+/* the run-time view handed to tasks */
+struct conv_job {
+  struct ekrt_model* model;
+  const struct conv_state* s;
+  const int8_t* x;
+  int8_t* y;
+  size_t row_blocks, col_blocks, cols_per_block;
+};
+
+static void* aligned_alloc64(size_t n) {
+  void* p = NULL;
+  return posix_memalign(&p, 64, n ? n : 64) == 0 ? p : NULL;
+}
+
+static void gemm_cols(const struct conv_state* s, size_t g, size_t rows, const int8_t* a, size_t a_stride, int8_t* y,
+                      size_t y_stride, size_t col0, size_t cols) {
+  const uint8_t* packed = (const uint8_t*)s->packed + g * s->group_bytes + (col0 / s->nr) * s->block_bytes;
+  size_t ch0 = g * s->mg + col0;
+  struct ek_requant_params rq = {s->mult + ch0, s->shift + ch0, s->zp_out, s->qmin, s->qmax};
+  s->gemm(rows, cols, s->k, a, a_stride, packed, y + ch0, y_stride, &rq);
+}
+
+/* task i = (group, row block, column block) */
+static void split_task(const struct conv_job* j, size_t i, size_t* g, size_t* rb, size_t* cb) {
+  *cb = i % j->col_blocks;
+  i /= j->col_blocks;
+  *rb = i % j->row_blocks;
+  *g = i / j->row_blocks;
+}
+
+static void task_direct(void* ctx, size_t i, int thread) {
+  (void)thread;
+  const struct conv_job* j = ctx;
+  const struct conv_state* s = j->s;
+  size_t g, rb, cb;
+  split_task(j, i, &g, &rb, &cb);
+  size_t rows_total = s->batch * s->oh * s->ow;
+  size_t r0 = rb * s->rows_per_task, rows = ek_min_sz(s->rows_per_task, rows_total - r0);
+  size_t c0 = cb * j->cols_per_block, cols = ek_min_sz(j->cols_per_block, s->mg - c0);
+  size_t a_stride = s->kind == CONV_FC ? s->k : s->c;
+  gemm_cols(s, g, rows, j->x + r0 * a_stride, a_stride, j->y + r0 * s->m, s->m, c0, cols);
+}
+
+static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t r0, size_t rows, int8_t* a) {
+  size_t cg = s->cg;
+  /* one group, no dilation: a kernel row's taps are kw*C contiguous input bytes */
+  int rows_contiguous = s->groups == 1 && s->dw == 1;
+  for (size_t r = 0; r < rows; r++) {
+    size_t p = r0 + r, ox = p % s->ow, oy = (p / s->ow) % s->oh, n = p / (s->ow * s->oh);
+    int8_t* dst = a + r * s->k;
+    int64_t ix0 = (int64_t)(ox * s->sw) - (int64_t)s->pl;
+    int inside_x = ix0 >= 0 && ix0 + (int64_t)((s->kw - 1) * s->dw) < (int64_t)s->w;
+    for (size_t ky = 0; ky < s->kh; ky++) {
+      int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
+      if (iy < 0 || iy >= (int64_t)s->h) {
+        memset(dst, s->zx, s->kw * cg);
+        dst += s->kw * cg;
+        continue;
+      }
+      const int8_t* row = x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
+      if (rows_contiguous && inside_x) {
+        memcpy(dst, row + (size_t)ix0 * s->c, s->kw * cg);
+        dst += s->kw * cg;
+        continue;
+      }
+      for (size_t kx = 0; kx < s->kw; kx++) {
+        int64_t ix = ix0 + (int64_t)(kx * s->dw);
+        if (ix < 0 || ix >= (int64_t)s->w)
+          memset(dst, s->zx, cg);
+        else
+          memcpy(dst, row + (size_t)ix * s->c, cg);
+        dst += cg;
+      }
+    }
+  }
+}
+
+static void task_im2col(void* ctx, size_t i, int thread) {
+  const struct conv_job* j = ctx;
+  const struct conv_state* s = j->s;
+  size_t g, rb, cb;
+  split_task(j, i, &g, &rb, &cb);
+  size_t rows_total = s->batch * s->oh * s->ow;
+  size_t r0 = rb * s->rows_per_task, rows = ek_min_sz(s->rows_per_task, rows_total - r0);
+  size_t c0 = cb * j->cols_per_block, cols = ek_min_sz(j->cols_per_block, s->mg - c0);
+  int8_t* a = (int8_t*)j->model->scratch + (size_t)thread * j->model->scratch_per_thread;
+  im2col(s, j->x, g, r0, rows, a);
+  gemm_cols(s, g, rows, a, s->k, j->y + r0 * s->m, s->m, c0, cols);
+}
+
+#define EK_DW_PIXELS 64                  /* output pixels per indirection chunk built at run time */
+#define EK_DW_TABLE_BYTES (2u << 20)     /* up to this, the whole indirection is built at load */
+
+/* the tap pointers of output pixels [ox0, ox0 + np) of row (n, oy) */
+static void fill_indirection(const struct conv_state* s, const int8_t* x, size_t n, size_t oy, size_t ox0, size_t np,
+                             const int8_t** ind) {
+  size_t ks = s->kh * s->kw;
+  for (size_t p = 0; p < np; p++) {
+    size_t ox = ox0 + p;
+    for (size_t ky = 0; ky < s->kh; ky++) {
+      int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
+      int row_in = iy >= 0 && iy < (int64_t)s->h;
+      for (size_t kx = 0; kx < s->kw; kx++) {
+        int64_t ix = (int64_t)(ox * s->sw + kx * s->dw) - (int64_t)s->pl;
+        const int8_t* src = s->zero_row;
+        if (row_in && ix >= 0 && ix < (int64_t)s->w) src = x + ((n * s->h + (size_t)iy) * s->w + (size_t)ix) * s->c;
+        ind[p * ks + ky * s->kw + kx] = src;
+      }
+    }
+  }
+}
+
+static void task_depthwise(void* ctx, size_t i, int thread) {
+  const struct conv_job* j = ctx;
+  const struct conv_state* s = j->s;
+  size_t oy = i % s->oh, n = i / s->oh, ks = s->kh * s->kw;
+  struct ek_requant_params rq = {s->mult, s->shift, s->zp_out, s->qmin, s->qmax};
+  int8_t* yrow = j->y + (n * s->oh + oy) * s->ow * s->c;
+  if (s->indirection) {
+    s->dwconv(s->c, s->ow, ks, s->indirection + i * s->ow * ks, ks, s->packed, yrow, s->c, &rq);
+    return;
+  }
+  const int8_t** ind =
+      (const int8_t**)(void*)(j->model->scratch + (size_t)thread * j->model->scratch_per_thread);
+  for (size_t ox0 = 0; ox0 < s->ow; ox0 += EK_DW_PIXELS) {
+    size_t np = ek_min_sz(EK_DW_PIXELS, s->ow - ox0);
+    fill_indirection(s, j->x, n, oy, ox0, np, ind);
+    s->dwconv(s->c, np, ks, ind, ks, s->packed, yrow + ox0 * s->c, s->c, &rq);
+  }
+}
+
+/* below this many multiply-accumulates per thread, waking threads costs more than it saves */
+#define EK_MIN_PARALLEL_MACS 32768u
+
+static void run_tasks(struct ekrt_model* m, size_t n, ek_task_fn task, void* ctx, uint64_t macs) {
+  if (m->threads > 1 && macs >= (uint64_t)EK_MIN_PARALLEL_MACS * (uint64_t)m->threads) {
+    ek_parallel_for(m, n, task, ctx);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) task(ctx, i, 0);
+}
+
+static void run_conv(struct ekrt_model* m, struct ek_op* op) {
+  const struct conv_state* s = op->state;
+  struct conv_job j = {m, s, m->tensors[op->in[0]].data, m->tensors[op->out].data, 0, 1, s->mg};
+  uint64_t macs = (uint64_t)s->batch * s->oh * s->ow * s->m * s->k;
+  if (s->kind == CONV_DEPTHWISE) {
+    run_tasks(m, s->batch * s->oh, task_depthwise, &j, macs);
+    return;
+  }
+  size_t rows_total = s->kind == CONV_FC ? s->batch : s->batch * s->oh * s->ow;
+  j.row_blocks = (rows_total + s->rows_per_task - 1) / s->rows_per_task;
+  /* few row tiles (small images, FC): split the columns too, in whole nr blocks */
+  size_t tasks = s->groups * j.row_blocks, want = (size_t)(m->threads > 1 ? 4 * m->threads : 1);
+  if (tasks < want) {
+    size_t nblocks = (s->mg + s->nr - 1) / s->nr, per = (want + tasks - 1) / tasks;
+    size_t blocks_per = (nblocks + per - 1) / per;
+    j.cols_per_block = blocks_per * s->nr;
+    j.col_blocks = (s->mg + j.cols_per_block - 1) / j.cols_per_block;
+  }
+  run_tasks(m, s->groups * j.row_blocks * j.col_blocks, s->kind == CONV_IM2COL ? task_im2col : task_direct, &j, macs);
+}
+
+static void free_conv(struct conv_state* s) {
+  if (!s) return;
+  free(s->packed);
+  free(s->zero_row);
+  free((void*)s->indirection);
+  free(s->mult);
+  free(s->shift);
+  free(s);
+}
+
+static int32_t* copy_i32(const uint8_t* data, const struct ek_tensor* t) {
+  int32_t* v = aligned_alloc64(t->bytes);
+  if (v) memcpy(v, data + t->offset, t->bytes);
+  return v;
+}
+
+int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data);
+int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data) {
+  const struct ek_kernels* kern = ek_kernels();
+  const struct ek_tensor *x = &m->tensors[op->in[0]], *w = &m->tensors[op->in[1]], *y = &m->tensors[op->out];
+  struct conv_state* s = calloc(1, sizeof *s);
+  if (!s) return EKRT_ENOMEM;
+  op->state = s;
+  s->zx = x->zp;
+  s->zp_out = y->zp;
+  s->qmin = op->p[11];
+  s->qmax = op->p[12];
+  s->mult = copy_i32(data, &m->tensors[op->in[3]]);
+  s->shift = copy_i32(data, &m->tensors[op->in[4]]);
+  int32_t* bias = copy_i32(data, &m->tensors[op->in[2]]);
+  const int8_t* wd = (const int8_t*)(data + w->offset);
+  if (!s->mult || !s->shift || !bias) {
+    free(bias);
+    return EKRT_ENOMEM;
+  }
+  int rc = 0;
+  size_t scratch = 0;
+  if (op->type == EKM_FULLY_CONNECTED) {
+    s->kind = CONV_FC;
+    s->batch = x->dims[0];
+    s->oh = s->ow = 1;
+    s->m = s->mg = w->dims[0];
+    s->k = s->cg = w->dims[1];
+    s->groups = 1;
+  } else {
+    s->batch = x->dims[0];
+    s->h = x->dims[1];
+    s->w = x->dims[2];
+    s->c = x->dims[3];
+    s->oh = y->dims[1];
+    s->ow = y->dims[2];
+    s->m = y->dims[3];
+    s->kh = (size_t)op->p[0];
+    s->kw = (size_t)op->p[1];
+    s->sh = (size_t)op->p[2];
+    s->sw = (size_t)op->p[3];
+    s->dh = (size_t)op->p[4];
+    s->dw = (size_t)op->p[5];
+    s->pt = (size_t)op->p[6];
+    s->pl = (size_t)op->p[7];
+    s->groups = (size_t)op->p[10];
+    s->cg = s->c / s->groups;
+    s->mg = s->m / s->groups;
+    s->k = s->kh * s->kw * s->cg;
+    int pads = op->p[6] | op->p[7] | op->p[8] | op->p[9];
+    if (s->groups == s->c && s->cg == 1 && s->m == s->c && s->groups > 1) {
+      s->kind = CONV_DEPTHWISE;
+    } else if (s->kh == 1 && s->kw == 1 && s->sh == 1 && s->sw == 1 && !pads && s->groups == 1) {
+      s->kind = CONV_DIRECT;
+    } else {
+      s->kind = CONV_IM2COL;
+    }
+  }
+  if (s->kind == CONV_DEPTHWISE) {
+    size_t ks = s->kh * s->kw, cr = kern->dwconv.cr;
+    s->dwconv = kern->dwconv.fn;
+    s->zero_row = aligned_alloc64(s->c);
+    int8_t* taps = malloc(ks * s->c); /* [M][KH][KW][1] -> tap-major [KH*KW][C] */
+    size_t bytes = ek_qs8_dwconv_packed_size(s->c, ks, cr);
+    s->packed = aligned_alloc64(bytes);
+    if (!s->zero_row || !taps || !s->packed) {
+      free(taps);
+      rc = EKRT_ENOMEM;
+    } else {
+      memset(s->zero_row, s->zx, s->c);
+      for (size_t ch = 0; ch < s->c; ch++)
+        for (size_t t = 0; t < ks; t++) taps[t * s->c + ch] = wd[ch * ks + t];
+      ek_qs8_dwconv_pack(kern->dwconv.isa, cr, s->c, ks, taps, bias, s->zx, s->packed);
+      free(taps);
+      m->weights_bytes += bytes;
+      /* the input lives in the arena at a fixed address: its tap pointers can be built now */
+      uint64_t table = (uint64_t)s->batch * s->oh * s->ow * ks * sizeof(const int8_t*);
+      if (table <= EK_DW_TABLE_BYTES) s->indirection = malloc((size_t)table);
+      if (s->indirection) {
+        m->weights_bytes += (size_t)table;
+        for (size_t n = 0; n < s->batch; n++)
+          for (size_t oy = 0; oy < s->oh; oy++)
+            fill_indirection(s, x->data, n, oy, 0, s->ow, s->indirection + (n * s->oh + oy) * s->ow * ks);
+      } else {
+        scratch = ek_min_sz(s->ow, EK_DW_PIXELS) * ks * sizeof(const int8_t*);
+      }
+    }
+  } else {
+    s->gemm = kern->gemm.fn;
+    s->mr = kern->gemm.mr;
+    s->nr = kern->gemm.nr;
+    s->kr = kern->gemm.kr;
+    s->block_bytes = ek_qs8_gemm_packed_size(s->nr, s->k, s->nr, s->kr);
+    s->group_bytes = ek_qs8_gemm_packed_size(s->mg, s->k, s->nr, s->kr);
+    s->packed = aligned_alloc64(s->groups * s->group_bytes);
+    if (!s->packed) {
+      rc = EKRT_ENOMEM;
+    } else {
+      for (size_t g = 0; g < s->groups; g++)
+        ek_qs8_gemm_pack(kern->gemm.isa, s->nr, s->kr, s->mg, s->k, wd + g * s->mg * s->k, bias + g * s->mg, s->zx,
+                         (uint8_t*)s->packed + g * s->group_bytes);
+      m->weights_bytes += s->groups * s->group_bytes;
+    }
+    /* rows per task: about 32 KB of im2col rows, a multiple of the kernel's mr */
+    size_t rows = (32768 / (s->k ? s->k : 1)) / s->mr * s->mr;
+    if (rows < s->mr) rows = s->mr;
+    if (rows > 16 * s->mr) rows = 16 * s->mr;
+    if (s->kind == CONV_FC) rows = s->mr * 4;
+    s->rows_per_task = rows;
+    if (s->kind == CONV_IM2COL) scratch = rows * s->k;
+  }
+  free(bias);
+  if (scratch + EK_SLACK > m->scratch_per_thread) m->scratch_per_thread = ek_round_up(scratch + EK_SLACK, 64);
+  op->run = run_conv;
+  return rc;
+}
+
+void ek_free_conv(struct ek_op* op);
+void ek_free_conv(struct ek_op* op) { free_conv(op->state); }

@@ -1,0 +1,209 @@
+/* CPU features and kernel dispatch: once per process, the last kernel of each family's list
+ * (csrc/kernels/<family>/<family>.inc) whose ISA bits the CPU has. EKRT_ISA=<isa> caps the
+ * features at that ISA (scalar, neon, neondot, avx2, avx512vnni). */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMD
+#define HWCAP_ASIMD (1 << 1)
+#endif
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
+uint64_t ek_detect_cpu(void) {
+  uint64_t f = 0;
+#if defined(__aarch64__)
+#if defined(__linux__)
+  unsigned long hw = getauxval(AT_HWCAP);
+  if (hw & HWCAP_ASIMD) f |= EKRT_CPU_NEON;
+  if ((hw & HWCAP_ASIMD) && (hw & HWCAP_ASIMDDP)) f |= EKRT_CPU_NEONDOT;
+#else
+  f |= EKRT_CPU_NEON; /* Advanced SIMD is part of every AArch64 core */
+#endif
+#elif defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+  if (!osxsave || !avx) return 0;
+  unsigned xlo, xhi;
+  __asm__ __volatile__("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  (void)xhi;
+  int ymm = (xlo & 0x6) == 0x6, zmm = (xlo & 0xE6) == 0xE6;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  if (ymm && ((b >> 5) & 1)) f |= EKRT_CPU_AVX2;
+  int avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1); /* F, BW, VL */
+  if (zmm && avx512 && ((c >> 11) & 1) && (f & EKRT_CPU_AVX2)) f |= EKRT_CPU_AVX512VNNI;
+#endif
+  return f;
+}
+
+static const struct {
+  const char* name;
+  uint64_t mask; /* features an EKRT_ISA value allows */
+} ISA_CAPS[] = {
+    {"scalar", 0},
+    {"neon", EKRT_CPU_NEON},
+    {"neondot", EKRT_CPU_NEON | EKRT_CPU_NEONDOT},
+    {"avx2", EKRT_CPU_AVX2},
+    {"avx512vnni", EKRT_CPU_AVX2 | EKRT_CPU_AVX512VNNI},
+};
+
+static const char* isa_of(uint32_t isa) {
+  switch (isa) {
+    case EK_ISA_NEON: return "neon";
+    case EK_ISA_NEONDOT: return "neondot";
+    case EK_ISA_AVX2: return "avx2";
+    case EK_ISA_AVX512VNNI: return "avx512vnni";
+    default: return "scalar";
+  }
+}
+
+struct gemm_entry {
+  uint32_t isa;
+  ek_qs8_gemm_fn fn;
+  const char* name;
+  uint32_t mr, nr, kr;
+};
+static const struct gemm_entry GEMM[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn, mr, nr, kr},
+#include "../kernels/qs8-gemm/qs8-gemm.inc"
+#undef EK_KERNEL
+};
+struct dw_entry {
+  uint32_t isa;
+  ek_qs8_dwconv_fn fn;
+  const char* name;
+  uint32_t mr, nr, kr;
+};
+static const struct dw_entry DWCONV[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn, mr, nr, kr},
+#include "../kernels/qs8-dwconv/qs8-dwconv.inc"
+#undef EK_KERNEL
+};
+struct vadd_entry {
+  uint32_t isa;
+  ek_qs8_vadd_fn fn;
+  const char* name;
+};
+static const struct vadd_entry VADD[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn},
+#include "../kernels/qs8-vadd/qs8-vadd.inc"
+#undef EK_KERNEL
+};
+struct vmul_entry {
+  uint32_t isa;
+  ek_qs8_vmul_fn fn;
+  const char* name;
+};
+static const struct vmul_entry VMUL[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn},
+#include "../kernels/qs8-vmul/qs8-vmul.inc"
+#undef EK_KERNEL
+};
+
+static struct ek_kernels chosen;
+static uint64_t cpu_features;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static char built[64];
+
+static size_t pick_last(const uint32_t* isas, size_t n, uint64_t feats) {
+  size_t best = 0; /* entry 0 is the scalar reference: always there */
+  for (size_t i = 0; i < n; i++)
+    if ((feats & isas[i]) == isas[i]) best = i;
+  return best;
+}
+
+#define PICK_FROM(table, feats, out_index)                                          \
+  do {                                                                              \
+    uint32_t isas_[sizeof(table) / sizeof(table[0])];                               \
+    for (size_t i_ = 0; i_ < sizeof(table) / sizeof(table[0]); i_++) isas_[i_] = (table)[i_].isa; \
+    out_index = pick_last(isas_, sizeof(table) / sizeof(table[0]), feats);          \
+  } while (0)
+
+static void init(void) {
+  cpu_features = ek_detect_cpu();
+  uint64_t feats = cpu_features;
+  const char* want = getenv("EKRT_ISA");
+  if (want && *want) {
+    for (size_t i = 0; i < sizeof ISA_CAPS / sizeof ISA_CAPS[0]; i++)
+      if (strcmp(want, ISA_CAPS[i].name) == 0) feats &= ISA_CAPS[i].mask;
+  }
+  size_t g, d, a, mu;
+  PICK_FROM(GEMM, feats, g);
+  PICK_FROM(DWCONV, feats, d);
+  PICK_FROM(VADD, feats, a);
+  PICK_FROM(VMUL, feats, mu);
+  chosen.gemm.fn = GEMM[g].fn;
+  chosen.gemm.name = GEMM[g].name;
+  chosen.gemm.isa = GEMM[g].isa;
+  chosen.gemm.mr = GEMM[g].mr;
+  chosen.gemm.nr = GEMM[g].nr;
+  chosen.gemm.kr = GEMM[g].kr;
+  chosen.dwconv.fn = DWCONV[d].fn;
+  chosen.dwconv.name = DWCONV[d].name;
+  chosen.dwconv.isa = DWCONV[d].isa;
+  chosen.dwconv.cr = DWCONV[d].nr;
+  chosen.vadd = VADD[a].fn;
+  chosen.vadd_name = VADD[a].name;
+  chosen.vmul = VMUL[mu].fn;
+  chosen.vmul_name = VMUL[mu].name;
+  chosen.isa = isa_of(GEMM[g].isa);
+  /* the ISAs this build has kernels for */
+  uint32_t seen = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < sizeof GEMM / sizeof GEMM[0]; i++) seen |= GEMM[i].isa ? GEMM[i].isa : 0x80000000u;
+  for (size_t i = 0; i < sizeof DWCONV / sizeof DWCONV[0]; i++) seen |= DWCONV[i].isa;
+  for (size_t i = 0; i < sizeof VADD / sizeof VADD[0]; i++) seen |= VADD[i].isa;
+  for (size_t i = 0; i < sizeof VMUL / sizeof VMUL[0]; i++) seen |= VMUL[i].isa;
+  static const uint32_t order[] = {0x80000000u, EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI};
+  for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+    if (!(seen & order[i])) continue;
+    const char* nm = isa_of(order[i] == 0x80000000u ? 0 : order[i]);
+    size_t l = strlen(nm);
+    if (at + l + 2 >= sizeof built) break;
+    if (at) built[at++] = ',';
+    memcpy(built + at, nm, l);
+    at += l;
+    built[at] = '\0';
+  }
+}
+
+const struct ek_kernels* ek_kernels(void) {
+  pthread_once(&once, init);
+  return &chosen;
+}
+
+const char* ekrt_isa_name(void) { return ek_kernels()->isa; }
+
+uint64_t ekrt_cpu_features(void) {
+  ek_kernels();
+  return cpu_features;
+}
+
+const char* ekrt_built_isas(void) {
+  ek_kernels();
+  return built;
+}
+
+int ekrt_num_kernel_families(void) { return 4; }
+
+int ekrt_kernel_choice(int family, const char** family_name, const char** kernel_name) {
+  const struct ek_kernels* k = ek_kernels();
+  static const char* const FAMILIES[] = {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul"};
+  if (family < 0 || family >= 4) return EKRT_EARG;
+  const char* names[] = {k->gemm.name, k->dwconv.name, k->vadd_name, k->vmul_name};
+  if (family_name) *family_name = FAMILIES[family];
+  if (kernel_name) *kernel_name = names[family];
+  return 0;
+}

@@ -1,0 +1,129 @@
+/* ekrt internals shared by the runtime's translation units (not installed, not API). */
+#ifndef EKRT_INTERNAL_H
+#define EKRT_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "edgekit/ekm.h"
+#include "edgekit/ekrt.h"
+#include "edgekit/kernels.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ekrt reads .ekm files (little-endian) in place: big-endian hosts are not supported"
+#endif
+
+/* Limits the loader enforces (docs/ekrt.md "Loader limits"). */
+#define EK_MAX_TENSORS (1u << 20)
+#define EK_MAX_OPS (1u << 20)
+#define EK_MAX_IO 64u
+#define EK_MAX_NAME 1024u
+#define EK_MAX_ELEMENTS ((uint64_t)INT32_MAX)
+#define EK_MAX_ARENA ((uint64_t)1 << 30)
+#define EK_MAX_GEMM_K (1u << 24)
+#define EK_MAX_WINDOW 65536u
+#define EK_MAX_STRIDE 1024
+#define EK_MAX_PAD 65536
+#define EK_ADD_MAX_LEFT_SHIFT 22
+/* Bytes allocated past the arena and scratch buffers: kernels may read (never use) up to
+ * this many bytes past the end of a row (XNNPACK's OOB-read convention). */
+#define EK_SLACK 64u
+
+struct ek_pool;
+
+struct ek_tensor {
+  uint32_t dtype, storage, rank;
+  uint32_t dims[4];
+  size_t elems, bytes;
+  float scale;
+  int32_t zp;
+  uint64_t offset;
+  void* data; /* arena tensors: arena + offset; io tensors: set by ekrt_run; const: NULL */
+};
+
+struct ek_op;
+typedef void (*ek_op_run_fn)(struct ekrt_model* m, struct ek_op* op);
+
+struct ek_op {
+  uint32_t type;
+  uint32_t n_in;
+  uint32_t in[EKM_MAX_OP_INPUTS];
+  uint32_t out;
+  int32_t p[EKM_N_PARAMS];
+  ek_op_run_fn run;
+  void* state; /* per-op prepared data (packed weights, tables), freed with the model */
+  uint64_t ns;
+};
+
+struct ek_io {
+  uint32_t tensor;
+  const char* name; /* points into model->names */
+  size_t name_len;
+};
+
+struct ekrt_model {
+  uint32_t n_tensors, n_ops, n_inputs, n_outputs;
+  struct ek_tensor* tensors;
+  struct ek_op* ops;
+  struct ek_io* io; /* inputs, then outputs */
+  char* names;
+  uint8_t* arena;
+  size_t arena_size;
+  uint8_t* scratch; /* per-thread scratch: threads * scratch_per_thread bytes */
+  size_t scratch_per_thread;
+  size_t weights_bytes;
+  int threads;
+  struct ek_pool* pool;
+  int profiling;
+};
+
+/* The kernels chosen for this CPU (dispatch.c), fixed after the first call. */
+struct ek_gemm_choice {
+  ek_qs8_gemm_fn fn;
+  const char* name;
+  uint32_t isa, mr, nr, kr;
+};
+struct ek_dwconv_choice {
+  ek_qs8_dwconv_fn fn;
+  const char* name;
+  uint32_t isa, cr;
+};
+struct ek_kernels {
+  struct ek_gemm_choice gemm;
+  struct ek_dwconv_choice dwconv;
+  ek_qs8_vadd_fn vadd;
+  const char* vadd_name;
+  ek_qs8_vmul_fn vmul;
+  const char* vmul_name;
+  const char* isa; /* the gemm kernel's ISA */
+};
+const struct ek_kernels* ek_kernels(void);
+uint64_t ek_detect_cpu(void);
+
+/* loader.c */
+int ek_fail(char* err, size_t err_len, const char* fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+const char* ek_op_name(uint32_t type);
+
+/* ops.c / conv.c: prepare an op after validation (packs weights, builds tables, sets run). */
+int ek_prepare_op(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len);
+void ek_free_op(struct ek_op* op);
+
+/* pool.c: run task(ctx, i, thread) for i in [0, n) on the model's threads. Deterministic
+ * results are the caller's job: each task writes its own outputs only. */
+typedef void (*ek_task_fn)(void* ctx, size_t i, int thread);
+struct ek_pool* ek_pool_create(int threads);
+void ek_pool_destroy(struct ek_pool* pool);
+void ek_parallel_for(struct ekrt_model* m, size_t n, ek_task_fn task, void* ctx);
+
+uint32_t ek_crc32(const uint8_t* p, size_t n);
+uint64_t ek_now_ns(void);
+
+static inline size_t ek_min_sz(size_t a, size_t b) { return a < b ? a : b; }
+static inline size_t ek_round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+#endif /* EKRT_INTERNAL_H */

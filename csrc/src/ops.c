@@ -1,0 +1,638 @@
+/* The ops that are not kernel families (docs/ekrt.md "Ops"), and ADD/MUL through the
+ * qs8-vadd / qs8-vmul kernels. Every op here computes each output element the same way on
+ * any thread, so results never depend on the thread count. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edgekit/requant.h"
+#include "internal.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data);
+void ek_free_conv(struct ek_op* op);
+
+#define IN(k) (&m->tensors[op->in[k]])
+#define OUTT (&m->tensors[op->out])
+
+static int8_t clamp8(int32_t v) { return (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v); }
+
+/* Tasks over rows of an op: ctx holds the op; `rows` rows are cut into chunks. */
+struct row_job {
+  struct ekrt_model* m;
+  struct ek_op* op;
+  size_t rows, chunk;
+  void (*fn)(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1);
+};
+static void row_task(void* ctx, size_t i, int thread) {
+  (void)thread;
+  struct row_job* j = ctx;
+  size_t r0 = i * j->chunk, r1 = ek_min_sz(r0 + j->chunk, j->rows);
+  j->fn(j->m, j->op, r0, r1);
+}
+/* split `rows` rows of `row_cost` elements each into tasks of >= ~16K elements */
+static void for_rows(struct ekrt_model* m, struct ek_op* op, size_t rows, size_t row_cost,
+                     void (*fn)(struct ekrt_model*, struct ek_op*, size_t, size_t)) {
+  size_t chunk = row_cost >= 16384 ? 1 : 16384 / (row_cost ? row_cost : 1);
+  if (chunk > rows) chunk = rows ? rows : 1;
+  struct row_job j = {m, op, rows, chunk, fn};
+  size_t n = (rows + chunk - 1) / chunk;
+  if (m->threads < 2 || n < 2) {
+    fn(m, op, 0, rows);
+    return;
+  }
+  ek_parallel_for(m, n, row_task, &j);
+}
+
+/* ---- QUANTIZE / DEQUANTIZE (rows: N*H for the layout-changing 4-D case, else chunks) ---- */
+
+/* ONNX QuantizeLinear: x / scale (float32 divide), round half to even, + zp, saturate. The
+ * rounding is the add-and-subtract of 1.5 * 2^23 (exact for |v| < 2^22, which the clamp to
+ * [-128 - zp, 127 - zp] guarantees, under the default rounding mode), so the loops vectorize
+ * without SSE4.1's roundps. NaN becomes zp (real zero). */
+#define EK_ROUND_MAGIC 12582912.0f
+
+static inline int8_t quantize1(float v, float scale, float lo, float hi, int32_t zp) {
+  float q = v / scale;
+  q = q != q ? 0.0f : q;
+  q = q < lo ? lo : q > hi ? hi : q;
+  q = (q + EK_ROUND_MAGIC) - EK_ROUND_MAGIC;
+  return (int8_t)((int32_t)q + zp);
+}
+
+/* quantize n contiguous floats; SSE2 / NEON where there is one (bit-identical: the same
+ * divide, clamp and round-half-even conversion under the default rounding mode) */
+static void quantize_span(const float* in, int8_t* out, size_t n, float s, float lo, float hi, int32_t zp) {
+  size_t i = 0;
+#if defined(__SSE2__)
+  const __m128 vs = _mm_set1_ps(s), vlo = _mm_set1_ps(lo), vhi = _mm_set1_ps(hi);
+  const __m128i vzp = _mm_set1_epi32(zp);
+  for (; i + 8 <= n; i += 8) {
+    __m128 a = _mm_div_ps(_mm_loadu_ps(in + i), vs), b = _mm_div_ps(_mm_loadu_ps(in + i + 4), vs);
+    a = _mm_and_ps(a, _mm_cmpord_ps(a, a)); /* NaN -> 0 */
+    b = _mm_and_ps(b, _mm_cmpord_ps(b, b));
+    a = _mm_min_ps(_mm_max_ps(a, vlo), vhi);
+    b = _mm_min_ps(_mm_max_ps(b, vlo), vhi);
+    __m128i ia = _mm_add_epi32(_mm_cvtps_epi32(a), vzp), ib = _mm_add_epi32(_mm_cvtps_epi32(b), vzp);
+    __m128i v = _mm_packs_epi16(_mm_packs_epi32(ia, ib), _mm_setzero_si128());
+    _mm_storel_epi64((__m128i*)(void*)(out + i), v);
+  }
+#elif defined(__aarch64__)
+  const float32x4_t vs = vdupq_n_f32(s), vlo = vdupq_n_f32(lo), vhi = vdupq_n_f32(hi);
+  const int32x4_t vzp = vdupq_n_s32(zp);
+  for (; i + 8 <= n; i += 8) {
+    float32x4_t a = vdivq_f32(vld1q_f32(in + i), vs), b = vdivq_f32(vld1q_f32(in + i + 4), vs);
+    a = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(a), vceqq_f32(a, a)));
+    b = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(b), vceqq_f32(b, b)));
+    a = vminq_f32(vmaxq_f32(a, vlo), vhi);
+    b = vminq_f32(vmaxq_f32(b, vlo), vhi);
+    int32x4_t ia = vaddq_s32(vcvtnq_s32_f32(a), vzp), ib = vaddq_s32(vcvtnq_s32_f32(b), vzp);
+    vst1_s8(out + i, vqmovn_s16(vcombine_s16(vqmovn_s32(ia), vqmovn_s32(ib))));
+  }
+#endif
+  for (; i < n; i++) out[i] = quantize1(in[i], s, lo, hi, zp);
+}
+
+static void quantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  const float* src = x->data;
+  int8_t* dst = y->data;
+  const float s = y->scale, lo = (float)(-128 - y->zp), hi = (float)(127 - y->zp);
+  const int32_t zp = y->zp;
+  if (op->p[0]) { /* x [N,C,H,W] -> y [N,H,W,C]; a row is one (n, h) */
+    size_t C = x->dims[1], H = x->dims[2], W = x->dims[3];
+    for (size_t r = r0; r < r1; r++) {
+      size_t n = r / H, h = r % H;
+      int8_t* out = dst + r * W * C;
+      for (size_t c = 0; c < C; c++) {
+        const float* in = src + ((n * C + c) * H + h) * W;
+        for (size_t w0 = 0; w0 < W; w0 += 256) { /* quantize contiguously, then scatter */
+          int8_t tmp[256];
+          size_t nw = ek_min_sz(256, W - w0);
+          quantize_span(in + w0, tmp, nw, s, lo, hi, zp);
+          for (size_t w = 0; w < nw; w++) out[(w0 + w) * C + c] = tmp[w];
+        }
+      }
+    }
+  } else {
+    size_t end = ek_min_sz(r1 * 1024, x->elems);
+    quantize_span(src + r0 * 1024, dst + r0 * 1024, end - r0 * 1024, s, lo, hi, zp);
+  }
+}
+
+static void run_quantize(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor* x = IN(0);
+  if (op->p[0])
+    for_rows(m, op, (size_t)x->dims[0] * x->dims[2], (size_t)x->dims[1] * x->dims[3], quantize_rows);
+  else
+    for_rows(m, op, (x->elems + 1023) / 1024, 1024, quantize_rows);
+}
+
+static void dequantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  const int8_t* src = x->data;
+  float* dst = y->data;
+  const float s = x->scale;
+  const int32_t zp = x->zp;
+  if (op->p[0]) { /* x [N,H,W,C] -> y [N,C,H,W]; a row is one (n, h); writes contiguous along W */
+    size_t H = x->dims[1], W = x->dims[2], C = x->dims[3];
+    for (size_t r = r0; r < r1; r++) {
+      size_t n = r / H, h = r % H;
+      const int8_t* in = src + r * W * C;
+      for (size_t c = 0; c < C; c++) {
+        float* out = dst + ((n * C + c) * H + h) * W;
+        for (size_t w = 0; w < W; w++) out[w] = (float)(in[w * C + c] - zp) * s;
+      }
+    }
+  } else {
+    size_t end = ek_min_sz(r1 * 1024, x->elems);
+    for (size_t i = r0 * 1024; i < end; i++) dst[i] = (float)(src[i] - zp) * s;
+  }
+}
+
+static void run_dequantize(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor* x = IN(0);
+  if (op->p[0])
+    for_rows(m, op, (size_t)x->dims[0] * x->dims[1], (size_t)x->dims[2] * x->dims[3], dequantize_rows);
+  else
+    for_rows(m, op, (x->elems + 1023) / 1024, 1024, dequantize_rows);
+}
+
+/* ---- ADD / MUL ---- */
+
+struct binary_state {
+  struct ek_qs8_add_params add;
+  struct ek_qs8_mul_params mul;
+  ek_qs8_vadd_fn vadd;
+  ek_qs8_vmul_fn vmul;
+  size_t inner; /* elements per call: all, or C when b broadcasts over pixels */
+};
+
+static void binary_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct binary_state* s = op->state;
+  const int8_t *a = IN(0)->data, *b = IN(1)->data;
+  int8_t* y = OUTT->data;
+  size_t inner = s->inner;
+  int bcast = IN(1)->elems != IN(0)->elems;
+  for (size_t r = r0; r < r1; r++) {
+    const int8_t* br = bcast ? b : b + r * inner;
+    if (op->type == EKM_ADD)
+      s->vadd(inner, a + r * inner, br, y + r * inner, &s->add);
+    else
+      s->vmul(inner, a + r * inner, br, y + r * inner, &s->mul);
+  }
+}
+
+static void run_binary(struct ekrt_model* m, struct ek_op* op) {
+  const struct binary_state* s = op->state;
+  for_rows(m, op, IN(0)->elems / s->inner, s->inner, binary_rows);
+}
+
+static int prepare_binary(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_kernels* k = ek_kernels();
+  struct binary_state* s = calloc(1, sizeof *s);
+  if (!s) return EKRT_ENOMEM;
+  op->state = s;
+  const struct ek_tensor *a = IN(0), *b = IN(1), *y = OUTT;
+  s->vadd = k->vadd;
+  s->vmul = k->vmul;
+  if (b->elems != a->elems) {
+    s->inner = b->elems; /* [1,1,1,C] over an [N,H,W,C] a */
+  } else {
+    /* whole tensor, cut in rows of up to 4096 for threads */
+    s->inner = a->elems;
+    for (size_t d = 4096; d >= 1024; d /= 2)
+      if (a->elems > d && a->elems % d == 0) {
+        s->inner = d;
+        break;
+      }
+  }
+  s->add = (struct ek_qs8_add_params){a->zp, b->zp, op->p[0], op->p[1], op->p[2], op->p[3], op->p[4],
+                                      op->p[5], op->p[6], y->zp, op->p[11], op->p[12]};
+  s->mul = (struct ek_qs8_mul_params){a->zp, b->zp, op->p[0], op->p[1], y->zp, op->p[11], op->p[12]};
+  op->run = run_binary;
+  return 0;
+}
+
+/* ---- CONCAT: per input a 256-entry requantization table, or a copy when it is the identity ---- */
+
+struct concat_state {
+  size_t outer;
+  size_t inner[EKM_MAX_OP_INPUTS]; /* bytes of input k per outer index */
+  int8_t* table[EKM_MAX_OP_INPUTS]; /* NULL: same scale and zero point, copy */
+};
+
+static void concat_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct concat_state* s = op->state;
+  size_t out_inner = 0;
+  for (uint32_t k = 0; k < op->n_in; k++) out_inner += s->inner[k];
+  int8_t* y = OUTT->data;
+  for (size_t r = r0; r < r1; r++) {
+    int8_t* dst = y + r * out_inner;
+    for (uint32_t k = 0; k < op->n_in; k++) {
+      const int8_t* src = (const int8_t*)IN(k)->data + r * s->inner[k];
+      if (!s->table[k]) {
+        memcpy(dst, src, s->inner[k]);
+      } else {
+        const int8_t* t = s->table[k];
+        for (size_t i = 0; i < s->inner[k]; i++) dst[i] = t[src[i] + 128];
+      }
+      dst += s->inner[k];
+    }
+  }
+}
+
+static void run_concat(struct ekrt_model* m, struct ek_op* op) {
+  const struct concat_state* s = op->state;
+  for_rows(m, op, s->outer, OUTT->elems / (s->outer ? s->outer : 1), concat_rows);
+}
+
+static int prepare_concat(struct ekrt_model* m, struct ek_op* op) {
+  struct concat_state* s = calloc(1, sizeof *s);
+  if (!s) return EKRT_ENOMEM;
+  op->state = s;
+  const struct ek_tensor* y = OUTT;
+  uint32_t axis = (uint32_t)op->p[0];
+  s->outer = 1;
+  for (uint32_t d = 0; d < axis; d++) s->outer *= y->dims[d];
+  for (uint32_t k = 0; k < op->n_in; k++) {
+    const struct ek_tensor* x = IN(k);
+    s->inner[k] = x->elems / s->outer;
+    s->table[k] = malloc(256);
+    if (!s->table[k]) return EKRT_ENOMEM;
+    int identity = 1;
+    for (int v = -128; v < 128; v++) {
+      s->table[k][v + 128] = ek_requant(v - x->zp, op->p[1 + 2 * k], op->p[2 + 2 * k], y->zp, -128, 127);
+      identity &= s->table[k][v + 128] == v;
+    }
+    if (identity) { /* the (2^30, 1) pair of equal scales: a copy */
+      free(s->table[k]);
+      s->table[k] = NULL;
+    }
+  }
+  op->run = run_concat;
+  return 0;
+}
+
+/* ---- MAXPOOL / AVGPOOL (rows: N*OH) ---- */
+
+struct pool_state {
+  size_t h, w, c, oh, ow, kh, kw, sh, sw, pt, pl;
+  int include_pad;
+  int32_t zx, zy;
+  int32_t* mult; /* per window element count 1..kh*kw: multiplier of real/count */
+  int32_t* shift;
+};
+
+static void pool_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct pool_state* s = op->state;
+  const int8_t* x = IN(0)->data;
+  int8_t* y = OUTT->data;
+  int avg = op->type == EKM_AVGPOOL;
+  int32_t acc[256];
+  for (size_t r = r0; r < r1; r++) {
+    size_t n = r / s->oh, oy = r % s->oh;
+    int64_t y0 = (int64_t)(oy * s->sh) - (int64_t)s->pt, y1 = y0 + (int64_t)s->kh;
+    int64_t ya = y0 < 0 ? 0 : y0, yb = y1 < (int64_t)s->h ? y1 : (int64_t)s->h;
+    for (size_t ox = 0; ox < s->ow; ox++) {
+      int64_t x0 = (int64_t)(ox * s->sw) - (int64_t)s->pl, x1 = x0 + (int64_t)s->kw;
+      int64_t xa = x0 < 0 ? 0 : x0, xb = x1 < (int64_t)s->w ? x1 : (int64_t)s->w;
+      int8_t* dst = y + ((n * s->oh + oy) * s->ow + ox) * s->c;
+      if (!avg) {
+        memset(dst, 0x80, s->c); /* -128 */
+        for (int64_t iy = ya; iy < yb; iy++)
+          for (int64_t ix = xa; ix < xb; ix++) {
+            const int8_t* src = x + ((n * s->h + (size_t)iy) * s->w + (size_t)ix) * s->c;
+            for (size_t c = 0; c < s->c; c++) dst[c] = src[c] > dst[c] ? src[c] : dst[c];
+          }
+        continue;
+      }
+      size_t count = s->include_pad ? s->kh * s->kw : (size_t)((yb - ya) * (xb - xa));
+      int32_t mu = s->mult[count - 1], sh = s->shift[count - 1];
+      for (size_t c0 = 0; c0 < s->c; c0 += 256) { /* channel blocks: a fixed-size accumulator */
+        size_t nc = ek_min_sz(256, s->c - c0);
+        memset(acc, 0, nc * sizeof *acc);
+        for (int64_t iy = ya; iy < yb; iy++)
+          for (int64_t ix = xa; ix < xb; ix++) {
+            const int8_t* src = x + ((n * s->h + (size_t)iy) * s->w + (size_t)ix) * s->c + c0;
+            for (size_t c = 0; c < nc; c++) acc[c] += src[c] - s->zx;
+          }
+        for (size_t c = 0; c < nc; c++) dst[c0 + c] = ek_requant(acc[c], mu, sh, s->zy, -128, 127);
+      }
+    }
+  }
+}
+
+static void run_pool(struct ekrt_model* m, struct ek_op* op) {
+  const struct pool_state* s = op->state;
+  for_rows(m, op, (size_t)IN(0)->dims[0] * s->oh, s->ow * s->c * s->kh * s->kw, pool_rows);
+}
+
+static int prepare_pool(struct ekrt_model* m, struct ek_op* op, char* err, size_t err_len) {
+  struct pool_state* s = calloc(1, sizeof *s);
+  if (!s) return EKRT_ENOMEM;
+  op->state = s;
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  s->h = x->dims[1];
+  s->w = x->dims[2];
+  s->c = x->dims[3];
+  s->oh = y->dims[1];
+  s->ow = y->dims[2];
+  s->kh = (size_t)op->p[0];
+  s->kw = (size_t)op->p[1];
+  s->sh = (size_t)op->p[2];
+  s->sw = (size_t)op->p[3];
+  s->pt = (size_t)op->p[6];
+  s->pl = (size_t)op->p[7];
+  s->include_pad = op->p[10];
+  s->zx = x->zp;
+  s->zy = y->zp;
+  if (op->type == EKM_AVGPOOL) {
+    size_t n = s->kh * s->kw;
+    s->mult = malloc(n * sizeof *s->mult);
+    s->shift = malloc(n * sizeof *s->shift);
+    if (!s->mult || !s->shift) return EKRT_ENOMEM;
+    double real = ldexp((double)op->p[13], op->p[14] - 31);
+    for (size_t i = 0; i < n; i++)
+      if (ek_quantize_multiplier(real / (double)(i + 1), &s->mult[i], &s->shift[i]) != 0)
+        return ek_fail(err, err_len, "op (AVGPOOL): multiplier %d, shift %d give no valid per-count multiplier", op->p[13],
+                       op->p[14]);
+  }
+  op->run = run_pool;
+  return 0;
+}
+
+/* ---- GLOBAL_AVGPOOL ---- */
+
+static void gap_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  size_t hw = (size_t)x->dims[1] * x->dims[2], C = x->dims[3];
+  const int8_t* src = x->data;
+  int8_t* dst = y->data;
+  for (size_t r = r0; r < r1; r++) { /* a row is (n, channel block of 64) */
+    size_t nblk = (C + 63) / 64, n = r / nblk, c0 = (r % nblk) * 64, c1 = ek_min_sz(c0 + 64, C);
+    int32_t acc[64] = {0};
+    for (size_t p = 0; p < hw; p++) {
+      const int8_t* px = src + (n * hw + p) * C;
+      for (size_t c = c0; c < c1; c++) acc[c - c0] += px[c] - x->zp;
+    }
+    for (size_t c = c0; c < c1; c++) dst[n * C + c] = ek_requant(acc[c - c0], op->p[0], op->p[1], y->zp, -128, 127);
+  }
+}
+
+static void run_gap(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor* x = IN(0);
+  size_t nblk = (x->dims[3] + 63) / 64;
+  for_rows(m, op, (size_t)x->dims[0] * nblk, (size_t)x->dims[1] * x->dims[2] * 64, gap_rows);
+}
+
+/* ---- RESHAPE / TRANSPOSE ---- */
+
+static void run_reshape(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  if (op->p[0] == 0) {
+    if (x->data != y->data) memmove(y->data, x->data, x->bytes);
+    return;
+  }
+  /* NHWC bytes read in NCHW order */
+  size_t N = x->dims[0], H = x->dims[1], W = x->dims[2], C = x->dims[3];
+  const int8_t* src = x->data;
+  int8_t* dst = y->data;
+  for (size_t n = 0; n < N; n++)
+    for (size_t c = 0; c < C; c++)
+      for (size_t h = 0; h < H; h++)
+        for (size_t w = 0; w < W; w++) *dst++ = src[((n * H + h) * W + w) * C + c];
+}
+
+static void run_transpose(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  size_t d[4] = {1, 1, 1, 1}, stride_in[4] = {0, 0, 0, 0}, s[4] = {0, 0, 0, 0};
+  uint32_t r = x->rank, off = 4 - r;
+  size_t st = 1;
+  for (int i = (int)r - 1; i >= 0; i--) {
+    stride_in[i] = st;
+    st *= x->dims[i];
+  }
+  for (uint32_t i = 0; i < r; i++) { /* output dim i walks input dim perm[i] */
+    d[off + i] = y->dims[i];
+    s[off + i] = stride_in[op->p[i]];
+  }
+  const int8_t* src = x->data;
+  int8_t* dst = y->data;
+  for (size_t a = 0; a < d[0]; a++)
+    for (size_t b = 0; b < d[1]; b++)
+      for (size_t c = 0; c < d[2]; c++) {
+        const int8_t* row = src + a * s[0] + b * s[1] + c * s[2];
+        for (size_t e = 0; e < d[3]; e++) *dst++ = row[e * s[3]];
+      }
+}
+
+/* ---- RESIZE (NHWC), integers only (docs/ekrt.md): nearest iy = oy*IH/OH; bilinear half_pixel
+ * with Q11 weights, y = (sum x*wy*wx + 2^21) >> 22 on the raw int8 values. Coordinates are
+ * computed per row/pixel (no tables: nothing allocated in proportion to the dims). ---- */
+
+/* source index 0/1 and the Q11 weight of index 1 for output coordinate o */
+static void resize_coord(size_t in, size_t out, int linear, size_t o, size_t* i0, size_t* i1, int32_t* w1) {
+  if (!linear) {
+    *i0 = *i1 = (size_t)((uint64_t)o * in / out);
+    *w1 = 0;
+    return;
+  }
+  int64_t num = (int64_t)(2 * o + 1) * (int64_t)in - (int64_t)out, den = 2 * (int64_t)out;
+  if (num < 0) num = 0;
+  int64_t a = num / den;
+  *w1 = (int32_t)(((num - a * den) * 2048 + den / 2) / den);
+  if (a > (int64_t)in - 1) a = (int64_t)in - 1;
+  *i0 = (size_t)a;
+  *i1 = (size_t)(a + 1 < (int64_t)in ? a + 1 : (int64_t)in - 1);
+}
+
+static void resize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  size_t H = x->dims[1], W = x->dims[2], C = x->dims[3], OH = y->dims[1], OW = y->dims[2];
+  int linear = op->p[0] == 1;
+  const int8_t* src = x->data;
+  int8_t* dst = y->data;
+  for (size_t r = r0; r < r1; r++) {
+    size_t n = r / OH, oy = r % OH, ya, yb;
+    int32_t wy1;
+    resize_coord(H, OH, linear, oy, &ya, &yb, &wy1);
+    int32_t wy0 = 2048 - wy1;
+    const int8_t* rowa = src + (n * H + ya) * W * C;
+    const int8_t* rowb = src + (n * H + yb) * W * C;
+    for (size_t ox = 0; ox < OW; ox++) {
+      size_t xa, xb;
+      int32_t wx1;
+      resize_coord(W, OW, linear, ox, &xa, &xb, &wx1);
+      int8_t* o = dst + ((n * OH + oy) * OW + ox) * C;
+      const int8_t *p00 = rowa + xa * C, *p01 = rowa + xb * C;
+      if (!linear) {
+        memcpy(o, p00, C);
+        continue;
+      }
+      const int8_t *p10 = rowb + xa * C, *p11 = rowb + xb * C;
+      int32_t wx0 = 2048 - wx1;
+      for (size_t c = 0; c < C; c++) {
+        int32_t top = p00[c] * wx0 + p01[c] * wx1, bot = p10[c] * wx0 + p11[c] * wx1;
+        int32_t acc = top * wy0 + bot * wy1;
+        o[c] = clamp8((int32_t)(((int64_t)acc + (1 << 21)) >> 22));
+      }
+    }
+  }
+}
+
+static void run_resize(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor* y = OUTT;
+  for_rows(m, op, (size_t)y->dims[0] * y->dims[1], (size_t)y->dims[2] * y->dims[3] * 4, resize_rows);
+}
+
+/* ---- LUT ---- */
+
+static void lut_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const int8_t* t = op->state;
+  const int8_t* src = IN(0)->data;
+  int8_t* dst = OUTT->data;
+  size_t end = ek_min_sz(r1 * 4096, IN(0)->elems);
+  for (size_t i = r0 * 4096; i < end; i++) dst[i] = t[src[i] + 128];
+}
+
+static void run_lut(struct ekrt_model* m, struct ek_op* op) {
+  for_rows(m, op, (IN(0)->elems + 4095) / 4096, 4096, lut_rows);
+}
+
+/* ---- SOFTMAX over the last axis, in double (docs/ekrt.md): v = (x - zx) * scale,
+ * e = exp(v - max v), sum in index order, y = nearbyint(e / sum * 256) - 128 ---- */
+
+static void softmax_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const double* v = op->state; /* v[x + 128] = (x - zx) * scale */
+  const struct ek_tensor* x = IN(0);
+  size_t n = x->dims[x->rank - 1];
+  const int8_t* src = x->data;
+  int8_t* dst = OUTT->data;
+  double e[256];
+  for (size_t r = r0; r < r1; r++) {
+    const int8_t* row = src + r * n;
+    int mx = -128;
+    for (size_t i = 0; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    for (int q = -128; q < 128; q++) e[q + 128] = -1.0; /* exp per distinct value, computed once */
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+      double* ei = &e[row[i] + 128];
+      if (*ei < 0) *ei = exp(v[row[i] + 128] - v[mx + 128]);
+      sum += *ei;
+    }
+    for (size_t i = 0; i < n; i++) dst[r * n + i] = clamp8((int32_t)nearbyint(e[row[i] + 128] / sum * 256.0) - 128);
+  }
+}
+
+static void run_softmax(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor* x = IN(0);
+  size_t n = x->dims[x->rank - 1];
+  for_rows(m, op, x->elems / n, n * 16, softmax_rows);
+}
+
+static int prepare_softmax(struct ekrt_model* m, struct ek_op* op) {
+  double* v = malloc(256 * sizeof *v);
+  if (!v) return EKRT_ENOMEM;
+  op->state = v;
+  double s = (double)IN(0)->scale;
+  for (int q = -128; q < 128; q++) v[q + 128] = (double)(q - IN(0)->zp) * s;
+  op->run = run_softmax;
+  return 0;
+}
+
+/* ---- const int8 activations (an Add's operand, a LUT's table) are copied at load ---- */
+
+static int own_const_inputs(struct ekrt_model* m, struct ek_op* op, const uint8_t* data) {
+  for (uint32_t k = 0; k < op->n_in; k++) {
+    struct ek_tensor* t = &m->tensors[op->in[k]];
+    if (t->storage != EKM_CONST || t->data) continue;
+    void* p = malloc(t->bytes + EK_SLACK);
+    if (!p) return EKRT_ENOMEM;
+    memcpy(p, data + t->offset, t->bytes);
+    t->data = p;
+    m->weights_bytes += t->bytes;
+  }
+  return 0;
+}
+
+int ek_prepare_op(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  switch (op->type) {
+    case EKM_CONV2D:
+    case EKM_FULLY_CONNECTED:
+      return ek_prepare_conv(m, op, data);
+    case EKM_QUANTIZE:
+      op->run = run_quantize;
+      return 0;
+    case EKM_DEQUANTIZE:
+      op->run = run_dequantize;
+      return 0;
+    case EKM_ADD:
+    case EKM_MUL:
+      if (own_const_inputs(m, op, data)) return EKRT_ENOMEM;
+      return prepare_binary(m, op);
+    case EKM_CONCAT:
+      if (own_const_inputs(m, op, data)) return EKRT_ENOMEM;
+      return prepare_concat(m, op);
+    case EKM_MAXPOOL:
+    case EKM_AVGPOOL:
+      return prepare_pool(m, op, err, err_len);
+    case EKM_GLOBAL_AVGPOOL:
+      op->run = run_gap;
+      return 0;
+    case EKM_RESHAPE:
+      op->run = run_reshape;
+      return 0;
+    case EKM_TRANSPOSE:
+      op->run = run_transpose;
+      return 0;
+    case EKM_RESIZE:
+      op->run = run_resize;
+      return 0;
+    case EKM_LUT: {
+      int8_t* t = malloc(256);
+      if (!t) return EKRT_ENOMEM;
+      memcpy(t, data + m->tensors[op->in[1]].offset, 256);
+      op->state = t;
+      op->run = run_lut;
+      return 0;
+    }
+    case EKM_SOFTMAX:
+      return prepare_softmax(m, op);
+    default:
+      return ek_fail(err, err_len, "op type %u has no implementation", op->type);
+  }
+}
+
+void ek_free_op(struct ek_op* op) {
+  if (!op->state) return;
+  switch (op->type) {
+    case EKM_CONV2D:
+    case EKM_FULLY_CONNECTED:
+      ek_free_conv(op);
+      break;
+    case EKM_CONCAT: {
+      struct concat_state* s = op->state;
+      for (int k = 0; k < EKM_MAX_OP_INPUTS; k++) free(s->table[k]);
+      free(s);
+      break;
+    }
+    case EKM_MAXPOOL:
+    case EKM_AVGPOOL: {
+      struct pool_state* s = op->state;
+      free(s->mult);
+      free(s->shift);
+      free(s);
+      break;
+    }
+    default:
+      free(op->state);
+  }
+  op->state = NULL;
+}

@@ -1,0 +1,616 @@
+/* Every kernel of every family list vs the scalar reference, bit for bit.
+ *
+ * The lists (csrc/kernels/<family>/<family>.inc) generate the tables below: adding a kernel
+ * to a list adds it here. Each variant is compared with a naive reference written straight
+ * from requant.h (which the scalar kernel must equal too) on ragged sizes (m, n, k, channels,
+ * n not multiples of the tile), strided rows, per-channel multipliers/shifts (realistic,
+ * rounding ties, random, left shifts), zero points and act_min/act_max. Bytes around every
+ * output are checked untouched; inputs are allocated to their exact size (run under ASan to
+ * catch over-reads). A variant whose ISA the CPU lacks is skipped with a line saying so.
+ *
+ * Output, one line per kernel:  PASS|FAIL|SKIP <family> <function> isa=<isa> ...
+ * Exit status 0 when nothing failed. Options: --quick (fewer cases, for emulators),
+ * --seed N, --run-all (ignore the CPU features: a kernel the CPU lacks then dies with SIGILL). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "edgekit/kernels.h"
+#include "edgekit/requant.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+/* ---- CPU features (the same rules as the runtime's dispatch) ------------------------------ */
+
+static uint32_t cpu_features(void) {
+  uint32_t f = 0;
+#if defined(__aarch64__)
+#if defined(__linux__)
+  const unsigned long hw = getauxval(AT_HWCAP);
+  if (hw & (1ul << 1)) f |= EK_ISA_NEON;     /* HWCAP_ASIMD */
+  if (hw & (1ul << 20)) f |= EK_ISA_NEONDOT; /* HWCAP_ASIMDDP */
+#else
+  f |= EK_ISA_NEON;
+#endif
+#elif defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+  if (!osxsave || !avx) return 0;
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  (void)xcr0_hi;
+  const int ymm = (xcr0_lo & 0x6u) == 0x6u, zmm = (xcr0_lo & 0xE6u) == 0xE6u;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  if (ymm && ((b >> 5) & 1)) f |= EK_ISA_AVX2;
+  const int avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1) && ((c >> 11) & 1); /* F BW VL VNNI */
+  if (zmm && avx512 && (f & EK_ISA_AVX2)) f |= EK_ISA_AVX512VNNI;
+#endif
+  return f;
+}
+
+static const char* isa_name(uint32_t isa) {
+  switch (isa) {
+    case EK_ISA_SCALAR: return "scalar";
+    case EK_ISA_NEON: return "neon";
+    case EK_ISA_NEONDOT: return "neondot";
+    case EK_ISA_AVX2: return "avx2";
+    case EK_ISA_AVX512VNNI: return "avx512vnni";
+    default: return "?";
+  }
+}
+
+/* ---- the tables, from the lists ------------------------------------------------------------ */
+
+struct gemm_entry { uint32_t isa; const char* name; ek_qs8_gemm_fn fn; size_t mr, nr, kr; };
+static const struct gemm_entry gemm_list[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn, mr, nr, kr},
+#include "../kernels/qs8-gemm/qs8-gemm.inc"
+#undef EK_KERNEL
+};
+struct dwconv_entry { uint32_t isa; const char* name; ek_qs8_dwconv_fn fn; size_t cr; };
+static const struct dwconv_entry dwconv_list[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn, nr},
+#include "../kernels/qs8-dwconv/qs8-dwconv.inc"
+#undef EK_KERNEL
+};
+struct vadd_entry { uint32_t isa; const char* name; ek_qs8_vadd_fn fn; };
+static const struct vadd_entry vadd_list[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
+#include "../kernels/qs8-vadd/qs8-vadd.inc"
+#undef EK_KERNEL
+};
+struct vmul_entry { uint32_t isa; const char* name; ek_qs8_vmul_fn fn; };
+static const struct vmul_entry vmul_list[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
+#include "../kernels/qs8-vmul/qs8-vmul.inc"
+#undef EK_KERNEL
+};
+#define COUNT(x) (sizeof(x) / sizeof((x)[0]))
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) { /* splitmix64 */
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static int32_t rnd_range(int32_t lo, int32_t hi) { /* inclusive */
+  return lo + (int32_t)(rnd() % (uint64_t)((int64_t)hi - lo + 1));
+}
+static double rnd_unit(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); }
+
+static void* xmalloc(size_t n) {
+  void* p = malloc(n ? n : 1);
+  if (!p) {
+    fprintf(stderr, "out of memory\n");
+    exit(2);
+  }
+  return p;
+}
+
+static void fill_i8(int8_t* p, size_t n, int mode) {
+  for (size_t i = 0; i < n; i++) {
+    switch (mode) {
+      case 1: p[i] = -128; break;
+      case 2: p[i] = (rnd() & 1) ? 127 : -128; break;
+      default: p[i] = (int8_t)rnd_range(-128, 127);
+    }
+  }
+}
+
+/* One (multiplier, shift) per channel: realistic for an accumulator of typical size `scale`,
+ * a rounding-tie case, a random one, or one with a left shift. */
+static void make_multiplier(double acc_scale, int allow_left, int32_t* mult, int32_t* shift) {
+  int32_t rm, rs; /* realistic: maps a typical accumulator to about +-40 */
+  if (ek_quantize_multiplier(40.0 / acc_scale * (0.25 + 1.5 * rnd_unit()), &rm, &rs) != 0 || rs > 0) {
+    rm = 1 << 30;
+    rs = 0;
+  }
+  const int kind = (int)(rnd() % 8);
+  *mult = rm;
+  *shift = rs;
+  if (kind == 4) {
+    *mult = 1 << 30; /* srdhm halves exactly: ties in both roundings */
+    *shift = rs + 1 > 0 ? 0 : rs + 1;
+  } else if (kind == 5) {
+    *mult = INT32_MAX;
+  } else if (kind == 6 && allow_left) {
+    *mult = rnd_range(1 << 30, INT32_MAX); /* left shifts, up to saturation */
+    *shift = rnd_range(1, 30);
+  } else if (kind == 6) {
+    *mult = rnd_range(1 << 30, INT32_MAX);
+    *shift = rnd_range(-31, 0);
+  } else if (kind == 7) {
+    *mult = rnd_range(1 << 30, INT32_MAX);
+    *shift = rs + rnd_range(-3, 3);
+    if (*shift > 0) *shift = 0;
+    if (*shift < -31) *shift = -31;
+  }
+}
+
+static void make_clamp(int32_t zp, int32_t* qmin, int32_t* qmax) {
+  switch (rnd() % 4) {
+    case 0: *qmin = -128; *qmax = 127; break;
+    case 1: *qmin = zp; *qmax = 127; break; /* ReLU */
+    case 2: *qmin = zp; *qmax = zp + rnd_range(0, 127 - zp); break; /* ReLU6-like */
+    default: *qmin = rnd_range(-128, 0); *qmax = rnd_range(*qmin, 127);
+  }
+}
+
+static int32_t rnd_zp(void) { return rnd() % 4 ? rnd_range(-40, 40) : rnd_range(-128, 127); }
+
+static const uint8_t CANARY = 0xA5;
+
+static int check_canary(const int8_t* buf, size_t rows, size_t stride, size_t width) {
+  for (size_t i = 0; i + 1 < rows; i++)
+    for (size_t j = width; j < stride; j++)
+      if ((uint8_t)buf[i * stride + j] != CANARY) return 0;
+  return 1;
+}
+
+static int n_fail = 0;
+/* outputs strictly inside (qmin, qmax) vs all: shows the cases exercise rounding, not only
+ * the clamps */
+static size_t n_interior = 0, n_outputs = 0;
+static void count_interior(int8_t v, int32_t qmin, int32_t qmax) {
+  n_outputs++;
+  if (v > qmin && v < qmax) n_interior++;
+}
+
+/* ---- qs8-gemm ------------------------------------------------------------------------------ */
+
+struct gemm_case {
+  size_t m, n, k, a_stride, c_stride;
+  int8_t *a, *w, *ref;
+  int32_t *bias, *mult, *shift;
+  int32_t zx;
+  struct ek_requant_params rq;
+};
+
+static void gemm_case_make(struct gemm_case* g, size_t m, size_t n, size_t k) {
+  g->m = m;
+  g->n = n;
+  g->k = k;
+  g->a_stride = k + (size_t)(rnd() % 3) * (rnd() % 5);
+  g->c_stride = n + (size_t)(rnd() % 3) * (rnd() % 4);
+  const int mode = (rnd() % 16 == 0) ? (int)(1 + rnd() % 2) : 0;
+  g->a = xmalloc((m - 1) * g->a_stride + k);
+  fill_i8(g->a, (m - 1) * g->a_stride + k, mode);
+  g->w = xmalloc(n * k);
+  fill_i8(g->w, n * k, mode);
+  g->bias = xmalloc(n * sizeof(int32_t));
+  g->mult = xmalloc(n * sizeof(int32_t));
+  g->shift = xmalloc(n * sizeof(int32_t));
+  g->zx = mode ? (rnd() & 1 ? -128 : 127) : rnd_range(-128, 127);
+  const double acc_scale = 7400.0 * sqrt((double)k); /* std of sum (x - zx) * w, roughly */
+  for (size_t j = 0; j < n; j++) {
+    const int32_t bmax = rnd() % 8 ? (int32_t)acc_scale : 1 << 20;
+    g->bias[j] = rnd_range(-bmax, bmax);
+    make_multiplier(acc_scale, 1, &g->mult[j], &g->shift[j]);
+  }
+  g->rq.multiplier = g->mult;
+  g->rq.shift = g->shift;
+  g->rq.zp_out = rnd_zp();
+  make_clamp(g->rq.zp_out, &g->rq.qmin, &g->rq.qmax);
+  g->ref = xmalloc(m * n);
+  for (size_t i = 0; i < m; i++) {
+    for (size_t j = 0; j < n; j++) {
+      int32_t acc = g->bias[j];
+      for (size_t kk = 0; kk < k; kk++)
+        acc += ((int32_t)g->a[i * g->a_stride + kk] - g->zx) * (int32_t)g->w[j * k + kk];
+      g->ref[i * n + j] = ek_requant(acc, g->mult[j], g->shift[j], g->rq.zp_out, g->rq.qmin, g->rq.qmax);
+      count_interior(g->ref[i * n + j], g->rq.qmin, g->rq.qmax);
+    }
+  }
+}
+
+static void gemm_case_free(struct gemm_case* g) {
+  free(g->a);
+  free(g->w);
+  free(g->bias);
+  free(g->mult);
+  free(g->shift);
+  free(g->ref);
+}
+
+/* Runs one kernel on one case with the first n_run columns (n_run <= n: the runtime splits
+ * columns over threads with the same packing); returns 1 when it matches the reference and
+ * left every other byte of C alone. */
+static int gemm_run(const struct gemm_entry* e, const struct gemm_case* g, const void* packed, size_t n_run,
+                    char* why, size_t why_len) {
+  const size_t c_size = (g->m - 1) * g->c_stride + g->n;
+  int8_t* c = xmalloc(c_size);
+  memset(c, CANARY, c_size);
+  e->fn(g->m, n_run, g->k, g->a, g->a_stride, packed, c, g->c_stride, &g->rq);
+  int ok = 1;
+  for (size_t i = 0; i < g->m && ok; i++) {
+    for (size_t j = 0; j < n_run; j++) {
+      const int8_t got = c[i * g->c_stride + j], want = g->ref[i * g->n + j];
+      if (got != want) {
+        int32_t acc = g->bias[j];
+        for (size_t kk = 0; kk < g->k; kk++)
+          acc += ((int32_t)g->a[i * g->a_stride + kk] - g->zx) * (int32_t)g->w[j * g->k + kk];
+        snprintf(why, why_len,
+                 "m=%zu n=%zu (run %zu) k=%zu: C[%zu][%zu]=%d want %d (acc=%d mult=%d shift=%d zp=%d clamp=[%d,%d])",
+                 g->m, g->n, n_run, g->k, i, j, got, want, acc, g->mult[j], g->shift[j], g->rq.zp_out, g->rq.qmin,
+                 g->rq.qmax);
+        ok = 0;
+        break;
+      }
+    }
+  }
+  if (ok && !check_canary(c, g->m, g->c_stride, n_run)) {
+    snprintf(why, why_len, "m=%zu n=%zu (run %zu) k=%zu: wrote past the columns (c_stride=%zu)", g->m, g->n, n_run,
+             g->k, g->c_stride);
+    ok = 0;
+  }
+  for (size_t j = n_run; ok && j < g->n; j++) { /* the last row's bytes past n_run too */
+    if ((uint8_t)c[(g->m - 1) * g->c_stride + j] != CANARY) {
+      snprintf(why, why_len, "m=%zu n=%zu (run %zu) k=%zu: wrote column %zu", g->m, g->n, n_run, g->k, j);
+      ok = 0;
+    }
+  }
+  free(c);
+  return ok;
+}
+
+static int gemm_check(const struct gemm_entry* e, const struct gemm_case* g, char* why, size_t why_len) {
+  void* packed = xmalloc(ek_qs8_gemm_packed_size(g->n, g->k, e->nr, e->kr));
+  ek_qs8_gemm_pack(e->isa, e->nr, e->kr, g->n, g->k, g->w, g->bias, g->zx, packed);
+  int ok = gemm_run(e, g, packed, g->n, why, why_len);
+  if (ok && g->n > 1) ok = gemm_run(e, g, packed, 1 + (size_t)(rnd() % (g->n - 1)), why, why_len);
+  free(packed);
+  return ok;
+}
+
+static void test_gemm(uint32_t features, int quick) {
+  static const size_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17};
+  static const size_t ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 47, 48, 65};
+  static const size_t ks[] = {1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 15, 16, 17, 23, 24, 31, 32, 33, 63, 64, 100, 257};
+  static const size_t big[][3] = {{9, 70, 1000}, {33, 130, 77}, {64, 64, 576}, {3, 16, 4096}};
+  size_t cases = 0;
+  int* ok = calloc(COUNT(gemm_list), sizeof(int));
+  char(*why)[256] = calloc(COUNT(gemm_list), sizeof *why);
+  size_t* ran = calloc(COUNT(gemm_list), sizeof(size_t));
+  for (size_t e = 0; e < COUNT(gemm_list); e++) ok[e] = 1;
+  const size_t n_small = COUNT(ms) * COUNT(ns) * COUNT(ks);
+  for (size_t c = 0; c < n_small + COUNT(big); c++) {
+    size_t m, n, k;
+    if (c < n_small) {
+      m = ms[c % COUNT(ms)];
+      n = ns[(c / COUNT(ms)) % COUNT(ns)];
+      k = ks[c / (COUNT(ms) * COUNT(ns))];
+      if (quick && (rnd() % 4) != 0) continue;
+    } else {
+      m = big[c - n_small][0];
+      n = big[c - n_small][1];
+      k = big[c - n_small][2];
+    }
+    struct gemm_case g;
+    gemm_case_make(&g, m, n, k);
+    cases++;
+    for (size_t e = 0; e < COUNT(gemm_list); e++) {
+      if ((features & gemm_list[e].isa) != gemm_list[e].isa || !ok[e]) continue;
+      ok[e] = gemm_check(&gemm_list[e], &g, why[e], sizeof why[e]);
+      ran[e]++;
+    }
+    gemm_case_free(&g);
+  }
+  for (size_t e = 0; e < COUNT(gemm_list); e++) {
+    const struct gemm_entry* en = &gemm_list[e];
+    if ((features & en->isa) != en->isa) {
+      printf("SKIP qs8-gemm %s isa=%s: the CPU lacks %s\n", en->name, isa_name(en->isa), isa_name(en->isa));
+    } else if (ok[e]) {
+      printf("PASS qs8-gemm %s isa=%s tile=%zux%zuc%zu cases=%zu\n", en->name, isa_name(en->isa), en->mr, en->nr,
+             en->kr, ran[e]);
+    } else {
+      printf("FAIL qs8-gemm %s isa=%s: %s\n", en->name, isa_name(en->isa), why[e]);
+      n_fail++;
+    }
+  }
+  (void)cases;
+  free(ok);
+  free(why);
+  free(ran);
+}
+
+/* ---- qs8-dwconv ---------------------------------------------------------------------------- */
+
+static void test_dwconv(uint32_t features, int quick) {
+  static const size_t chans[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40, 48, 64, 67, 100};
+  static const size_t ksizes[] = {1, 2, 3, 4, 9, 25};
+  static const size_t widths[] = {1, 2, 3, 5};
+  int ok[COUNT(dwconv_list)];
+  size_t ran[COUNT(dwconv_list)];
+  char why[COUNT(dwconv_list)][256];
+  for (size_t e = 0; e < COUNT(dwconv_list); e++) {
+    ok[e] = 1;
+    ran[e] = 0;
+  }
+  for (size_t ci = 0; ci < COUNT(chans); ci++) {
+    for (size_t ki = 0; ki < COUNT(ksizes); ki++) {
+      for (size_t wi = 0; wi < COUNT(widths); wi++) {
+        if (quick && (rnd() % 3) != 0) continue;
+        const size_t C = chans[ci], KS = ksizes[ki], OW = widths[wi];
+        const int mode = (rnd() % 16 == 0) ? (int)(1 + rnd() % 2) : 0;
+        const int32_t zx = mode ? -128 : rnd_range(-128, 127);
+        /* input pixels: each its own exact-size allocation */
+        const size_t n_pix = KS + OW;
+        int8_t** pix = xmalloc(n_pix * sizeof(int8_t*));
+        for (size_t i = 0; i < n_pix; i++) {
+          pix[i] = xmalloc(C);
+          fill_i8(pix[i], C, mode);
+        }
+        int8_t* zero = xmalloc(C);
+        memset(zero, (int8_t)zx, C);
+        const size_t step = KS + (rnd() % 2) * 2;
+        const int8_t** ind = xmalloc((OW * step) * sizeof(int8_t*));
+        for (size_t p = 0; p < OW; p++)
+          for (size_t t = 0; t < step; t++)
+            ind[p * step + t] = (rnd() % 8 == 0) ? zero : pix[(p + t) % n_pix];
+        int8_t* w = xmalloc(KS * C);
+        fill_i8(w, KS * C, mode);
+        int32_t* bias = xmalloc(C * sizeof(int32_t));
+        int32_t* mult = xmalloc(C * sizeof(int32_t));
+        int32_t* shift = xmalloc(C * sizeof(int32_t));
+        for (size_t c = 0; c < C; c++) {
+          const double acc_scale = 7400.0 * sqrt((double)KS);
+          const int32_t bmax = rnd() % 8 ? (int32_t)acc_scale : 1 << 20;
+          bias[c] = rnd_range(-bmax, bmax);
+          make_multiplier(acc_scale, 1, &mult[c], &shift[c]);
+        }
+        struct ek_requant_params rq = {mult, shift, rnd_zp(), 0, 0};
+        make_clamp(rq.zp_out, &rq.qmin, &rq.qmax);
+        const size_t ostride = C + (rnd() % 2) * 3;
+        int8_t* ref = xmalloc(OW * C);
+        for (size_t p = 0; p < OW; p++) {
+          for (size_t c = 0; c < C; c++) {
+            int32_t acc = bias[c];
+            for (size_t t = 0; t < KS; t++) acc += ((int32_t)ind[p * step + t][c] - zx) * (int32_t)w[t * C + c];
+            ref[p * C + c] = ek_requant(acc, mult[c], shift[c], rq.zp_out, rq.qmin, rq.qmax);
+            count_interior(ref[p * C + c], rq.qmin, rq.qmax);
+          }
+        }
+        for (size_t e = 0; e < COUNT(dwconv_list); e++) {
+          const struct dwconv_entry* en = &dwconv_list[e];
+          if ((features & en->isa) != en->isa || !ok[e]) continue;
+          void* packed = xmalloc(ek_qs8_dwconv_packed_size(C, KS, en->cr));
+          ek_qs8_dwconv_pack(en->isa, en->cr, C, KS, w, bias, zx, packed);
+          const size_t osize = (OW - 1) * ostride + C;
+          int8_t* out = xmalloc(osize);
+          memset(out, CANARY, osize);
+          en->fn(C, OW, KS, (const int8_t* const*)ind, step, packed, out, ostride, &rq);
+          ran[e]++;
+          for (size_t p = 0; p < OW && ok[e]; p++) {
+            for (size_t c = 0; c < C; c++) {
+              if (out[p * ostride + c] != ref[p * C + c]) {
+                snprintf(why[e], sizeof why[e], "channels=%zu kernel=%zu width=%zu: out[%zu][%zu]=%d want %d", C, KS,
+                         OW, p, c, out[p * ostride + c], ref[p * C + c]);
+                ok[e] = 0;
+                break;
+              }
+            }
+          }
+          if (ok[e] && !check_canary(out, OW, ostride, C)) {
+            snprintf(why[e], sizeof why[e], "channels=%zu: wrote between pixels", C);
+            ok[e] = 0;
+          }
+          free(out);
+          free(packed);
+        }
+        free(ref);
+        free(bias);
+        free(mult);
+        free(shift);
+        free(w);
+        free(ind);
+        free(zero);
+        for (size_t i = 0; i < n_pix; i++) free(pix[i]);
+        free(pix);
+      }
+    }
+  }
+  for (size_t e = 0; e < COUNT(dwconv_list); e++) {
+    const struct dwconv_entry* en = &dwconv_list[e];
+    if ((features & en->isa) != en->isa)
+      printf("SKIP qs8-dwconv %s isa=%s: the CPU lacks %s\n", en->name, isa_name(en->isa), isa_name(en->isa));
+    else if (ok[e])
+      printf("PASS qs8-dwconv %s isa=%s tile=c%zu cases=%zu\n", en->name, isa_name(en->isa), en->cr, ran[e]);
+    else {
+      printf("FAIL qs8-dwconv %s isa=%s: %s\n", en->name, isa_name(en->isa), why[e]);
+      n_fail++;
+    }
+  }
+}
+
+/* ---- qs8-vadd / qs8-vmul ------------------------------------------------------------------ */
+
+static const size_t elt_sizes[] = {0, 1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 255, 1000};
+
+static void make_add_params(struct ek_qs8_add_params* p) {
+  p->a_zp = rnd_range(-128, 127);
+  p->b_zp = rnd_range(-128, 127);
+  p->out_zp = rnd_range(-128, 127);
+  make_clamp(p->out_zp, &p->qmin, &p->qmax);
+  if (rnd() % 3) { /* TFLite's derivation from three scales */
+    const double sa = 0.001 + rnd_unit() * 0.1, sb = 0.001 + rnd_unit() * 0.1, sy = 0.002 + rnd_unit() * 0.2;
+    const double twice = 2.0 * (sa > sb ? sa : sb);
+    p->left_shift = 20;
+    if (ek_quantize_multiplier(sa / twice, &p->a_multiplier, &p->a_shift) ||
+        ek_quantize_multiplier(sb / twice, &p->b_multiplier, &p->b_shift) ||
+        ek_quantize_multiplier(twice / ((double)(1 << 20) * sy), &p->out_multiplier, &p->out_shift)) {
+      fprintf(stderr, "bad add scales\n");
+      exit(2);
+    }
+  } else { /* anything the op's limits allow: inputs scale by < 1, so a' + b' fits int32 */
+    p->left_shift = rnd() % 3 ? rnd_range(0, 22) : 0; /* 0 with 2^30 multipliers: ties */
+    p->a_multiplier = rnd() % 4 ? rnd_range(1 << 30, INT32_MAX) : 1 << 30;
+    p->b_multiplier = rnd() % 4 ? rnd_range(1 << 30, INT32_MAX) : 1 << 30;
+    p->a_shift = rnd_range(-31, 0);
+    p->b_shift = rnd_range(-31, 0);
+    p->out_multiplier = rnd() % 4 ? rnd_range(1 << 30, INT32_MAX) : 1 << 30;
+    p->out_shift = rnd_range(-31, 8);
+  }
+}
+
+static int8_t add_ref(int8_t a, int8_t b, const struct ek_qs8_add_params* p) {
+  const int32_t lift = (int32_t)1 << p->left_shift;
+  const int32_t va = ek_mul_by_multiplier(((int32_t)a - p->a_zp) * lift, p->a_multiplier, p->a_shift);
+  const int32_t vb = ek_mul_by_multiplier(((int32_t)b - p->b_zp) * lift, p->b_multiplier, p->b_shift);
+  return ek_requant(va + vb, p->out_multiplier, p->out_shift, p->out_zp, p->qmin, p->qmax);
+}
+
+static void make_mul_params(struct ek_qs8_mul_params* p) {
+  p->a_zp = rnd_range(-128, 127);
+  p->b_zp = rnd_range(-128, 127);
+  p->out_zp = rnd_range(-128, 127);
+  make_clamp(p->out_zp, &p->qmin, &p->qmax);
+  if (rnd() % 2) {
+    const double real = (0.0005 + rnd_unit() * 0.01) * (0.0005 + rnd_unit() * 0.01) / (0.00001 + rnd_unit() * 0.001);
+    if (ek_quantize_multiplier(real, &p->multiplier, &p->shift)) {
+      p->multiplier = 1 << 30;
+      p->shift = 0;
+    }
+  } else {
+    p->multiplier = rnd() % 4 ? rnd_range(1 << 30, INT32_MAX) : 1 << 30;
+    p->shift = rnd_range(-31, 20); /* left shifts up to saturation */
+  }
+}
+
+static int8_t mul_ref(int8_t a, int8_t b, const struct ek_qs8_mul_params* p) {
+  return ek_requant(((int32_t)a - p->a_zp) * ((int32_t)b - p->b_zp), p->multiplier, p->shift, p->out_zp, p->qmin,
+                    p->qmax);
+}
+
+#define TEST_ELEMENTWISE(FAMILY, LIST, ENTRY, PARAMS, MAKE, REF)                                                \
+  static void test_##ENTRY(uint32_t features, int quick) {                                                       \
+    int ok[COUNT(LIST)];                                                                                         \
+    size_t ran[COUNT(LIST)];                                                                                     \
+    char why[COUNT(LIST)][200];                                                                                  \
+    for (size_t e = 0; e < COUNT(LIST); e++) {                                                                   \
+      ok[e] = 1;                                                                                                 \
+      ran[e] = 0;                                                                                                \
+    }                                                                                                            \
+    const int reps = quick ? 6 : 40;                                                                             \
+    for (int rep = 0; rep < reps; rep++) {                                                                       \
+      for (size_t si = 0; si < COUNT(elt_sizes); si++) {                                                         \
+        const size_t n = elt_sizes[si];                                                                          \
+        struct PARAMS p;                                                                                         \
+        MAKE(&p);                                                                                                \
+        const int mode = rep % 8 == 7 ? 2 : 0;                                                                   \
+        int8_t* a = xmalloc(n);                                                                                  \
+        int8_t* b = xmalloc(n);                                                                                  \
+        int8_t* ref = xmalloc(n);                                                                                \
+        fill_i8(a, n, mode);                                                                                     \
+        fill_i8(b, n, mode);                                                                                     \
+        for (size_t i = 0; i < n; i++) {                                                                         \
+          ref[i] = REF(a[i], b[i], &p);                                                                          \
+          count_interior(ref[i], p.qmin, p.qmax);                                                                \
+        }                                                                                                        \
+        for (size_t e = 0; e < COUNT(LIST); e++) {                                                               \
+          if ((features & LIST[e].isa) != LIST[e].isa || !ok[e]) continue;                                       \
+          int8_t* y = xmalloc(n + 1);                                                                            \
+          memset(y, CANARY, n + 1);                                                                              \
+          LIST[e].fn(n, a, b, y, &p);                                                                            \
+          int8_t* inplace = xmalloc(n);                                                                          \
+          memcpy(inplace, a, n);                                                                                 \
+          LIST[e].fn(n, inplace, b, inplace, &p); /* y == a */                                                   \
+          ran[e]++;                                                                                              \
+          for (size_t i = 0; i < n; i++) {                                                                       \
+            if (y[i] != ref[i] || inplace[i] != ref[i]) {                                                        \
+              snprintf(why[e], sizeof why[e], "n=%zu: y[%zu]=%d (in place %d) want %d (a=%d b=%d)", n, i, y[i],   \
+                       inplace[i], ref[i], a[i], b[i]);                                                          \
+              ok[e] = 0;                                                                                         \
+              break;                                                                                             \
+            }                                                                                                    \
+          }                                                                                                      \
+          if (ok[e] && (uint8_t)y[n] != CANARY) {                                                                \
+            snprintf(why[e], sizeof why[e], "n=%zu: wrote past the end", n);                                     \
+            ok[e] = 0;                                                                                           \
+          }                                                                                                      \
+          free(inplace);                                                                                         \
+          free(y);                                                                                               \
+        }                                                                                                        \
+        free(a);                                                                                                 \
+        free(b);                                                                                                 \
+        free(ref);                                                                                               \
+      }                                                                                                          \
+    }                                                                                                            \
+    for (size_t e = 0; e < COUNT(LIST); e++) {                                                                   \
+      if ((features & LIST[e].isa) != LIST[e].isa)                                                               \
+        printf("SKIP " FAMILY " %s isa=%s: the CPU lacks %s\n", LIST[e].name, isa_name(LIST[e].isa),            \
+               isa_name(LIST[e].isa));                                                                           \
+      else if (ok[e])                                                                                            \
+        printf("PASS " FAMILY " %s isa=%s cases=%zu\n", LIST[e].name, isa_name(LIST[e].isa), ran[e]);            \
+      else {                                                                                                     \
+        printf("FAIL " FAMILY " %s isa=%s: %s\n", LIST[e].name, isa_name(LIST[e].isa), why[e]);                  \
+        n_fail++;                                                                                                \
+      }                                                                                                          \
+    }                                                                                                            \
+  }
+
+TEST_ELEMENTWISE("qs8-vadd", vadd_list, vadd, ek_qs8_add_params, make_add_params, add_ref)
+TEST_ELEMENTWISE("qs8-vmul", vmul_list, vmul, ek_qs8_mul_params, make_mul_params, mul_ref)
+
+int main(int argc, char** argv) {
+  int quick = 0, run_all = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0) {
+      quick = 1;
+    } else if (strcmp(argv[i], "--run-all") == 0) {
+      run_all = 1;
+    } else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
+      rng_state = strtoull(argv[++i], NULL, 10);
+    } else {
+      fprintf(stderr, "usage: %s [--quick] [--seed N] [--run-all]\n", argv[0]);
+      return 2;
+    }
+  }
+  const uint32_t detected = cpu_features();
+  printf("cpu features:%s%s%s%s\n", detected & EK_ISA_NEON ? " neon" : "", detected & EK_ISA_NEONDOT ? " neondot" : "",
+         detected & EK_ISA_AVX2 ? " avx2" : "", detected & EK_ISA_AVX512VNNI ? " avx512vnni" : "");
+  fflush(stdout);
+  /* --run-all: run every kernel whatever the CPU says (an unsupported one dies with SIGILL:
+   * the test that shows the skip is needed and the ISA's instructions really are used) */
+  const uint32_t f = run_all ? ~0u : detected;
+  void (*const tests[])(uint32_t, int) = {test_gemm, test_dwconv, test_vadd, test_vmul};
+  const char* const names[] = {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul"};
+  for (size_t t = 0; t < COUNT(tests); t++) {
+    n_interior = n_outputs = 0;
+    tests[t](f, quick);
+    printf("INFO %s reference outputs: %zu, strictly inside [qmin, qmax]: %.1f%%\n", names[t], n_outputs,
+           n_outputs ? 100.0 * (double)n_interior / (double)n_outputs : 0.0);
+  }
+  printf("%s: %d failed\n", n_fail ? "FAILED" : "OK", n_fail);
+  return n_fail ? 1 : 0;
+}

@@ -1,0 +1,95 @@
+"""The host's twin of ekrt's requantization (``csrc/include/edgekit/requant.h``, normative).
+
+``quantize_multiplier`` turns a real multiplier into the ``(multiplier, shift)`` pair the
+runtime uses (``real = multiplier * 2**(shift - 31)``); ``requant`` is the integer pipeline
+the kernels run (one rounding of the exact product, docs/ekrt.md), vectorized in numpy (int64
+inside, so no overflow). Both are tested bit for bit against the C header through the
+extension (tests/test_ekrt_core.py). ``srdhm``/``rdivpot`` are gemmlowp's two-rounding pair,
+kept (as in the header) for comparison only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+SHIFT_MIN = -31
+SHIFT_MAX = 30
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """``(multiplier, shift)`` with ``real = multiplier * 2**(shift - 31)``, multiplier in [2^30, 2^31).
+
+    0 (and anything below 2^-32, which flushes to 0 as in TFLite) gives ``(0, 0)``. A negative,
+    non-finite or too large (>= 2^30) value is a ValueError: no int8 scale ratio gets there.
+    """
+    real = float(real)
+    if not math.isfinite(real) or real < 0:
+        raise ValueError(f"a requantization multiplier must be finite and >= 0, not {real!r}")
+    if real == 0.0:
+        return 0, 0
+    q, e = math.frexp(real)  # real = q * 2**e, q in [0.5, 1)
+    q_fixed = math.floor(q * 2**31 + 0.5)  # round half away from zero (q > 0)
+    if q_fixed == 2**31:
+        q_fixed //= 2
+        e += 1
+    if e < SHIFT_MIN:
+        return 0, 0
+    if e > SHIFT_MAX:
+        raise ValueError(f"multiplier {real!r} is too large (>= 2^30) for ekrt's requantization")
+    return int(q_fixed), int(e)
+
+
+def _trunc_div_pow2(x: np.ndarray, bits: int) -> np.ndarray:
+    """x / 2**bits rounded toward zero (C's integer division), int64."""
+    d = np.int64(1) << np.int64(bits)
+    q = np.floor_divide(x, d)
+    return np.where((x < 0) & (q * d != x), q + 1, q)
+
+
+def srdhm(a, b) -> np.ndarray:
+    """gemmlowp SaturatingRoundingDoublingHighMul, elementwise (int32 in, int64 out)."""
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    ab = a * b
+    nudge = np.where(ab >= 0, np.int64(1 << 30), np.int64(1 - (1 << 30)))
+    out = _trunc_div_pow2(ab + nudge, 31)
+    return np.where((a == _INT32_MIN) & (b == _INT32_MIN), np.int64(_INT32_MAX), out)
+
+
+def rdivpot(x, exponent) -> np.ndarray:
+    """gemmlowp RoundingDivideByPOT: x / 2**exponent, ties away from zero; exponent in [0, 31]."""
+    x = np.asarray(x, dtype=np.int64)
+    e = np.asarray(exponent, dtype=np.int64)
+    mask = (np.int64(1) << e) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (x < 0)
+    return (x >> e) + (remainder > threshold)
+
+
+def mul_by_multiplier(x, multiplier, shift) -> np.ndarray:
+    """``x * real`` as requant.h's ek_mul_by_multiplier: the exact product rounded once (ties
+    toward +inf), saturated to int32. int64 in and out; shift in [-31, 30]."""
+    n = 31 - np.asarray(shift, dtype=np.int64)
+    v = (np.asarray(x, dtype=np.int64) * np.asarray(multiplier, dtype=np.int64) + (np.int64(1) << (n - 1))) >> n
+    return np.clip(v, _INT32_MIN, _INT32_MAX)
+
+
+def multiplier_value(multiplier: int, shift: int) -> float:
+    """The real number a ``(multiplier, shift)`` pair stands for: ``multiplier * 2**(shift - 31)``."""
+    return math.ldexp(float(multiplier), int(shift) - 31)
+
+
+def requant(acc, multiplier, shift, zp, qmin=-128, qmax=127) -> np.ndarray:
+    """int32 accumulators -> int8, exactly as requant.h's ek_requant (broadcasting numpy)."""
+    v = mul_by_multiplier(acc, multiplier, shift) + np.asarray(zp, dtype=np.int64)
+    return np.clip(v, qmin, qmax).astype(np.int8)
+
+
+__all__ = [
+    "SHIFT_MAX", "SHIFT_MIN", "mul_by_multiplier", "multiplier_value", "quantize_multiplier", "rdivpot",
+    "requant", "srdhm",
+]
