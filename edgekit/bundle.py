@@ -82,7 +82,7 @@ class BundleFile:
 class Manifest:
     schema: int
     edgekit_version: str
-    created: str  # ISO-8601 UTC
+    created: str  # ISO-8601 UTC; kept when an identical bundle is rebuilt in place
     model_name: str  # source model file stem
     model_sha256: str  # sha256 of the source (float) model file
     profile: str
@@ -239,6 +239,7 @@ def write_bundle(
             "files": [e.to_dict() for e in entries],
             "plan": plan,
         }
+        manifest_doc["created"] = _created(out_dir, manifest_doc, created)
         manifest = Manifest.from_dict(json.loads(json.dumps(manifest_doc)))  # same checks as load
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2) + "\n", encoding="utf-8")
         _fsync(tmp / MANIFEST)
@@ -290,6 +291,22 @@ def load_bundle(path: Path, verify: bool = True) -> Bundle:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _created(out_dir: Path, doc: dict[str, Any], now: str) -> str:
+    """``now``, unless ``out_dir`` holds this very bundle already: then its first ``created``.
+
+    Rebuilding an unchanged bundle must give a byte-identical manifest.json, or every deploy
+    would push a new manifest (and the device would see a "new" bundle) for nothing.
+    """
+    try:
+        old = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return now
+    if not isinstance(old, dict) or not isinstance(old.get("created"), str):
+        return now
+    same = {k: v for k, v in old.items() if k != "created"} == json.loads(json.dumps({k: v for k, v in doc.items() if k != "created"}))
+    return old["created"] if same else now
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:

@@ -66,6 +66,13 @@ class TransportError(DeviceError):
     pass
 
 
+class LinkError(TransportError):
+    """The network link to the device failed (dropped, stalled, refused, unreachable).
+
+    Unlike other transport errors, trying again may work: pushes retry these with back-off.
+    """
+
+
 class AgentError(DeviceError):
     """The device-side agent ran but failed or printed something we cannot read."""
 

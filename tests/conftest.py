@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab.fixtures import *  # noqa: F403  (the SSH lab: sshd_server, ssh_home, ssh_device, netns)
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 

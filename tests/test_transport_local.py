@@ -43,10 +43,12 @@ def test_is_a_transport_with_default_root(monkeypatch, tmp_path):
     assert isinstance(open_transport("local"), LocalTransport)
 
 
-def test_open_transport_refuses_ssh_for_now():
+def test_open_transport_gives_a_lazy_ssh_transport():
+    t = open_transport("pi@10.0.0.7:2222")  # nothing is contacted until first use
+    assert t.name == "ssh:pi@10.0.0.7:2222" and t.python == "python3"
     with pytest.raises(UsageError) as err:
-        open_transport("pi@10.0.0.7")
-    assert "pi@10.0.0.7" in err.value.message and err.value.hint
+        open_transport("pi@@bad host")
+    assert "pi@@bad host" in err.value.message and err.value.hint
 
 
 def test_run_passes_argv_verbatim(dev, tmp_path):
@@ -206,9 +208,12 @@ def test_push_is_content_addressed(dev, tmp_path):
     remote_model.write_bytes(b"half a fi")
     (Path(first.remote_dir) / "fp32" / "inputs.npz").unlink()
     third = push_bundle(dev, bundle)
-    assert third.files_sent == 2 and third.files_skipped == 1
-    assert third.bytes_sent == sum(f.size for f in bundle.manifest.files)
+    # The model was damaged through its hard link to the object store: only it is sent again;
+    # the deleted inputs.npz is re-linked from the device's intact object, not re-sent.
+    assert third.files_sent == 1 and third.files_skipped == 2
+    assert third.bytes_sent == bundle.path("fp32/model.onnx").stat().st_size
     assert dev.sha256(str(remote_model)) == sha256_file(bundle.path("fp32/model.onnx"))
+    assert dev.sha256(f"{first.remote_dir}/fp32/inputs.npz") == sha256_file(bundle.path("fp32/inputs.npz"))
 
 
 def test_push_agent_once(dev):

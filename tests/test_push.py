@@ -1,0 +1,317 @@
+"""Content-addressed, resumable push over SSH to a real sshd: what is sent, what is skipped,
+what is current, and what survives dropped, cut, stalled and throttled links."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from edgekit.bundle import TensorSpec, Variant, write_bundle
+from edgekit.errors import DeviceError, LinkError
+from edgekit.fsutil import sha256_file
+from edgekit.transport.local import LocalTransport
+from edgekit.transport.push import PushProgress, current_bundle, describe, push_bundle, rollback
+from edgekit.transport.ssh import SshTransport
+from tests.lab import sshd as sshd_mod
+from tests.lab.proxy import TcpProxy
+
+pytestmark = pytest.mark.ssh
+MB = 1 << 20
+
+
+def _bundle(tmp_path: Path, name: str, files: dict[str, bytes]):
+    src = tmp_path / f"src-{name}"
+    src.mkdir()
+    paths = {}
+    for rel, data in files.items():
+        p = src / rel.replace("/", "_")
+        p.write_bytes(data)
+        paths[rel] = p
+    model = next(iter(files))
+    variant = Variant("fp32", "onnxruntime", "fp32", model, (TensorSpec("x", (1, 4), "float32"),), ())
+    return write_bundle(
+        tmp_path / f"bundle-{name}", files=paths, model_name=name, model_sha256="0" * 64, profile="local",
+        backend="onnxruntime", precision="fp32", variants=[variant], plan={},
+    )  # fmt: skip
+
+
+def _device_root(server: sshd_mod.Sshd) -> Path:
+    return server.home / ".edgekit"
+
+
+def _assert_whole(root: Path, bundle) -> None:
+    d = root / "bundles" / bundle.manifest.bundle_hash
+    for f in bundle.manifest.files:
+        assert sha256_file(d / f.path) == f.sha256, f.path
+    assert (d / "manifest.json").read_bytes() == (bundle.root / "manifest.json").read_bytes()
+
+
+def _current(root: Path) -> str | None:
+    try:
+        return os.readlink(root / "current")
+    except FileNotFoundError:
+        return None
+
+
+def _check_current_is_whole(root: Path) -> None:
+    """Whatever `current` points at is a complete bundle: every file matches its manifest."""
+    import json
+
+    target = _current(root)
+    if target is None:
+        return
+    d = root / target
+    manifest = json.loads((d / "manifest.json").read_text())
+    for f in manifest["files"]:
+        assert sha256_file(d / f["path"]) == f["sha256"], f"current has a half-written {f['path']}"
+    assert not [p for p in d.rglob("*") if p.name.endswith((".part", ".tmp"))]
+
+
+def test_push_is_content_addressed_across_bundles_with_current_and_rollback(ssh_device, sshd_server, tmp_path):
+    shared = os.urandom(300_000)
+    a = _bundle(tmp_path, "a", {"fp32/model.onnx": os.urandom(200_000), "fp32/inputs.npz": shared})
+    b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(250_000), "fp32/inputs.npz": shared})
+    root = _device_root(sshd_server)
+
+    first = push_bundle(ssh_device, a)
+    assert (first.files_sent, first.files_skipped, first.retries, first.resumed) == (3, 0, 0, 0)
+    assert first.current == a.manifest.bundle_hash and first.previous is None
+    _assert_whole(root, a)
+    assert _current(root) == f"bundles/{a.manifest.bundle_hash}"
+    # materialized as hard links into the object store
+    obj = root / "objects" / a.manifest.files[0].sha256
+    assert os.path.samefile(root / "bundles" / a.manifest.bundle_hash / a.manifest.files[0].path, obj)
+
+    again = push_bundle(ssh_device, a)
+    assert (again.bytes_sent, again.files_sent, again.files_skipped) == (0, 0, 3)
+    assert again.duration_s < 1.0
+
+    second = push_bundle(ssh_device, b)  # shares inputs.npz with a: not sent again
+    assert second.files_sent == 2 and second.files_skipped == 1
+    assert second.bytes_sent == b.path("fp32/model.onnx").stat().st_size + (b.root / "manifest.json").stat().st_size
+    assert (second.current, second.previous) == (b.manifest.bundle_hash, a.manifest.bundle_hash)
+    assert current_bundle(ssh_device) == b.manifest.bundle_hash
+    _assert_whole(root, b)
+
+    assert rollback(ssh_device) == (a.manifest.bundle_hash, b.manifest.bundle_hash)
+    assert _current(root) == f"bundles/{a.manifest.bundle_hash}"
+    _assert_whole(root, a)
+
+    inactive = push_bundle(ssh_device, b, activate=False)
+    assert inactive.current == a.manifest.bundle_hash and inactive.bytes_sent == 0
+
+
+def test_damaged_files_on_the_device_are_repaired(ssh_device, sshd_server, tmp_path):
+    a = _bundle(tmp_path, "a", {"fp32/model.onnx": os.urandom(100_000), "fp32/inputs.npz": os.urandom(5000)})
+    first = push_bundle(ssh_device, a)
+    d = _device_root(sshd_server) / "bundles" / a.manifest.bundle_hash
+    (d / "fp32" / "model.onnx").write_bytes(b"half a fi")  # through the hard link: the object too
+    (d / "fp32" / "inputs.npz").unlink()
+    fixed = push_bundle(ssh_device, a)
+    assert fixed.files_sent == 1 and fixed.bytes_sent == 100_000
+    _assert_whole(_device_root(sshd_server), a)
+    assert first.remote_dir == fixed.remote_dir
+
+
+def test_local_and_ssh_push_lay_out_the_device_the_same(ssh_device, sshd_server, tmp_path):
+    a = _bundle(tmp_path, "a", {"m.onnx": os.urandom(1000), "x/y.npz": os.urandom(10)})
+    local = LocalTransport(tmp_path / "local-device")
+    r_local, r_ssh = push_bundle(local, a), push_bundle(ssh_device, a)
+    assert r_local.to_dict().keys() == r_ssh.to_dict().keys()
+    assert (r_local.files_sent, r_local.bytes_sent, r_local.current) == (r_ssh.files_sent, r_ssh.bytes_sent, r_ssh.current)
+
+    def tree(root: Path) -> list[str]:
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != ".verified.json")
+
+    assert tree(tmp_path / "local-device") == tree(_device_root(sshd_server))
+
+
+@pytest.mark.slow
+def test_killing_the_connection_mid_file_20_times(ssh_home, sshd_server, tmp_path):
+    """Kill the sshd serving the push 20 times mid-file: every retry resumes, `current` is
+    never a half-written bundle, and the final bundle is byte-exact."""
+    ssh_home.trust()
+    dev = SshTransport("lab", idle_timeout=10)
+    root = _device_root(sshd_server)
+    old = _bundle(tmp_path, "old", {"fp32/model.onnx": os.urandom(50_000)})
+    push_bundle(dev, old)
+    new = _bundle(tmp_path, "new", {"fp32/model.onnx": os.urandom(12 * MB), "fp32/inputs.npz": os.urandom(1000)})
+    step = 500_000
+    kills: list[int] = []
+    checked = [0]
+
+    def on_progress(p: PushProgress) -> None:
+        if len(kills) < 20 and p.file and p.bytes_done >= (kills[-1] if kills else 0) + step:
+            _check_current_is_whole(root)
+            assert _current(root) == f"bundles/{old.manifest.bundle_hash}"
+            checked[0] += 1
+            kills.append(p.bytes_done)
+            assert sshd_server.kill_connections() > 0
+
+    result = push_bundle(dev, new, progress=on_progress, retries=3, backoff_s=0.0)
+    dev.close()
+    assert len(kills) == 20 and checked[0] == 20
+    assert result.retries == 20
+    assert result.resumed >= 12  # most kills left a partial temp file to continue from
+    # ... so each kill cost what was in flight (up to the 2 MB SSH window and socket buffers),
+    # not the file from the start again (which would add up to ~100 MB here)
+    assert 12 * MB < result.bytes_sent < 13 * MB + 20 * 3 * MB
+    _assert_whole(root, new)
+    assert _current(root) == f"bundles/{new.manifest.bundle_hash}"
+    assert os.readlink(root / "previous") == f"bundles/{old.manifest.bundle_hash}"
+    assert not list((root / "objects").glob(".*.part"))  # no temp files left behind
+
+
+def _proxied(ssh_home, server: sshd_mod.Sshd, proxy: TcpProxy, alias: str = "viaproxy") -> None:
+    """An alias reaching ``server`` through ``proxy``, with the server's known host key."""
+    ssh_home.trust()
+    with open(ssh_home.config, "a") as fh:
+        fh.write(
+            f"\nHost {alias}\n    HostName 127.0.0.1\n    Port {proxy.port}\n    User {server.user}\n"
+            f"    IdentityFile {server.client_key}\n    IdentitiesOnly yes\n    HostKeyAlias {server.known_hosts_name}\n"
+        )
+
+
+def test_connections_cut_by_the_network_resume(ssh_home, sshd_server, tmp_path):
+    with TcpProxy("127.0.0.1", sshd_server.port) as proxy:
+        _proxied(ssh_home, sshd_server, proxy)
+        proxy.cut_after(2 * MB)
+        proxy.cut_after(1 * MB, count=2)
+        dev = SshTransport("viaproxy", idle_timeout=10)
+        b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(5 * MB)})
+        result = push_bundle(dev, b, backoff_s=0.0)
+        dev.close()
+        assert proxy.cuts == 3 and result.retries == 3 and result.resumed >= 2
+    _assert_whole(_device_root(sshd_server), b)
+
+
+def test_a_stalled_link_times_out_and_the_push_resumes(ssh_home, sshd_server, tmp_path):
+    with TcpProxy("127.0.0.1", sshd_server.port) as proxy:
+        _proxied(ssh_home, sshd_server, proxy)
+        proxy.freeze_after(2 * MB)  # the first connection goes silent: no error, no close
+        dev = SshTransport("viaproxy", idle_timeout=2)
+        b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(8 * MB)})
+        start = time.monotonic()
+        result = push_bundle(dev, b, backoff_s=0.0)
+        dev.close()
+        assert proxy.frozen.is_set() and result.retries == 1 and result.resumed == 1
+        assert time.monotonic() - start < 60
+    _assert_whole(_device_root(sshd_server), b)
+
+
+def test_retries_are_bounded_with_exponential_back_off(ssh_home, sshd_server, tmp_path):
+    ssh_home.trust()
+    dev = SshTransport("lab", connect_timeout=5, idle_timeout=5)
+    b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(4 * MB)})
+    waits: list[float] = []
+
+    def on_progress(p: PushProgress) -> None:
+        if p.bytes_done > MB and sshd_server.proc is not None:
+            sshd_server.stop()  # the device goes away for good
+
+    with pytest.raises(LinkError) as err:
+        push_bundle(dev, b, progress=on_progress, retries=5, backoff_s=0.01, max_backoff_s=0.05, sleep=waits.append)
+    assert waits == [0.01, 0.02, 0.04, 0.05, 0.05]
+    assert "connection refused" in err.value.message
+    dev.close()
+
+
+def test_progress_reports_bytes_and_rate(ssh_device, tmp_path):
+    b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(3 * MB), "fp32/inputs.npz": os.urandom(1000)})
+    seen: list[PushProgress] = []
+    push_bundle(ssh_device, b, progress=seen.append)
+    total = 3 * MB + 1000 + (b.root / "manifest.json").stat().st_size
+    assert seen and seen[-1].bytes_done == seen[-1].bytes_total == total
+    assert seen[-1].files_done == seen[-1].files_total == 3
+    assert [p.bytes_done for p in seen] == sorted(p.bytes_done for p in seen)
+    assert all(p.rate_bps > 0 for p in seen)
+    assert describe(seen[-1]).startswith(f"pushing {total / 1e6:.1f} / {total / 1e6:.1f} MB")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a full-disk device needs a tiny tmpfs, and mounting one needs root")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_full_device_refuses_the_push_before_sending(ssh_home, tiny_disk, tmp_path):
+    ssh_home.trust()
+    dev = SshTransport("lab", workdir=str(tiny_disk / "edgekit"))
+    b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(3 * MB)})
+    with pytest.raises(DeviceError) as err:
+        push_bundle(dev, b)
+    assert err.value.message.startswith("not enough space on the device: the push needs 3.1 MB")
+    assert not [p for p in (tiny_disk / "edgekit").rglob("*") if p.is_file() and p.name != ".verified.json"]
+    dev.close()
+
+
+# -- separate hosts (network namespaces, root) ------------------------------------------------------
+
+
+@pytest.fixture
+def ns_device(netns, ssh_home, tmp_path):
+    ns = netns()
+    server = sshd_mod.Sshd(tmp_path / "nsd", host=ns.addr, port=22, prefix=ns.prefix)
+    server.start()
+    ssh_home.add_host("board", server)
+    ssh_home.trust(server)
+    yield ns, server
+    server.stop()
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+def test_bandwidth_cap_shows_in_the_reported_rate(ns_device, tmp_path):
+    ns, server = ns_device
+    ns.tbf("16mbit")  # 2 MB/s
+    dev = SshTransport("board")
+    b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(3 * MB)})
+    seen: list[PushProgress] = []
+    result = push_bundle(dev, b, progress=seen.append)
+    dev.close()
+    assert result.bytes_sent / result.duration_s < 2.6e6  # no faster than the link allows
+    assert seen[-1].rate_bps < 2.6e6  # the reported rate, once the data is on the device
+    _assert_whole(_device_root(server), b)
+
+
+@pytest.mark.netns
+def test_random_loss_still_delivers_exact_bytes(ns_device, tmp_path):
+    ns, server = ns_device
+    ns.loss(10)
+    dev = SshTransport("board", idle_timeout=30)
+    b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(MB)})
+    push_bundle(dev, b, backoff_s=0.0)
+    dev.close()
+    _assert_whole(_device_root(server), b)
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+def test_pulled_cable_mid_push_then_plugged_back(ns_device, tmp_path):
+    ns, server = ns_device
+    dev = SshTransport("board", connect_timeout=3, idle_timeout=3)
+    b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(16 * MB)})
+    pulled = []
+
+    def on_progress(p: PushProgress) -> None:
+        if not pulled and p.bytes_done > 2 * MB:
+            ns.drop_all()  # every packet dropped: paramiko sees nothing, not even an error
+            pulled.append(time.monotonic())
+
+    start = time.monotonic()
+    result = push_bundle(dev, b, progress=on_progress, sleep=lambda s: ns.restore())  # plugged back in
+    dev.close()
+    assert pulled and result.retries >= 1 and result.resumed >= 1
+    assert time.monotonic() - start < 90
+    _assert_whole(_device_root(server), b)
