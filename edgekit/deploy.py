@@ -11,10 +11,14 @@ from typing import Any
 import numpy as np
 
 from edgekit.bench.record import make_record
-from edgekit.bench.run import BenchConfig, bench_variant, device_facts
+from edgekit.bench.run import BenchConfig, bench_variant
 from edgekit.bench.stats import Stats
 from edgekit.bench.store import ResultsStore
 from edgekit.bundle import Bundle, TensorSpec, Variant, write_bundle
+from edgekit.devices import connect
+from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
+from edgekit.devices.lock import device_lock
+from edgekit.devices.preflight import ensure_ready
 from edgekit.errors import OutputPathError
 from edgekit.modelio import LoadedModel, load_model
 from edgekit.plan import Plan, make_plan
@@ -29,8 +33,7 @@ from edgekit.quantize import (
     save_model,
 )
 from edgekit.targets import get_backend
-from edgekit.transport import open_transport
-from edgekit.transport.push import PushResult, push_bundle
+from edgekit.transport.push import PushResult, progress_reporter, push_bundle
 
 HELD_OUT_FRACTION = 0.2
 RANDOM_SAMPLES = 32
@@ -77,6 +80,11 @@ class DeployRequest:
     duration_s: float | None = None
     threads: int | None = None
     output: Path | None = None
+    inventory: Path | None = None  # where a --device name is looked up (default: ./devices.toml)
+    provision: bool = False  # install the plan's runtime on the device when preflight finds it missing
+    lock_wait: float = DEFAULT_LOCK_WAIT  # seconds to queue behind another job's lock on the device
+    trust_new_host: bool = False  # save the key of an SSH device not yet in known_hosts
+    password: str | None = field(default=None, repr=False)  # SSH password login, only when given
 
 
 @dataclass
@@ -90,6 +98,7 @@ class Prepared:
     eval: Path | None
     labels: Path | None
     output: Path
+    facts: dict | None = None  # the probed device's (None: planned on paper)
 
 
 def prepare_deploy(req: DeployRequest, facts: dict | None = None) -> Prepared:
@@ -120,7 +129,7 @@ def prepare_deploy(req: DeployRequest, facts: dict | None = None) -> Prepared:
         output=output,
         facts=facts,
     )
-    return Prepared(loaded, profile, plan, calib, evaluation, labels, output)
+    return Prepared(loaded, profile, plan, calib, evaluation, labels, output, facts)
 
 
 def cpu_from_facts(facts: dict | None) -> CpuSpec | None:
@@ -230,7 +239,15 @@ class DeployResult:
             },
             "push": self.push.to_dict() if self.push else None,
             "runs": [
-                {"id": rid, "variant": r["agent"]["variant"], "stats": r["stats"], "run_uuid": r["run_uuid"]}
+                {
+                    "id": rid,
+                    "variant": r["agent"]["variant"],
+                    "stats": r["stats"],
+                    "run_uuid": r["run_uuid"],
+                    # what the backend told about loading and executing (e.g. OpenVINO's cached load)
+                    "backend_info": r["agent"].get("backend_info") or {},
+                    "layers": r["agent"].get("layers"),
+                }
                 for rid, r in zip(self.run_ids, self.records)
             ],
             "summary": self.summary(),
@@ -251,19 +268,34 @@ def _specs(model_path: Path, inputs) -> tuple[tuple[TensorSpec, ...], tuple[Tens
     return ins, tuple(outs)
 
 
+def _loaded_specs(loaded) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Input and output specs of a model that is not ONNX, as its loader read them."""
+    return (
+        tuple(TensorSpec(i.name, tuple(i.shape), i.dtype) for i in loaded.inputs),
+        tuple(TensorSpec(o.name, tuple(o.shape), o.dtype) for o in loaded.outputs),
+    )
+
+
 def deploy(req: DeployRequest, events: Events | None = None, prep: Prepared | None = None) -> DeployResult:
     events = events or Events()
     prep = prep or prepare_deploy(req)
     transport = None
     try:
         if req.bench:
-            # The real plan needs the device's facts: which runtimes it has, its CPU.
-            transport = open_transport(req.device, prep.profile)
-            facts = device_facts(transport)
-            prep = prepare_deploy(req, facts)
+            # The real plan needs the device's facts: which runtimes it has, its CPU. Preflight reads
+            # them and stops here, before any push, when the device cannot run the plan.
+            transport = connect(
+                req.device, prep.profile, inventory=req.inventory,
+                trust_new_host=req.trust_new_host, password=req.password, log=events.info,
+            )  # fmt: skip
+            ready = ensure_ready(transport, prep.profile, prep.plan, device=req.device or "local", provision=req.provision, events=events)
+            prep = prepare_deploy(req, ready.facts)
             for note in prep.plan.notes:
                 events.info(f"note: {note}")
-        return _execute(req, prep, events, transport)
+        if transport is None:
+            return _execute(req, prep, events, transport)
+        with device_lock(transport, wait=req.lock_wait, on_wait=events.info):  # no other job benches it meanwhile
+            return _execute(req, prep, events, transport)
     finally:
         if transport is not None:
             transport.close()
@@ -277,12 +309,17 @@ def _execute(req: DeployRequest, prep: Prepared, events: Events, transport) -> D
         files: dict[str, Path] = {}
         variants: list[Variant] = []
         sizes: dict[str, int] = {}
-        fp32 = tmp / "model.fp32.onnx"
+        # Unquantized, the model is bundled as it is, as one variant named after the precision the
+        # device runs it at (fp16 on a Myriad VPU, int8 for an int8 .tflite).
+        fmt = getattr(prep.loaded, "format", "onnx")
+        source = "fp32" if plan.quantize else plan.precision
+        fp32 = tmp / f"model.{source}.{fmt}"
         fp32.write_bytes(prep.loaded.path.read_bytes())
         sample = None
-        if plan.precision == "int8":
+        if plan.quantize:
             events.info(f"quantizing {prep.loaded.path.name} for {plan.backend} ({plan.scheme.name} scheme)")
             qresult = run_quantize(prep, req, events)
+            get_backend(plan.backend).check_quantized(qresult.model)  # e.g. TensorRT's Q/DQ rules
             int8 = tmp / "model.int8.onnx"
             save_model(qresult.model, int8)
         # One real sample (when there is real data) is what the device times.
@@ -291,17 +328,24 @@ def _execute(req: DeployRequest, prep: Prepared, events: Events, transport) -> D
             sample = heldout.feeds[0]
         if sample is not None:
             np.savez(tmp / "inputs.npz", **sample)
-        ins, outs = _specs(fp32, prep.loaded.inputs)
-        chosen = ["fp32", "int8"] if plan.precision == "int8" else ["fp32"]
+        ins, outs = _specs(fp32, prep.loaded.inputs) if fmt == "onnx" else _loaded_specs(prep.loaded)
+        chosen = ["fp32", "int8"] if plan.quantize else [source]
         for name in chosen:
-            rel = f"{name}/model.onnx"
-            files[rel] = tmp / f"model.{name}.onnx"
+            rel = f"{name}/model.{fmt}"
+            files[rel] = tmp / f"model.{name}.{fmt}"
             if sample is not None:
                 files[f"{name}/inputs.npz"] = tmp / "inputs.npz"
-            impl = get_backend(plan.backend)
-            options = impl.variant_options(prep.profile.backend(plan.backend), name)
-            variants.append(Variant(name, plan.backend, name, rel, ins, outs, options))
-            sizes[name] = files[rel].stat().st_size
+            # e.g. native runs the int8 variant and leaves the fp32 reference to ONNX Runtime
+            impl = get_backend(get_backend(plan.backend).variant_backend(name, prep.facts))
+            compiled = impl.compile(files[rel], tmp / name)  # None: the device runs the ONNX file
+            if compiled:
+                del files[rel]
+                files.update({f"{name}/{p.name}": p for p in compiled})
+                rel = f"{name}/{compiled[0].name}"
+            options = impl.variant_options(prep.profile.backend(impl.name), name)
+            variants.append(Variant(name, impl.name, name, rel, ins, outs, options))
+            sizes[name] = sum(p.stat().st_size for p in compiled) if compiled else files[rel].stat().st_size
+        files.update(get_backend(plan.backend).runtime_files(prep.profile, prep.facts, tmp / "runtime"))
         if req.output is None:
             prep.output.parent.mkdir(parents=True, exist_ok=True)
         bundle = write_bundle(
@@ -321,7 +365,8 @@ def _execute(req: DeployRequest, prep: Prepared, events: Events, transport) -> D
     records: list[dict] = []
     run_ids: list[int] = []
     if transport is not None:
-        push = push_bundle(transport, bundle)
+        with events.progress(f"pushing bundle to {transport.name}") as prog:
+            push = push_bundle(transport, bundle, progress=progress_reporter(prog))
         events.info(
             f"pushed to {transport.name}: {push.files_sent} file(s) sent ({push.bytes_sent} bytes), {push.files_skipped} unchanged"
         )

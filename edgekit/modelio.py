@@ -125,8 +125,15 @@ def read_sidecar(model_path: Path) -> Sidecar:
 
 
 def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = None) -> LoadedModel:
-    """Read, check and resolve an ONNX model. Every failure is a ModelError with a hint."""
+    """Read, check and resolve an ONNX model. Every failure is a ModelError with a hint.
+
+    A ``.tflite`` file is read by ``modelio_tflite`` instead (a TfliteModel, ``format`` "tflite").
+    """
     path = Path(path)
+    from edgekit.modelio_tflite import is_tflite, load_tflite
+
+    if is_tflite(path):
+        return load_tflite(path, shapes)
     if not path.exists():
         raise ModelError(f"model file not found: {path}", "check the path; edgekit takes an .onnx file")
     if path.is_dir():

@@ -82,7 +82,7 @@ class Plan:
 
 
 def choose_backend(
-    model: LoadedModel, profile: Profile, forced: str | None, facts: dict | None = None
+    model: LoadedModel, profile: Profile, forced: str | None, facts: dict | None = None, quantize: bool = True
 ) -> tuple[str, list[tuple[str, str]], list[str]]:
     skipped: list[tuple[str, str]] = []
     notes: list[str] = []
@@ -100,11 +100,25 @@ def choose_backend(
         notes.extend(verdict.reasons)
         return forced, skipped, notes
     for spec in profile.backends:
+        if not quantize and spec.precisions and set(spec.precisions) == {"int8"}:
+            skipped.append((spec.name, "it runs int8 only, and quantization is off"))
+            continue
         verdict = get_backend(spec.name).supports(model, profile, facts)
         if verdict.ok:
             notes.extend(verdict.reasons)
             return spec.name, skipped, notes
         skipped.append((spec.name, "; ".join(verdict.reasons)))
+    fmt = getattr(model, "format", "onnx")
+    if fmt != "onnx":
+        # A model in another format runs on the one backend that reads it, listed or not.
+        for name in available_backends():
+            if profile.backend(name) is None and fmt in get_backend(name).formats:
+                verdict = get_backend(name).supports(model, profile, facts)
+                if verdict.ok:
+                    notes.append(f"the {profile.name} profile lists no backend for {fmt} models: using {name}, which runs them")
+                    notes.extend(verdict.reasons)
+                    return name, skipped, notes
+                skipped.append((name, "; ".join(verdict.reasons)))
     raise PlanError(
         f"no backend of profile {profile.name} can run this model: "
         + "; ".join(f"{b}: {r}" for b, r in skipped),
@@ -131,35 +145,41 @@ def make_plan(
     facts: dict | None = None,
 ) -> Plan:
     """Decide backend, precision, scheme and steps; ``facts``: the probed device, or None (on paper)."""
-    name, skipped, notes = choose_backend(model, profile, backend, facts)
+    name, skipped, notes = choose_backend(model, profile, backend, facts, quantize)
     impl = get_backend(name)
     spec = profile.backend(name)
     precisions = spec.precisions if spec else (("int8", "fp32") if impl.scheme else ("fp32",))
     if spec and spec.notes:
         notes.append(f"{name} on {profile.name}: {spec.notes}")
-    if quantize and "int8" in precisions and impl.scheme is not None:
+    onnx_model = getattr(model, "format", "onnx") == "onnx"
+    if not onnx_model:
+        # Not ONNX (a .tflite): it runs as it is, at the precision it was built with.
+        precision = model.precision
+        notes.append(f"a {model.format} model runs as it is ({precision}); edgekit quantizes ONNX models only")
+    elif quantize and "int8" in precisions and impl.scheme is not None:
         precision = "int8"
     else:
         precision = next((p for p in precisions if p != "int8"), "fp32")
         if quantize and "int8" not in precisions:
             notes.append(f"{name} on {profile.name} has no int8 path: running {precision}")
-    scheme: QuantScheme | None = impl.scheme if precision == "int8" else None
+    scheme: QuantScheme | None = impl.scheme if precision == "int8" and onnx_model else None
     counts: dict[str, int] = {}
     float_nodes: tuple[NodeDecision, ...] = ()
     if scheme is not None:
-        _, analysis = analyze_model(model, scheme, exclude)
+        prepared, analysis = analyze_model(model, scheme, exclude)
         counts = analysis.summary()
         float_nodes = tuple(analysis.float_nodes)
-    if precision == "int8" and calibration == "random":
+        notes.extend(impl.check_plan(prepared, analysis))
+    if scheme is not None and calibration == "random":
         notes.append("no calibration data: int8 ranges will come from random inputs (give --calib)")
 
     warmup = profile.bench.warmup if warmup is None else warmup
     iterations = profile.bench.iterations if iterations is None else iterations
     threads = threads if threads is not None else profile.bench.threads
     steps: list[Step] = []
-    if precision == "int8":
+    if scheme is not None:
         steps.append(Step("quantize", f"QDQ int8 ({scheme.name} scheme, {method} calibration on {calibration}); agreement on {evaluation or 'held-out samples'}"))
-    variants = ["fp32", "int8"] if precision == "int8" else [precision]
+    variants = ["fp32", "int8"] if scheme is not None else [precision]
     steps.append(Step("bundle", f"{', '.join(variants)} model(s) + manifest -> {output or 'edgekit-out/'}"))
     steps.append(Step("push", f"to {device} (content-addressed: unchanged files are not sent)"))
     for ds in impl.device_steps(spec, precision):
@@ -180,7 +200,7 @@ def make_plan(
         device=device,
         backend=name,
         precision=precision,
-        quantize=precision == "int8",
+        quantize=scheme is not None,
         scheme=scheme,
         method=method,
         calibration=calibration,

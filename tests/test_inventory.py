@@ -221,7 +221,7 @@ def test_resolve_names_groups_and_addresses(tmp_path):
     assert "no device 'orni' in inventory" in err.value.message and "did you mean 'orin'" in err.value.hint
     with pytest.raises(UsageError, match="in group 'nope'"):
         resolve_devices(["@nope"], path)
-    for bad in ("pi@@badhost.invalid", "pi@", "a b@host", "x;y"):  # refused before any connection is tried
+    for bad in ("pi@@127.0.0.1", "pi@", "a b@host", "x;y"):  # refused before any connection is tried
         with pytest.raises(UsageError, match="--device"):
             resolve_devices([bad])
 

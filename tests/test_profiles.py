@@ -106,7 +106,7 @@ def test_rpi_dot_product_facts(tmp_path):
     assert (rpi5.cpu.arch, rpi5.cpu.core, rpi5.cpu.cores) == ("aarch64", "cortex-a76", 4)
     assert {"neon", "asimddp", "fp16"} <= set(rpi5.cpu.isa)
     assert "i8mm" not in rpi5.cpu.isa  # i8mm is ARMv8.6; the A76 is ARMv8.2
-    assert [b.name for b in rpi4.backends] == ["native", "tflite", "onnxruntime"]
+    assert [b.name for b in rpi4.backends] == ["native", "tflite", "onnxruntime", "numpy"]
     assert rpi4.backend("native").precisions == ("int8",)
 
 
@@ -159,7 +159,7 @@ def test_probe_profiles_resolve_to_this_machine(tmp_path):
         assert resolved.cpu.cores == len(os.sched_getaffinity(0))
         assert resolved.backends == profile.backends
     local = load_profile("local", cwd=tmp_path)
-    assert [b.name for b in local.backends] == ["native", "openvino", "onnxruntime"]
+    assert [b.name for b in local.backends] == ["native", "onnxruntime", "openvino"]
 
 
 def test_resolve_leaves_fixed_profiles_alone_and_takes_given_facts(tmp_path):

@@ -85,6 +85,7 @@ def _run(args: argparse.Namespace) -> dict:
             "agent_version": AGENT_VERSION,
             "device": facts.device_facts(),
             "device_state": facts.device_state(),
+            "probe": facts.probe_facts(),  # preflight extras: disk, libc, pip/venv, OpenVINO devices
         }
     return runner.bench(
         args.bundle_dir,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import socket
 
 # /proc/cpuinfo flag -> normalized feature name, as the profiles spell them.
@@ -125,6 +126,7 @@ def runtime_versions() -> dict:
 def device_facts() -> dict:
     machine = platform.machine()
     cpu_model, isa = parse_cpuinfo(_read("/proc/cpuinfo") or "", machine)
+    trt = tensorrt_facts()
     return {
         "hostname": socket.gethostname(),
         "arch": machine,
@@ -136,7 +138,8 @@ def device_facts() -> dict:
         "os": _os_name(),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "runtimes": runtime_versions(),
+        "runtimes": dict(runtime_versions(), tensorrt=trt["version"]),
+        "tensorrt": trt,
     }
 
 
@@ -182,3 +185,216 @@ def _os_name() -> str:
         if line.startswith("PRETTY_NAME="):
             return line.split("=", 1)[1].strip().strip('"')
     return platform.system()
+
+
+# -- preflight facts ---------------------------------------------------------------------------
+# Only the ``facts`` command reports these (as "probe"): they change from run to run (free
+# disk) or cost an import (OpenVINO's device list), so bench documents do not carry them.
+
+_TFLITE_DISTS = ("tflite-runtime", "ai-edge-litert", "tensorflow", "tensorflow-cpu", "tensorflow-aarch64")
+
+
+def probe_facts() -> dict:
+    """What preflight and provisioning need beyond ``device_facts``: disk, memory, libc, Python."""
+    return {
+        "workdir": workdir_disk(os.getcwd()),
+        "memory_available_bytes": _memory_available_bytes(),
+        "libc": libc(),
+        "python": python_env(),
+        "openvino_devices": openvino_devices(),
+        "tflite_packages": tflite_packages(),
+    }
+
+
+def workdir_disk(path: str) -> dict:
+    """Free and total bytes of the filesystem holding ``path`` (the agent runs in edgekit's workdir)."""
+    try:
+        st = os.statvfs(path)
+    except (OSError, AttributeError):
+        return {"path": path, "free_bytes": None, "total_bytes": None}
+    return {"path": path, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize}
+
+
+def _memory_available_bytes():
+    for line in (_read("/proc/meminfo") or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isdigit():
+                return int(fields[1]) * 1024
+    return None
+
+
+def libc() -> dict:
+    """``{"name": "glibc"|"musl"|None, "version": "2.36"|None}``: decides which wheels fit."""
+    name, version = platform.libc_ver()
+    if name:
+        return {"name": name, "version": version or None}
+    import glob
+
+    if glob.glob("/lib/ld-musl-*.so.1"):
+        return {"name": "musl", "version": None}
+    return {"name": None, "version": None}
+
+
+def python_env() -> dict:
+    """The interpreter running the agent, and whether it can make a venv and run pip."""
+    import importlib.util
+    import sys
+
+    def has(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    pip = None
+    if has("pip"):
+        try:
+            from importlib import metadata
+
+            pip = metadata.version("pip")
+        except Exception:  # metadata missing or broken: pip is there, its version unknown
+            pip = "unknown"
+    return {
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+        "in_venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
+        "implementation": platform.python_implementation(),
+        "pip": pip,
+        "venv": has("venv"),
+        "ensurepip": has("ensurepip"),
+    }
+
+
+def openvino_devices():
+    """OpenVINO's available devices (e.g. ["CPU", "NPU"]); None when OpenVINO is not installed."""
+    if runtime_versions().get("openvino") is None:
+        return None
+    try:
+        import openvino
+
+        return list(openvino.Core().available_devices)
+    except Exception as exc:  # a broken install or a plugin that fails: say so, don't crash
+        return ["error: " + (str(exc).strip().splitlines() or [type(exc).__name__])[0]]
+
+
+def tflite_packages() -> dict:
+    """Installed packages that can run a .tflite model, name -> version."""
+    try:
+        from importlib import metadata
+    except ImportError:
+        return {}
+    found = {}
+    for dist in _TFLITE_DISTS:
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+# -- TensorRT ------------------------------------------------------------------------------
+# TensorRT is a system library on a Jetson (JetPack's apt packages), not a pip package, so its
+# version comes from the Python binding's metadata, the libnvinfer SONAME, dpkg, or trtexec.
+
+NV_TEGRA_RELEASE = "/etc/nv_tegra_release"
+TRTEXEC_JETPACK = "/usr/src/tensorrt/bin/trtexec"  # where JetPack installs trtexec (not on PATH)
+_NVINFER_DIRS = ("/usr/lib/aarch64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+_TRT_DISTS = ("tensorrt", "tensorrt-cu12", "tensorrt-cu11")
+
+
+def tensorrt_facts() -> dict:
+    """TensorRT here: version (and where it was read), trtexec's path, the Jetson L4T release."""
+    version, source = tensorrt_version()
+    return {
+        "version": version,
+        "source": source,
+        "trtexec": find_trtexec(),
+        "l4t": parse_nv_tegra_release(_read(NV_TEGRA_RELEASE) or ""),
+    }
+
+
+def find_trtexec():
+    """trtexec on PATH, else JetPack's /usr/src/tensorrt/bin/trtexec; None when neither exists."""
+    import shutil
+
+    found = shutil.which("trtexec")
+    if found:
+        return found
+    if os.path.isfile(TRTEXEC_JETPACK) and os.access(TRTEXEC_JETPACK, os.X_OK):
+        return TRTEXEC_JETPACK
+    return None
+
+
+def tensorrt_version(ask_trtexec: bool = True) -> tuple:
+    """``(version, source)``: the first of Python metadata, libnvinfer SONAME, dpkg, trtexec's banner."""
+    try:
+        from importlib import metadata
+    except ImportError:  # Python 3.7
+        metadata = None
+    for dist in _TRT_DISTS if metadata else ():
+        try:
+            return metadata.version(dist), "python:" + dist
+        except metadata.PackageNotFoundError:
+            continue
+    names = []
+    for directory in _NVINFER_DIRS:
+        try:
+            names.extend(os.listdir(directory))
+        except OSError:
+            continue
+    version = nvinfer_soname_version(names)
+    if version:
+        return version, "libnvinfer"
+    version = parse_dpkg_nvinfer(_command(["dpkg-query", "-W", "--showformat=${Package} ${Version}\\n", "libnvinfer*"]) or "")
+    if version:
+        return version, "dpkg"
+    trtexec = find_trtexec() if ask_trtexec else None
+    if trtexec:
+        from .backends.tensorrt import banner_version
+
+        version = banner_version(_command([trtexec, "--help"], any_rc=True) or "")
+        if version:
+            return version, "trtexec"
+    return None, None
+
+
+def nvinfer_soname_version(names) -> str | None:
+    """``["libnvinfer.so.8.5.2", "libnvinfer.so.8"]`` -> ``"8.5.2"`` (the most specific one)."""
+    best = None
+    for name in names:
+        match = re.fullmatch(r"libnvinfer\.so\.(\d+(?:\.\d+)*)", name)
+        if match and (best is None or match.group(1).count(".") > best.count(".")):
+            best = match.group(1)
+    return best
+
+
+def parse_dpkg_nvinfer(text: str) -> str | None:
+    """The libnvinfer version from ``dpkg-query -W -f='${Package} ${Version}\\n' 'libnvinfer*'``.
+
+    ``libnvinfer8 8.5.2-1+cuda11.4`` -> ``"8.5.2"``: the core library package, upstream part only.
+    """
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and re.fullmatch(r"libnvinfer\d+", fields[0]):
+            match = re.match(r"(?:\d+:)?(\d+(?:\.\d+)*)", fields[1])
+            if match:
+                return match.group(1)
+    return None
+
+
+def parse_nv_tegra_release(text: str) -> str | None:
+    """``# R35 (release), REVISION: 4.1, GCID: ...`` (/etc/nv_tegra_release) -> ``"R35.4.1"``."""
+    match = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*(\d+(?:\.\d+)*)", text)
+    return f"R{match.group(1)}.{match.group(2)}" if match else None
+
+
+def _command(argv, timeout: float = 20, any_rc: bool = False):
+    """stdout of ``argv``, or None when it cannot run or fails (a fact, not a requirement)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.decode("utf-8", "replace") if proc.returncode == 0 or any_rc else None

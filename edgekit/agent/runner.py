@@ -56,25 +56,36 @@ def bench(
     t0 = time.perf_counter_ns()
     session = backend.load(model_path, threads, dict(spec.get("options") or {}), bundle_dir)
     load_ns = time.perf_counter_ns() - t0
-    feeds = make_inputs(bundle_dir, spec)
+    own_bench = getattr(session, "bench", None)
+    if own_bench is not None:
+        # A backend that times itself on the device (TensorRT: trtexec runs the loop) returns the
+        # per-iteration samples, per-layer times and its info; there is no first call to time.
+        samples, layers, info = own_bench(warmup, iterations, duration_s, spec["inputs"])
+        first_ns = info.pop("first_inference_ns", None)  # when the runtime timed its own first call
+        dims = spec["inputs"][0]["shape"] if spec["inputs"] else []
+        batch = int(dims[0]) if len(dims) >= 2 and dims[0] > 0 else 1
+    else:
+        feeds = make_inputs(bundle_dir, spec)
 
-    t0 = time.perf_counter_ns()
-    try:
-        session.run(feeds)
-    except Exception as exc:  # the runtime's own error types: name them, don't crash
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise AgentFailure(
-            f"inference of variant '{variant}' failed: {first}",
-            "check that the variant's inputs in manifest.json (or its inputs.npz) match the model",
-        ) from None
-    first_ns = time.perf_counter_ns() - t0
-    for _ in range(warmup):
-        session.run(feeds)
-    samples = _timed_loop(session, feeds, iterations, duration_s)
+        t0 = time.perf_counter_ns()
+        try:
+            session.run(feeds)
+        except Exception as exc:  # the runtime's own error types: name them, don't crash
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise AgentFailure(
+                f"inference of variant '{variant}' failed: {first}",
+                "check that the variant's inputs in manifest.json (or its inputs.npz) match the model",
+            ) from None
+        first_ns = time.perf_counter_ns() - t0
+        for _ in range(warmup):
+            session.run(feeds)
+        samples = _timed_loop(session, feeds, iterations, duration_s)
+        layers = session.layers() if hasattr(session, "layers") else None
+        info = dict(getattr(session, "info", None) or {})
+        first_input = feeds[spec["inputs"][0]["name"]] if spec["inputs"] else None
+        batch = int(first_input.shape[0]) if first_input is not None and first_input.ndim >= 2 else 1
     after = device_state()
 
-    first_input = feeds[spec["inputs"][0]["name"]] if spec["inputs"] else None
-    batch = int(first_input.shape[0]) if first_input is not None and first_input.ndim >= 2 else 1
     return {
         "schema": SCHEMA,
         "kind": "edgekit.bench",
@@ -96,9 +107,10 @@ def bench(
         "samples_ns": samples,
         "load_ns": load_ns,
         "first_inference_ns": first_ns,
-        "peak_rss_bytes": peak_rss_bytes(),
-        "layers": session.layers() if hasattr(session, "layers") else None,
-        "backend_info": dict(getattr(session, "info", None) or {}),
+        # a runtime in its own process (ekrt's runner) reports that process's peak, not the agent's
+        "peak_rss_bytes": info.pop("peak_rss_bytes", None) or peak_rss_bytes(),
+        "layers": layers,
+        "backend_info": info,
         "started_at": started_at,
         "device": facts,
         "device_state": {"before": before, "after": after},
@@ -236,6 +248,15 @@ def _npz_inputs(np, path: str, spec: dict) -> dict:
 
 
 def peak_rss_bytes() -> int | None:
+    # Linux keeps ru_maxrss across fork+exec: an agent started by a big host process (the local
+    # transport) would report the host's peak. VmHWM belongs to this process image alone.
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
     except ImportError:  # not a Unix

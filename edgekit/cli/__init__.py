@@ -23,12 +23,13 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here so `import edgekit.cli` stays cheap and the order of --help is fixed.
-    from edgekit.cli import bench, deploy, plan, profiles, quantize, results
+    from edgekit.cli import bench, deploy, devices, plan, profiles, quantize, results
 
     for module in (quantize, plan, deploy, bench):
         module.register(app)
     app.add_typer(profiles.app, name="profiles")
     app.add_typer(results.app, name="results")
+    app.add_typer(devices.app, name="devices")
 
 
 def main(argv: list[str] | None = None) -> None:

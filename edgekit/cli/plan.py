@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def plan(
-    model: Annotated[Path, typer.Argument(help="The float ONNX model.", show_default=False)],
+    model: Annotated[Path, typer.Argument(help="The float ONNX model (or a .tflite, which runs as it is).", show_default=False)],
     target: common.Target = "local",
     device: Annotated[str, typer.Option("--device", "-d", help="Device to deploy to.")] = "local",
     backend: common.Backend = None,

@@ -36,7 +36,7 @@ def quantize(
         edgekit quantize examples/digits/digits_cnn.onnx -o digits.int8.onnx --calib examples/digits/calib.npz
     """
     from edgekit.deploy import DeployRequest, prepare_deploy, run_quantize
-    from edgekit.errors import PlanError
+    from edgekit.errors import ModelError, PlanError
     from edgekit.fsutil import check_output_path
     from edgekit.modelio import parse_shape_overrides
     from edgekit.quantize import save_model
@@ -57,6 +57,11 @@ def quantize(
         bench=False,
     )
     prep = prepare_deploy(req)
+    if getattr(prep.loaded, "format", "onnx") != "onnx":
+        raise ModelError(
+            f"edgekit quantizes ONNX models; {model} is a {prep.loaded.format} model ({prep.plan.precision})",
+            f"quantize the float ONNX model it came from, or bench it as it is: edgekit bench {model}",
+        )
     if prep.plan.precision != "int8":
         raise PlanError(
             f"{prep.plan.backend} on {prep.plan.profile} runs {prep.plan.precision}: there is nothing to quantize",

@@ -61,6 +61,7 @@ _BACKEND_DEVICES: dict[str, tuple[str, ...]] = {
     "tflite": ("CPU",),
     "tensorrt": ("GPU",),
     "openvino": ("CPU", "GPU", "NPU", "MYRIAD"),
+    "numpy": ("CPU",),
 }
 
 _TOML_TYPES = {str: "a string", int: "an integer", float: "a float", bool: "a boolean", list: "an array", dict: "a table"}

@@ -8,11 +8,17 @@ device was probed, else on paper), and takes the first that does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edgekit.modelio import LoadedModel
 from edgekit.profiles import BackendSpec, Profile
 from edgekit.quantize.scheme import QuantScheme
+
+if TYPE_CHECKING:
+    import onnx
+
+    from edgekit.quantize.rewrite import Analysis
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,31 @@ class Backend:
     def device_steps(self, spec: BackendSpec | None, precision: str) -> list[DeviceStep]:
         """Extra steps on the device before timing (shown in the plan)."""
         return []
+
+    def compile(self, model_path: Path, out_dir: Path) -> list[Path] | None:
+        """Convert a variant's ONNX model into the files the device runs, written in ``out_dir``.
+
+        The first file is the one the agent loads; the others go beside it in the bundle.
+        None (the default): the device runs the ONNX file as it is.
+        """
+        return None
+
+    def variant_backend(self, variant: str, facts: dict | None = None) -> str:
+        """The backend that runs ``variant`` ("fp32", "int8") of a plan made for this one
+        (``facts``: the probed device). Default: this backend runs every variant."""
+        return self.name
+
+    def runtime_files(self, profile: Profile, facts: dict | None, out_dir: Path) -> dict[str, Path]:
+        """Files the device needs besides the variants' models (bundle path -> local file),
+        e.g. a runner built for the device's arch. ``out_dir``: a scratch directory."""
+        return {}
+
+    def check_plan(self, prepared: onnx.ModelProto, analysis: Analysis) -> list[str]:
+        """Notes from checking the planned int8 graph before calibration (e.g. TensorRT's Q/DQ lint)."""
+        return []
+
+    def check_quantized(self, model: onnx.ModelProto) -> None:
+        """Raise ModelError when the calibrated QDQ model breaks this backend's rules."""
 
 
 class Unavailable(Backend):

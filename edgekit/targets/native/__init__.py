@@ -1,0 +1,78 @@
+"""The ``native`` backend: edgekit's own int8 runtime, ekrt (docs/ekrt.md).
+
+On the host, the QDQ model is lowered to ``.ekm`` (``lower``) and the static ``ekrt`` runner is
+built for the device's arch (``build``); on the device the agent starts the runner, which
+needs nothing installed. ekrt runs int8 only: a plan's fp32 variant (the reference the int8
+speed is compared with) runs on ONNX Runtime when the device has it, else on the numpy
+reference interpreter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgekit.modelio import LoadedModel
+from edgekit.profiles import BackendSpec, Profile
+from edgekit.quantize.scheme import NATIVE
+from edgekit.targets.base import Backend, Verdict, runtime_version
+
+EKM_FILE = "model.ekm"
+RUNNER = "bin/ekrt"
+
+
+class NativeBackend(Backend):
+    name = "native"
+    scheme = NATIVE
+    archs = ("x86_64", "aarch64")
+    formats = ("onnx",)
+    runtimes = ()  # the runner is static and travels in the bundle
+
+    def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
+        verdict = super().supports(model, profile, facts)
+        if not verdict.ok:
+            return verdict
+        from edgekit.targets.native.build import why_not_buildable
+        from edgekit.targets.native.lower import check_lowerable
+
+        reason = check_lowerable(model)
+        if reason:
+            return Verdict(False, (f"ekrt cannot run it: {reason}",))
+        reason = why_not_buildable(_arch(profile, facts))
+        if reason:
+            return Verdict(False, (reason,))
+        return Verdict(True)
+
+    def variant_backend(self, variant: str, facts: dict | None = None) -> str:
+        """ekrt runs the int8 variant; the fp32 reference runs on ONNX Runtime, or numpy."""
+        if variant == "int8":
+            return self.name
+        if facts is None or runtime_version(facts, "onnxruntime"):
+            return "onnxruntime"
+        return "numpy" if runtime_version(facts, "numpy") else "onnxruntime"
+
+    def compile(self, model_path: Path, out_dir: Path) -> list[Path]:
+        """The QDQ model lowered to ``model.ekm`` in ``out_dir``."""
+        from edgekit.targets.native.lower import lower_file
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        ekm_path = out_dir / EKM_FILE
+        lower_file(model_path, ekm_path)
+        return [ekm_path]
+
+    def runtime_files(self, profile: Profile, facts: dict | None, out_dir: Path) -> dict[str, Path]:
+        """The ``ekrt`` runner for the device's arch, built (or taken from the build cache)."""
+        from edgekit.targets.native.build import build_runner
+
+        return {RUNNER: build_runner(_arch(profile, facts))}
+
+    def variant_options(self, spec: BackendSpec | None, precision: str) -> dict:
+        return {"runner": RUNNER} if precision == "int8" else {}
+
+
+def _arch(profile: Profile, facts: dict | None) -> str:
+    from edgekit.targets.native.build import host_arch
+
+    return ((facts or {}).get("device") or {}).get("arch") or profile.cpu.arch or host_arch()
+
+
+BACKEND = NativeBackend()

@@ -1,0 +1,272 @@
+"""ekrt end to end: the runner built from the packaged C sources, on this machine and cross-built
+for aarch64 under qemu-user (Cortex-A72: the NEON path, Cortex-A76: the dot-product path),
+bit for bit against the numpy reference; and `edgekit deploy` choosing native, locally and on
+an emulated Raspberry Pi 5 over SSH (tests/lab/armboard.py).
+
+Needs a C compiler (cc, or the ziglang package); the aarch64 parts need aarch64-linux-gnu-gcc
+or ziglang and qemu-user-static; the board needs root. Where these are missing the tests skip
+and say why. Emulated timing means nothing: only correctness and dispatch are asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from edgekit.targets.native import build, ekm, ekm_reference
+from edgekit.targets.native.lower import lower
+from tests.conftest import EXAMPLES
+from tests.test_native_lower import quantize_native, random_feeds, resnet_shaped
+
+DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
+MNV2 = EXAMPLES / "mobilenetv2" / "mobilenetv2.onnx"
+QEMU = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+AARCH64_ISA = {"cortex-a72": "neon", "cortex-a76": "neondot"}
+
+
+def _runner(arch: str, cache: Path) -> Path:
+    """Build (once per session, in ``cache``) the runner for ``arch``, or skip saying why."""
+    reason = build.why_not_buildable(arch)
+    if reason:
+        pytest.skip(reason)
+    old = os.environ.get("EDGEKIT_CACHE_DIR")
+    os.environ["EDGEKIT_CACHE_DIR"] = str(cache)
+    try:
+        return build.build_runner(arch)
+    finally:
+        if old is not None:
+            os.environ["EDGEKIT_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def runner_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ekrt-runner-cache")
+
+
+@pytest.fixture(scope="session")
+def host_runner(runner_cache) -> Path:
+    return _runner(build.host_arch(), runner_cache)
+
+
+@pytest.fixture(scope="session")
+def arm_runner(runner_cache) -> Path:
+    if QEMU is None:
+        pytest.skip("qemu-user-static is not installed (apt-get install qemu-user-static)")
+    return _runner("aarch64", runner_cache)
+
+
+@pytest.fixture
+def shared_runner_cache(runner_cache, host_runner, edgekit_home):
+    """This test's EDGEKIT_CACHE_DIR starts with the session's runners (same content hash: the
+    deploy finds them instead of compiling again)."""
+    shutil.copytree(runner_cache / "ekrt-runner", edgekit_home / "cache" / "ekrt-runner", dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, tuple[Path, list[dict]]]:
+    """.ekm files of digits, MobileNetV2 and the ResNet-shaped model, with a few held-out inputs."""
+    out = tmp_path_factory.mktemp("ekm")
+    resnet = out / "resnet_shaped.onnx"
+    onnx.save(resnet_shaped(), resnet)
+    found = {}
+    for name, path, calib, held in (
+        ("digits", DIGITS, None, None),
+        ("mobilenetv2", MNV2, None, None),
+        ("resnet_shaped", resnet, random_feeds(16, 1), random_feeds(4, 2)),
+    ):
+        qdq, heldout = quantize_native(path, calib, held)
+        m, _ = lower(qdq)
+        ekm.save(m, out / f"{name}.ekm")
+        found[name] = (out / f"{name}.ekm", heldout.feeds[:3])
+    return found
+
+
+def _run_ekrt(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
+    assert proc.returncode == 0, (argv, proc.returncode, proc.stderr)
+    return proc
+
+
+def _outputs_equal_reference(prefix: list[str], model: Path, feeds: list[dict], tmp: Path, env: dict | None = None) -> int:
+    """Run ``ekrt run`` on each feed and compare every output with the reference, bit for bit."""
+    m = ekm.load(model)
+    checked = 0
+    for k, feed in enumerate(feeds):
+        files = []
+        for j, (_, name) in enumerate(m.inputs):
+            files.append(tmp / f"in{k}_{j}.npy")
+            np.save(files[-1], feed[name].astype(np.float32))
+        out = tmp / f"out{k}"
+        out.mkdir()
+        _run_ekrt([*prefix, "run", str(model), "--inputs", *map(str, files), "--save", str(out)], env)
+        want = ekm_reference.run(m, feed)
+        for i, (_, name) in enumerate(m.outputs):
+            got = np.load(out / f"output{i}.npy")
+            assert np.array_equal(got, want[name]), (model.name, name, np.abs(got - want[name]).max())
+            checked += 1
+    return checked
+
+
+# -- the runner on this machine --------------------------------------------------------------------
+
+
+def _host_isas(runner: Path) -> list[str]:
+    info = json.loads(_run_ekrt([str(runner), "info", "--json"]).stdout)
+    return [isa for isa in info["built_isas"] if isa == "scalar" or isa in info["features"]]
+
+
+@pytest.mark.parametrize("name", ["digits", "mobilenetv2", "resnet_shaped"])
+def test_host_runner_equals_the_reference_on_every_isa(host_runner, models, name, tmp_path):
+    model, feeds = models[name]
+    isas = _host_isas(host_runner)
+    assert "scalar" in isas and len(isas) >= 2  # the reference path and at least one SIMD path
+    for isa in isas:
+        info = json.loads(_run_ekrt([str(host_runner), "info", "--json"], env={"EKRT_ISA": isa}).stdout)
+        assert info["isa"] == isa
+        d = tmp_path / isa
+        d.mkdir()
+        assert _outputs_equal_reference([str(host_runner)], model, feeds, d, env={"EKRT_ISA": isa}) == len(feeds)
+
+
+def test_runner_is_static_and_small(host_runner):
+    out = subprocess.run(["file", str(host_runner)], capture_output=True, text=True).stdout if shutil.which("file") else "statically"
+    assert "statically" in out or "static-pie" in out
+    assert host_runner.stat().st_size < 1_500_000
+
+
+def test_runner_build_is_cached_by_content(host_runner, runner_cache, monkeypatch):
+    monkeypatch.setenv("EDGEKIT_CACHE_DIR", str(runner_cache))
+    before = host_runner.stat().st_mtime_ns
+    assert build.build_runner(build.host_arch()) == host_runner
+    assert host_runner.stat().st_mtime_ns == before  # found, not rebuilt
+
+
+def test_no_compiler_for_an_arch_says_what_to_install():
+    reason = build.why_not_buildable("riscv64")
+    assert reason and "riscv64" in reason
+    with pytest.raises(build.BuildError, match="cannot build the ekrt runner"):
+        build.build_runner("riscv64")
+
+
+# -- aarch64 under qemu-user -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a72", "cortex-a76"])
+def test_cross_built_runner_takes_the_cpus_path_under_qemu(arm_runner, cpu):
+    info = json.loads(_run_ekrt([QEMU, "-cpu", cpu, str(arm_runner), "info", "--json"]).stdout)
+    assert info["arch"] == "aarch64"
+    assert info["isa"] == AARCH64_ISA[cpu]
+    assert set(info["built_isas"]) >= {"scalar", "neon", "neondot"}
+    gemm = info["kernels"]["qs8-gemm"]
+    assert gemm.endswith("__" + AARCH64_ISA[cpu])
+
+
+@pytest.mark.parametrize("cpu", ["cortex-a72", "cortex-a76"])
+@pytest.mark.parametrize("name", ["digits", "resnet_shaped", "mobilenetv2"])
+def test_cross_built_runner_equals_the_reference_under_qemu(arm_runner, models, cpu, name, tmp_path):
+    model, feeds = models[name]
+    assert _outputs_equal_reference([QEMU, "-cpu", cpu, str(arm_runner)], model, feeds[:2], tmp_path) == 2
+    # and the scalar reference path the dispatch falls back to
+    d = tmp_path / "scalar"
+    d.mkdir()
+    assert _outputs_equal_reference([QEMU, "-cpu", cpu, str(arm_runner)], model, feeds[:1], d, env={"EKRT_ISA": "scalar"}) == 1
+
+
+def test_aarch64_runner_is_under_500_kb_with_zig(runner_cache):
+    zig = [c for c in build.find_compilers("aarch64") if c.kind == "zig"]
+    if not zig:
+        pytest.skip("the ziglang package is not installed (pip install ziglang)")
+    old = os.environ["EDGEKIT_CACHE_DIR"]
+    os.environ["EDGEKIT_CACHE_DIR"] = str(runner_cache)
+    try:
+        runner = build.build_runner("aarch64", compiler=zig[0])
+    finally:
+        os.environ["EDGEKIT_CACHE_DIR"] = old
+    assert runner.stat().st_size <= 500 * 1024
+    assert "neondot" in (runner.parent / "build.txt").read_text()
+
+
+# -- edgekit deploy ----------------------------------------------------------------------------
+
+
+def test_deploy_digits_on_local_chooses_native_and_reports_latency_and_agreement(cli, tmp_path, shared_runner_cache, host_runner):
+    r = cli("deploy", DIGITS, "--target", "local", "--json", "--iterations", "30", "-o", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["backend"], doc["precision"]) == ("native", "int8")
+    files = {f["path"] for f in doc["bundle"]["files"]}
+    assert {"bin/ekrt", "int8/model.ekm", "fp32/model.onnx"} <= files and "int8/model.onnx" not in files
+    v = doc["summary"]["variants"]
+    assert v["int8"]["backend"] == "native" and v["fp32"]["backend"] == "onnxruntime"
+    assert v["int8"]["p50_ms"] > 0 and v["fp32"]["p50_ms"] > 0 and "speedup_p50" in doc["summary"]
+    assert doc["summary"]["agreement"]["outputs"][0]["top1"] >= 0.99
+    assert v["int8"]["accuracy"] >= 0.98
+    run = next(r for r in doc["runs"] if r["variant"] == "int8")
+    assert (tmp_path / "b" / "bin" / "ekrt").read_bytes() == host_runner.read_bytes()
+    info = json.loads(_run_ekrt([str(host_runner), "info", "--json"]).stdout)
+    assert run["backend_info"]["isa"] == info["isa"] and run["backend_info"]["runner"] == "bin/ekrt"
+    ops = [layer["op"] for layer in run["layers"]]
+    assert ops == ["QUANTIZE", "CONV2D", "CONV2D", "MAXPOOL", "CONV2D", "RESHAPE", "FULLY_CONNECTED", "DEQUANTIZE"]
+    assert all(layer["ns"] >= 0 for layer in run["layers"])
+    # the runner's own peak memory, not the Python agent's
+    assert 0 < v["int8"]["peak_rss_bytes"] < v["fp32"]["peak_rss_bytes"]
+
+
+def test_deploy_without_quantization_skips_native(cli, tmp_path):
+    r = cli("deploy", DIGITS, "--target", "local", "--no-quantize", "--no-bench", "--json", "-o", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["backend"] == "onnxruntime" and doc["precision"] == "fp32"
+    skipped = {s["backend"]: s["reason"] for s in doc["plan"]["skipped_backends"]}
+    assert "int8 only" in skipped["native"]
+
+
+# -- an emulated Raspberry Pi over SSH (tests/lab/armboard.py) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def a76_board():
+    from tests.lab import armboard
+
+    reason = armboard.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    try:
+        armboard.ensure_rootfs(log=lambda msg: None)
+    except armboard.LabUnavailable as exc:
+        pytest.skip(f"cannot build the arm64 root filesystem here: {exc}")
+    with armboard.lab_lock():
+        board = armboard.start_board("ci-ekrt5", "cortex-a76", 21, log=lambda msg: None)
+        try:
+            yield board
+        finally:
+            armboard.stop_board("ci-ekrt5")
+
+
+@pytest.mark.slow
+def test_deploy_digits_to_an_emulated_rpi5_runs_ekrt_on_the_dot_product_path(a76_board, arm_runner, runner_cache, cli, tmp_path, edgekit_home):
+    shutil.copytree(runner_cache / "ekrt-runner", edgekit_home / "cache" / "ekrt-runner", dirs_exist_ok=True)
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(a76_board.ssh_config("pi5-lab"))
+    r = cli("deploy", DIGITS, "--target", "rpi5", "--device", "pi5-lab", "--warmup", "1", "--iterations", "5",
+            "--json", "-o", tmp_path / "b", env={"HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["backend"], doc["precision"], doc["plan"]["probed"]) == ("native", "int8", True)
+    v = doc["summary"]["variants"]
+    # the board has numpy and no ONNX Runtime: the fp32 reference runs on edgekit's numpy backend
+    assert v["int8"]["backend"] == "native" and v["fp32"]["backend"] == "numpy"
+    assert v["int8"]["p50_ms"] > 0
+    run = next(r for r in doc["runs"] if r["variant"] == "int8")
+    assert run["backend_info"]["isa"] == "neondot"
+    assert run["backend_info"]["kernels"]["qs8-gemm"].endswith("__neondot")
+    assert doc["summary"]["agreement"]["outputs"][0]["top1"] >= 0.99
+
