@@ -39,7 +39,7 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   pip_q install -q --upgrade pip setuptools wheel
   # edgekit's dependencies plus the test, openvino and tflite (ai-edge-litert) extras (the project
   # itself follows below).
-  pip_q install -q "$REPO[test,openvino,tflite]"
+  pip_q install -q "$REPO[test,openvino,tflite,cross,yaml]"
   # Real pretrained models for the tests ship inside this wheel; its own deps (opencv...) are
   # not needed because edgekit only reads the .onnx files in it.
   pip_q install -q --no-deps rapidocr-onnxruntime==1.4.4
