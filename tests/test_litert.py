@@ -214,7 +214,7 @@ def test_agent_backend_matches_numpy(fc_path, weights):
 
 
 @pytest.mark.realmodels
-def test_bench_real_tflite_on_local(cli):
+def test_bench_real_tflite_on_local(cli, tmp_path):
     model = face_model()
     r = cli("bench", model, "--target", "local", "--iterations", "20", "--json")
     assert r.returncode == 0, r.stderr
@@ -227,7 +227,7 @@ def test_bench_real_tflite_on_local(cli):
     assert info["package"] == "ai-edge-litert" and info["xnnpack"] is True
     assert agent["backend_version"] == metadata.version("ai-edge-litert")
     assert "lists no backend for tflite models" in r.stderr
-    assert not (Path.cwd() / "edgekit-out").exists()  # bench leaves no output directory behind
+    assert not (tmp_path / "edgekit-out").exists()  # bench leaves no output directory behind (cli runs in tmp_path)
     human = cli("bench", model, "--iterations", "5")
     assert human.returncode == 0, human.stderr
     assert any(line.startswith("fp32") and "tflite" in line for line in human.stdout.splitlines())

@@ -92,9 +92,20 @@ if op == "acquire":
     if not os.path.isdir(parent):
         os.makedirs(parent)
     for attempt in (0, 1):
+        # The lock appears with its owner file already inside (a renamed temp dir), so nobody
+        # ever sees a lock without an owner: rename onto an existing, non-empty dir fails.
+        now = time.time()
+        info.update(created=now, expires=now + ttl, ttl=ttl)
+        fresh = lockdir + ".new." + uuid.uuid4().hex[:12]
+        os.mkdir(fresh, 0o755)
+        with open(os.path.join(fresh, "owner.json"), "w") as fh:
+            json.dump(info, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
         try:
-            os.mkdir(lockdir, 0o755)
-        except FileExistsError:
+            os.rename(fresh, lockdir)
+        except OSError:
+            shutil.rmtree(fresh, ignore_errors=True)
             holder, stale, exists = state()
             if not exists:
                 continue
@@ -110,9 +121,6 @@ if op == "acquire":
             finally:
                 os.close(fd)
             continue
-        now = time.time()
-        info.update(created=now, expires=now + ttl, ttl=ttl)
-        write_owner(info)
         out.update(acquired=True, holder=info)
         break
     else:
