@@ -239,6 +239,13 @@ def test_deploy_float_digits_to_the_a72_board_runs_numpy(boards, cli, tmp_path):
     doc = json.loads(r.stdout)
     # the board has numpy and no runtime: the plan, made with its facts, is numpy in float
     assert (doc["backend"], doc["precision"], doc["plan"]["probed"]) == ("numpy", "fp32", True)
+    # the same loop on this machine (same backend) gives a result of the same shape
+    from tests.test_ssh import _shape, _shape_diff
+
+    here = cli("deploy", DIGITS, "--target", "linux-cpu", "--backend", "numpy", "--no-quantize", "--warmup", "1",
+               "--iterations", "5", "--json", "-o", tmp_path / "local-b")  # fmt: skip
+    assert here.returncode == 0, here.stderr
+    assert _shape_diff(_shape(json.loads(here.stdout)), _shape(doc)) == []
     skipped = {s["backend"]: s["reason"] for s in doc["plan"]["skipped_backends"]}
     assert "onnxruntime is not installed on the device" in skipped["onnxruntime"]
     assert {f["path"] for f in doc["bundle"]["files"]} == {"fp32/graph.json", "fp32/weights.npz", "fp32/inputs.npz"}
