@@ -73,6 +73,10 @@ class LinkError(TransportError):
     """
 
 
+class LockLostError(DeviceError):
+    """Our device lock was broken or removed while we worked: what we measured may be disturbed."""
+
+
 class AgentError(DeviceError):
     """The device-side agent ran but failed or printed something we cannot read."""
 

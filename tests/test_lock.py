@@ -7,6 +7,7 @@ edgekit dir); they talk to the test through pipes, so nothing here sleeps.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from edgekit.devices.lock import DeviceLock, device_lock, lock_status
-from edgekit.errors import DeviceError
+from edgekit.devices.lock import DeviceLock, break_lock, device_lock, lock_status
+from edgekit.errors import DeviceError, LockLostError
 from edgekit.transport.local import LocalTransport
 from tests import test_devices
 from tests.conftest import EXAMPLES, REPO, assert_one_line_error
@@ -118,19 +119,29 @@ def test_a_stale_lock_is_broken_exactly_once(tmp_path):
     dead = Job(root, ttl=1e-6, mode="keep")  # exits holding a lock that is already expired
     dead_token = _payload(dead.line(), "ACQUIRED")["token"]
     assert dead.finish() == 0 and lock_status(LocalTransport(root))["stale"]
-    racers = [Job(root, wait=0, mode="keep") for _ in range(6)]  # all at once
-    lines = [r.line() for r in racers]
-    for r in racers:
-        r.finish()
+    # All at once; they stay alive holding (a dead holder on this host would be broken at once).
+    racers = [Job(root, wait=0, mode="hold") for _ in range(6)]
+    lines = [_first_non_waiting(r) for r in racers]
     winners = [_payload(ln, "ACQUIRED") for ln in lines if ln.startswith("ACQUIRED")]
     assert len(winners) == 1, lines
     # The racer that broke the stale lock need not be the one that then won it (another may
     # slip in between), so what holds is: one winner, the dead job's lock is gone, and every
     # loser names a live holder.
     assert winners[0]["token"] != dead_token
-    assert all(ln.startswith("REFUSED device local is locked by job-keep") for ln in lines if not ln.startswith("ACQUIRED"))
+    assert all(ln.startswith("REFUSED device local is locked by job-hold") for ln in lines if not ln.startswith("ACQUIRED"))
     assert lock_status(LocalTransport(root))["holder"]["token"] == winners[0]["token"]
     assert not list(root.glob("lock.stale.*"))  # the broken lock was removed, not left lying around
+    for r, ln in zip(racers, lines):
+        if ln.startswith("ACQUIRED"):
+            assert r.release() == "RELEASED true"
+        r.finish()
+
+
+def _first_non_waiting(job: Job) -> str:
+    line = job.line()
+    while line.startswith("WAITING "):  # e.g. "broke the lock ... that process on this host is gone"
+        line = job.line()
+    return line
 
 
 def test_release_never_removes_someone_elses_lock(tmp_path):
@@ -229,3 +240,111 @@ def test_lock_over_ssh_between_two_connections(sshd, ssh_home):
     finally:
         one.close()
         two.close()
+
+
+# -- a lost lock is never silent; a dead local holder never blocks the device ------------------
+
+# A holder with a live heartbeat: takes the lock, says so, then on each stdin line checks it
+# ("check") or releases it ("release") and reports what it found.
+HOLDER = r"""
+import json, sys
+from pathlib import Path
+from edgekit.devices.lock import DeviceLock
+from edgekit.errors import LockLostError
+from edgekit.transport.local import LocalTransport
+
+lock = DeviceLock(LocalTransport(Path(sys.argv[1])), owner="job-a", ttl=float(sys.argv[2]))
+lock.acquire()
+print("ACQUIRED " + json.dumps({"token": lock.token}), flush=True)
+for line in sys.stdin:
+    if line.strip() == "check":
+        try:
+            lock.ensure_held()
+            print("HELD", flush=True)
+        except LockLostError as exc:
+            print("LOST " + json.dumps({"message": exc.message, "hint": exc.hint, "code": exc.exit_code}), flush=True)
+    else:
+        print("RELEASED " + json.dumps(lock.release()), flush=True)
+"""
+
+
+def test_a_holder_suspended_past_its_ttl_finds_its_lock_lost(tmp_path):
+    import signal
+
+    root = tmp_path / "device"
+    a = subprocess.Popen([sys.executable, "-c", HOLDER, str(root), "1.5"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        token_a = _payload(a.stdout.readline().strip(), "ACQUIRED")["token"]
+        a.stdin.write("check\n")
+        a.stdin.flush()
+        assert a.stdout.readline().strip() == "HELD"
+        os.kill(a.pid, signal.SIGSTOP)  # its heartbeat stops with it
+        b = Job(root, wait=120)  # polls the device until A's lock expires, then breaks it
+        got = _payload(_first_non_waiting(b), "ACQUIRED")
+        assert got["broke"]["token"] == token_a
+        os.kill(a.pid, signal.SIGCONT)
+        a.stdin.write("check\n")
+        a.stdin.flush()
+        lost = _payload(a.stdout.readline().strip(), "LOST")
+        assert lost["code"] == 4 and "lost the lock on device local" in lost["message"]
+        assert "job-hold" in lost["message"] and lost["hint"]  # names who has the board now
+        a.stdin.write("release\n")
+        a.stdin.flush()
+        assert a.stdout.readline().strip() == "RELEASED false"
+        assert lock_status(LocalTransport(root))["holder"]["token"] == got["token"]  # B's lock survived A
+        assert b.release() == "RELEASED true" and b.finish() == 0
+    finally:
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGCONT)
+            a.kill()
+        a.wait(timeout=60)
+
+
+def test_leaving_the_block_without_the_lock_raises(tmp_path):
+    t = LocalTransport(tmp_path / "device")
+    with pytest.raises(LockLostError) as err:
+        with device_lock(t, heartbeat=False) as lock:
+            assert break_lock(t)["token"] == lock.token  # e.g. `edgekit devices unlock` meanwhile
+    assert err.value.exit_code == 4 and "(it was removed)" in err.value.message
+    assert lock.lost and not lock.held
+
+
+def test_a_killed_holder_on_this_host_is_broken_at_once(tmp_path):
+    root = tmp_path / "device"
+    dead = Job(root, ttl=300)  # would block the device for five minutes by the TTL alone
+    token = _payload(dead.line(), "ACQUIRED")["token"]
+    dead.proc.kill()
+    deadline = time.monotonic() + 60  # unreaped, it lingers as a zombie: that counts as gone too
+    while _proc_state(dead.proc.pid) not in ("Z", None):
+        assert time.monotonic() < deadline, "the killed holder never died"
+    said: list[str] = []
+    start = time.monotonic()
+    with device_lock(LocalTransport(root), wait=0, on_wait=said.append) as lock:
+        assert lock.held and lock_status(LocalTransport(root))["holder"]["token"] == lock.token
+    assert time.monotonic() - start < 30  # no wait for the 300 s TTL (and wait=0 would refuse)
+    assert len(said) == 1 and "that process on this host is gone" in said[0] and f"pid {dead.proc.pid}" in said[0]
+    assert dead.finish() != 0 and lock.token != token
+
+
+def test_a_live_or_foreign_holder_is_not_broken_early(tmp_path):
+    t = LocalTransport(tmp_path / "device")
+    other = DeviceLock(t, heartbeat=False)
+    boot, pidns, _pid, _start = other.info["instance"].split("/")
+    other.info["instance"] = f"another-boot/{pidns}/1/1"  # a PID that is not ours to judge
+    other.info["pid"] = 2**22 + 7  # no such process here
+    other.acquire()
+    with pytest.raises(DeviceError, match="is locked by"):
+        DeviceLock(t, wait=0, heartbeat=False).acquire()
+    assert other.release() is True
+    alive = DeviceLock(t, heartbeat=False)  # this process, alive: never broken
+    alive.acquire()
+    with pytest.raises(DeviceError, match="is locked by"):
+        DeviceLock(t, wait=0, heartbeat=False).acquire()
+    assert alive.release() is True
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return None

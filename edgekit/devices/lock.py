@@ -4,7 +4,13 @@ The lock is the directory ``<root>/lock`` on the device: ``mkdir`` either create
 fails, atomically, on every POSIX filesystem. Inside it ``owner.json`` names the holder
 (owner label, host, PID, user, a token) and when the lock was created and expires, in the
 device's own clock (so clock skew between hosts doesn't matter). A holder refreshes its
-expiry while it works (a heartbeat); a lock whose job died expires and is then broken.
+expiry while it works (a heartbeat); a lock whose job died expires and is then broken. A lock
+whose holder ran on this very host (same boot, same PID namespace) and whose process is gone is
+broken at once: waiting out the TTL would tell us nothing new.
+
+A holder that could not refresh for longer than the TTL (stalled link, suspended host) may have
+had its lock broken by another job; it then marks the lock lost, and ``ensure_held()`` (called
+before storing anything measured under the lock) raises ``LockLostError``.
 
 Breaking and releasing go through a guard (``flock`` on ``<root>/lock.guard``, held only for
 the few microseconds of check-and-rename on the device): under it the lock is read again, and
@@ -29,9 +35,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-from edgekit.errors import DeviceError
+from edgekit.errors import DeviceError, LockLostError
 from edgekit.transport.base import Transport
 
 LOCK_DIR = "lock"
@@ -132,7 +139,8 @@ elif op in ("release", "refresh", "break"):
         fd = guarded()
         try:
             holder, stale, exists = state()
-            mine = exists and token(holder) == sys.argv[3] if op != "break" else exists
+            # "break" with a token breaks only that holder's lock; with "" whoever holds it.
+            mine = exists and (token(holder) == sys.argv[3] or (op == "break" and not sys.argv[3]))
             if mine and op == "refresh":
                 holder["expires"] = time.time() + float(sys.argv[4])
                 write_owner(holder)
@@ -206,9 +214,12 @@ class DeviceLock:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "user": _user(),
+            "instance": _process_instance(os.getpid()),
         }
         self.held = False
         self.broke: dict | None = None  # the stale lock this one replaced, if any
+        self._lost = threading.Event()
+        self.lost_to: dict | None = None  # who held the device when we found our lock gone
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._mutex = threading.Lock()  # the heartbeat and release never talk to the device at once
@@ -216,6 +227,11 @@ class DeviceLock:
     @property
     def token(self) -> str:
         return self.info["token"]
+
+    @property
+    def lost(self) -> bool:
+        """True once the device showed that our lock is gone (another job broke or removed it)."""
+        return self._lost.is_set()
 
     def acquire(self) -> None:
         """Take the lock, waiting up to ``wait`` seconds; DeviceError naming the holder if not."""
@@ -232,6 +248,10 @@ class DeviceLock:
                     self._beat.start()
                 return
             holder = doc.get("holder")
+            if _died_here(holder) and self._call("break", holder["token"]).get("done"):
+                if self.on_wait is not None:
+                    self.on_wait(f"broke the lock on {self.transport.name} held by {describe_holder(holder)}: that process on this host is gone")
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 waited = f"; waited {self.wait:g}s" if self.wait else ""
@@ -248,11 +268,37 @@ class DeviceLock:
             delay = min(delay * 1.5, 2.0)
 
     def refresh(self) -> bool:
-        """Push the expiry ``ttl`` seconds ahead; False when the lock is no longer ours."""
+        """Push the expiry ``ttl`` seconds ahead; False when the lock is no longer ours (then it is lost)."""
         with self._mutex:
             if not self.held:
                 return False
-            return bool(self._call("refresh", self.token, repr(self.ttl)).get("done"))
+            doc = self._call("refresh", self.token, repr(self.ttl))
+            if not doc.get("done"):
+                self._mark_lost(doc.get("holder"))
+            return self.held
+
+    def ensure_held(self) -> None:
+        """Raise LockLostError unless the device still carries our lock (one device round trip).
+
+        Call it before storing anything measured under the lock: a record measured while another
+        job also had the board is worthless.
+        """
+        if not self.lost:
+            if not self.held:
+                raise DeviceError(f"the lock on {self.transport.name} is not held", "take it first (device_lock)")
+            self.refresh()
+        if self.lost:
+            now = f"it is now held by {describe_holder(self.lost_to)}" if self.lost_to else "it was removed"
+            raise LockLostError(
+                f"lost the lock on device {self.transport.name} ({now}); results measured since are not stored",
+                f"this job could not refresh it for longer than its TTL ({self.ttl:g}s): a stalled link or a "
+                "suspended host; run again",
+            )
+
+    def _mark_lost(self, holder: dict | None) -> None:
+        self.held = False
+        self.lost_to = holder
+        self._lost.set()
 
     def release(self) -> bool:
         """Give the lock up; False when it was no longer ours (it expired and was broken)."""
@@ -264,7 +310,10 @@ class DeviceLock:
             if not self.held:
                 return False
             self.held = False
-            return bool(self._call("release", self.token).get("done"))
+            doc = self._call("release", self.token)  # never removes the lock of whoever broke ours
+            if not doc.get("done"):
+                self._mark_lost(doc.get("holder"))
+            return bool(doc.get("done"))
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
@@ -287,6 +336,8 @@ class DeviceLock:
         except Exception:
             if exc[0] is None:
                 raise  # a failed release after a failure would hide the real error
+        if exc[0] is None and self.lost:
+            self.ensure_held()  # the block finished without the lock: exit 4, not 0
 
 
 @contextlib.contextmanager
@@ -335,6 +386,33 @@ def run_lock_op(transport: Transport, op: str, *args: str) -> dict[str, Any]:
             f"check that {transport.python} runs on the device and that its workdir is writable",
         )
     return doc
+
+
+def _process_instance(pid: int) -> str:
+    """Who process ``pid`` is on this host: boot, PID namespace, PID and start time ("" if unknown).
+
+    Equal strings mean the same live process; a PID reused after a reboot, in another namespace
+    or by a later process gives a different one. Zombies count as gone.
+    """
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except (OSError, ValueError):
+        return ""
+    if not boot or len(fields) < 20 or fields[0] in ("Z", "X"):
+        return ""
+    return f"{boot}/{pidns}/{pid}/{fields[19]}"
+
+
+def _died_here(holder: dict | None) -> bool:
+    """The holder's process ran on this host (same boot and PID namespace) and is gone."""
+    if not holder or not isinstance(holder.get("token"), str) or not isinstance(holder.get("pid"), int):
+        return False
+    theirs, ours = str(holder.get("instance") or ""), _process_instance(os.getpid())
+    if not theirs or not ours or theirs.rsplit("/", 2)[0] != ours.rsplit("/", 2)[0]:
+        return False  # another host, or no way to tell: only the TTL can free it
+    return _process_instance(holder["pid"]) != theirs
 
 
 def _user() -> str:
