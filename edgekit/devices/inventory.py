@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import InputError, UsageError
+from edgekit.transport.names import check_host, check_user
+from edgekit.transport.sshconfig import parse_device
 
 try:
     import tomllib
@@ -176,7 +178,8 @@ def _resolve_one(name: str, inv: Inventory, explicit: bool) -> list[DeviceEntry]
             f"no device '{name}' in inventory {inv.path}",
             hint + "`edgekit devices list --inventory FILE` shows its devices; an SSH target not in it is written user@host",
         )
-    check_name(name, "--device")
+    if name != LOCAL:
+        parse_device(check_name(name, "--device"))
     return [DeviceEntry(name=name, address=name, source="--device")]
 
 
@@ -232,9 +235,12 @@ def _read_toml(text: str, source: str) -> dict[str, DeviceEntry]:
         tags = entry.get("tags", [])
         if not isinstance(tags, list) or not all(isinstance(t, str) and t for t in tags):
             raise InputError(f"{where}.tags must be an array of strings", 'e.g. tags = ["lab", "arm"]')
+        address = entry.get("ssh", name).strip()
+        if address != LOCAL:
+            parse_device(address, f"{where}.ssh", InputError)
         devices[name] = DeviceEntry(
             name=name,
-            address=entry.get("ssh", name).strip(),
+            address=address,
             profile=entry.get("profile"),
             tags=tuple(dict.fromkeys(tags)),
             workdir=entry.get("workdir"),
@@ -448,7 +454,13 @@ def _ansible_entry(host: str, v: dict[str, Any], tags: tuple[str, ...], source: 
         port = get("ansible_port", "ansible_ssh_port")
         if port is not None and not port.isdigit():
             raise InputError(f"{source}: host {host}: ansible_port must be a number, got {port!r}", "e.g. ansible_port=2222")
-        address = format_address(get("ansible_host", "ansible_ssh_host") or host, get("ansible_user", "ansible_ssh_user"), port)
+        where = f"{source}: host {host}"
+        user = get("ansible_user", "ansible_ssh_user")
+        address = format_address(
+            check_host(get("ansible_host", "ansible_ssh_host") or host, f"{where}: ansible_host"),
+            user and check_user(user, f"{where}: ansible_user"),
+            port,
+        )
     return DeviceEntry(
         name=host,
         address=address,

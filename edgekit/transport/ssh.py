@@ -49,6 +49,7 @@ from edgekit.transport.sshconfig import (
     add_known_host,
     known_keys,
     load_config,
+    refuse_revoked,
     resolve_target,
 )
 
@@ -361,6 +362,7 @@ class SshTransport:
     # -- host keys --------------------------------------------------------------------------
     def _check_host_key(self, target: SshTarget, key, known) -> None:
         keytype, key_b64 = key.get_name(), key.get_base64()
+        refuse_revoked(target, keytype, key_b64)
         fingerprint = "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
         name = target.known_hosts_name
         same_type = [k for k in known if k.keytype == keytype]

@@ -9,13 +9,18 @@ GlobalKnownHostsFile, HostKeyAlias, StrictHostKeyChecking. Nothing here touches 
 
 from __future__ import annotations
 
+import base64
 import getpass
+import hashlib
+import hmac
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgekit.errors import TransportError, UsageError
+from edgekit.errors import EdgekitError, InputError, TransportError, UsageError
+from edgekit.transport.names import check_host, check_user
 
 DEFAULT_PORT = 22
 DEFAULT_CONNECT_TIMEOUT = 15.0
@@ -52,10 +57,11 @@ class SshTarget:
 
     @property
     def known_hosts_name(self) -> str:
-        """The name this host's key is filed under in known_hosts (as OpenSSH writes it)."""
+        """The name this host's key is filed under in known_hosts (as OpenSSH writes it: lower case)."""
         if self.host_key_alias:
-            return self.host_key_alias
-        return self.hostname if self.port == DEFAULT_PORT else f"[{self.hostname}]:{self.port}"
+            return _lower(self.host_key_alias)
+        host = _lower(self.hostname)
+        return host if self.port == DEFAULT_PORT else f"[{host}]:{self.port}"
 
     @property
     def display(self) -> str:
@@ -67,23 +73,26 @@ def ssh_config_path() -> Path:
     return Path(os.path.expanduser("~/.ssh/config"))
 
 
-def parse_device(device: str) -> tuple[str | None, str, int | None]:
-    """``[ssh://][user@]host[:port]`` (IPv6 in brackets) -> (user, host, port)."""
+def parse_device(device: str, where: str = "--device", error: type[EdgekitError] = UsageError) -> tuple[str | None, str, int | None]:
+    """``[ssh://][user@]host[:port]`` (IPv6 in brackets) -> (user, host, port), each part as
+    OpenSSH would accept it (``names``); else ``error`` naming ``where``."""
     text = device.strip()
     if not text:
-        raise UsageError("empty --device", "pass a host, user@host[:port], or a Host alias from ~/.ssh/config")
+        raise error(f"{where}: empty device", "pass a host, user@host[:port], or a Host alias from ~/.ssh/config")
     if text.count(":") > 1 and "[" not in text and "@" not in text and "/" not in text:
-        return None, text, None  # a bare IPv6 address
+        return None, check_host(text, where, error), None  # a bare IPv6 address
     m = _DEVICE_RX.match(text)
     if not m:
-        raise UsageError(
-            f"cannot read device '{device}'",
+        raise error(
+            f"{where}: cannot read device {text!r}",
             "use user@host, user@host:port, [ipv6]:port, or a Host alias from ~/.ssh/config",
         )
     port = int(m["port"]) if m["port"] else None
     if port is not None and not 0 < port < 65536:
-        raise UsageError(f"device '{device}': port {port} is out of range", "ports are 1-65535")
-    return m["user"], m["v6"] or m["host"], port
+        raise error(f"{where}: device {text!r}: port {port} is out of range", "ports are 1-65535")
+    if m["user"] is not None:
+        check_user(m["user"], where, error)
+    return m["user"], check_host(m["v6"] or m["host"], where, error), port
 
 
 def load_config(path: Path | None = None):
@@ -112,13 +121,14 @@ def resolve_target(device: str, config=None, *, _hop: bool = False) -> SshTarget
             f"cannot apply ~/.ssh/config to '{host}': {exc}",
             "simplify the matching Host/Match block (edgekit reads Host, HostName, User, Port, IdentityFile, ProxyJump)",
         ) from None
-    hostname = opts.get("hostname", host)
+    where = f"~/.ssh/config (Host {host})"
+    hostname = check_host(opts.get("hostname", host), f"{where}: HostName")
     if port is None:
         try:
             port = int(opts.get("port", DEFAULT_PORT))
         except ValueError:
             raise TransportError(f"~/.ssh/config: Port for {host} is not a number: {opts.get('port')!r}", "fix the Port line") from None
-    user = user or opts.get("user") or getpass.getuser()
+    user = user or (opts.get("user") and check_user(opts["user"], f"{where}: User")) or getpass.getuser()
     identities_only = _yes(opts.get("identitiesonly"))
     configured = [os.path.expanduser(p) for p in opts.get("identityfile", [])]
     defaults = [] if identities_only and configured else [os.path.expanduser(p) for p in DEFAULT_IDENTITIES]
@@ -127,6 +137,8 @@ def resolve_target(device: str, config=None, *, _hop: bool = False) -> SshTarget
     hops: tuple[str, ...] = ()
     if jump and jump.lower() != "none" and not _hop:
         hops = tuple(h.strip() for h in jump.split(",") if h.strip())
+        for hop in hops:  # each hop's name reaches a ProxyCommand like the target's does
+            parse_device(hop, f"{where}: ProxyJump", InputError)
     proxy_command = opts.get("proxycommand")
     if proxy_command and proxy_command.lower() == "none":
         proxy_command = None
@@ -174,43 +186,134 @@ class KnownKey:
     path: str
     lineno: int
     keytype: str
-    key_b64: str
+    key_b64: str  # the key blob in canonical base64, so equal keys compare equal as text
+    marker: str = ""  # "" for a host key, "revoked" for an @revoked line
 
 
-def known_keys(target: SshTarget) -> list[KnownKey]:
-    """Every key filed for the target in its known_hosts files (hashed entries included)."""
-    import paramiko
-    from paramiko.hostkeys import HostKeys
+def match_pattern(name: str, pattern: str) -> bool:
+    """OpenSSH's ``match_pattern``: ``*`` any run, ``?`` any one character, nothing else special."""
+    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(rx, name, re.DOTALL) is not None
 
-    name = target.known_hosts_name
+
+def match_hostname(name: str, patterns: str) -> int:
+    """OpenSSH's ``match_hostname``: 1 when a pattern of the comma list matches, -1 when a
+    ``!pattern`` matches (which vetoes the whole line), else 0. Case-insensitive."""
+    name = _lower(name)
+    got = 0
+    for sub in patterns.split(","):
+        negated = sub.startswith("!")
+        sub = _lower(sub[1:] if negated else sub)
+        if len(sub.encode("utf-8", "surrogateescape")) >= 1023:
+            return 0  # OpenSSH gives up on the whole list
+        if match_pattern(name, sub):
+            if negated:
+                return -1
+            got = 1
+    return got
+
+
+def hash_hostname(name: str, salt: bytes) -> str:
+    """A hashed known_hosts name (``|1|salt|HMAC-SHA1(salt, name)``, as ``ssh-keygen -H`` writes)."""
+    digest = hmac.new(salt, name.encode("utf-8"), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+def _hosts_match(name: str, hosts: str) -> bool:
+    """Does a known_hosts line's host field cover ``name`` (OpenSSH's ``match_maybe_hashed``)?"""
+    if not hosts.startswith("|"):
+        return match_hostname(name, hosts) == 1
+    parts = hosts.split("|")
+    if len(parts) < 4 or parts[1] != "1":
+        return False
+    try:
+        salt = base64.b64decode(parts[2], validate=True)
+    except ValueError:
+        return False
+    return len(salt) == 20 and hmac.compare_digest(hash_hostname(name, salt), hosts)
+
+
+def _lower(text: str) -> str:
+    return text.translate(_ASCII_LOWER)  # C tolower in the C locale: ASCII letters only
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_MARKERS = {"@cert-authority": "cert-authority", "@revoked": "revoked"}
+
+
+def _key_blob(keytype: str, key_b64: str) -> bytes | None:
+    """The key's wire blob when ``key_b64`` is valid base64 of a key of ``keytype``."""
+    try:
+        blob = base64.b64decode(key_b64, validate=True)
+    except ValueError:
+        return None
+    n = int.from_bytes(blob[:4], "big") if len(blob) >= 4 else -1
+    return blob if blob[4 : 4 + n] == keytype.encode() and len(blob) > 4 + n else None
+
+
+def known_entries(name: str, files: Sequence[str]) -> list[KnownKey]:
+    """Every known_hosts line of ``files`` that covers host ``name``, read as OpenSSH reads them:
+    patterns with ``*``/``?``, ``!negation``, comma lists, hashed names; ``@revoked`` lines kept
+    (marker "revoked"), ``@cert-authority`` and unreadable lines skipped."""
+    name = _lower(name)
     found: list[KnownKey] = []
-    for path in (*target.user_known_hosts, *target.global_known_hosts):
+    for path in files:
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                lines = fh.readlines()
+            with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+                lines = fh.read().split("\n")
         except OSError:
             continue
         for lineno, line in enumerate(lines, 1):
-            line = line.strip()
-            if not line or line.startswith("#") or line.startswith("@"):
-                continue  # markers (@cert-authority, @revoked) are not host keys
             fields = line.split()
-            if len(fields) < 3:
+            if not fields or fields[0].startswith("#"):
                 continue
-            hosts, keytype, key_b64 = fields[0].split(","), fields[1], fields[2]
-            for pattern in hosts:
-                if pattern.startswith("|1|"):
-                    try:
-                        salt = pattern.split("|")[2]
-                        hit = HostKeys.hash_host(name, salt) == pattern
-                    except (IndexError, ValueError, paramiko.SSHException):
-                        hit = False
-                else:
-                    hit = pattern == name
-                if hit:
-                    found.append(KnownKey(path, lineno, keytype, key_b64))
-                    break
+            marker = ""
+            if fields[0].startswith("@"):
+                marker = _MARKERS.get(fields[0], "bad")
+                fields = fields[1:]
+            if marker in ("bad", "cert-authority") or len(fields) < 3 or not _hosts_match(name, fields[0]):
+                continue
+            blob = _key_blob(fields[1], fields[2])
+            if blob is not None:
+                found.append(KnownKey(path, lineno, fields[1], base64.b64encode(blob).decode(), marker))
     return found
+
+
+def known_keys(target: SshTarget) -> list[KnownKey]:
+    """The host keys filed for the target (user and global files; @revoked lines left out)."""
+    files = (*target.user_known_hosts, *target.global_known_hosts)
+    return [k for k in known_entries(target.known_hosts_name, files) if not k.marker]
+
+
+def host_key_status(name: str, files: Sequence[str], keytype: str, key_b64: str) -> tuple[str, KnownKey | None]:
+    """OpenSSH's verdict on a server key for host ``name``: "revoked" (an @revoked line covering
+    the host holds it; wins over everything), "ok", "changed" (other keys are filed for the
+    host, of any type), or "unknown"; with the deciding line."""
+    entries = known_entries(name, files)
+    blob = _key_blob(keytype, key_b64)
+    key = base64.b64encode(blob).decode() if blob is not None else None
+    for marker, verdict in (("revoked", "revoked"), ("", "ok")):
+        hit = next((e for e in entries if e.marker == marker and e.key_b64 == key), None)
+        if hit is not None:
+            return verdict, hit
+    plain = [e for e in entries if not e.marker]
+    if plain:
+        return "changed", next((e for e in plain if e.keytype == keytype), plain[0])
+    return "unknown", None
+
+
+def refuse_revoked(target: SshTarget, keytype: str, key_b64: str) -> None:
+    """A TransportError when the server's key is marked @revoked for this host."""
+    files = (*target.user_known_hosts, *target.global_known_hosts)
+    verdict, line = host_key_status(target.known_hosts_name, files, keytype, key_b64)
+    if verdict == "revoked" and line is not None:
+        fingerprint = base64.b64encode(hashlib.sha256(base64.b64decode(key_b64)).digest()).decode().rstrip("=")
+        raise TransportError(
+            f"the host key of {target.known_hosts_name} ({keytype} SHA256:{fingerprint}) is REVOKED "
+            f"by {line.path} line {line.lineno}; refusing to connect",
+            "a revoked key is never accepted (not even with --trust-new-host): give the device a new host key, "
+            "or remove the @revoked line if it is wrong",
+        )
 
 
 def add_known_host(target: SshTarget, keytype: str, key_b64: str) -> str:
