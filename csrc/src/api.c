@@ -72,11 +72,11 @@ int ekrt_run(ekrt_model* m, const float* const* inputs, float* const* outputs) {
   if (m->profiling) {
     for (uint32_t j = 0; j < m->n_ops; j++) {
       uint64_t t0 = ek_now_ns();
-      m->ops[j].run(m, &m->ops[j]);
+      m->ops[j].desc->run(m, &m->ops[j]);
       m->ops[j].ns += ek_now_ns() - t0;
     }
   } else {
-    for (uint32_t j = 0; j < m->n_ops; j++) m->ops[j].run(m, &m->ops[j]);
+    for (uint32_t j = 0; j < m->n_ops; j++) m->ops[j].desc->run(m, &m->ops[j]);
   }
   for (uint32_t k = 0; k < m->n_inputs + m->n_outputs; k++) m->tensors[m->io[k].tensor].data = NULL;
   return 0;
@@ -91,7 +91,7 @@ int ekrt_profile(ekrt_model* m, int enable) {
 
 int ekrt_op_times(const ekrt_model* m, int op, const char** name, uint64_t* ns) {
   if (!m || op < 0 || (uint32_t)op >= m->n_ops) return EKRT_EARG;
-  if (name) *name = ek_op_name(m->ops[op].type);
+  if (name) *name = m->ops[op].desc->name;
   if (ns) *ns = m->ops[op].ns;
   return 0;
 }

@@ -12,6 +12,72 @@
 
 #include "internal.h"
 
+/* ---- load-time checks ---- */
+
+static int out_dim_ok(int64_t in, int64_t k, int64_t s, int64_t d, int64_t p0, int64_t p1, int64_t out) {
+  int64_t span = d * (k - 1) + 1;
+  if (in + p0 + p1 < span) return 0;
+  return out == (in + p0 + p1 - span) / s + 1;
+}
+
+int ek_check_conv(struct ek_check* o) {
+  const struct ek_op* op = o->op;
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, 4));
+  TRY(ek_need_in(o, 1, "weights", EKM_I8, ST_CONST, 4));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, 4));
+  const struct ek_tensor *x = ek_in(o, 0), *w = ek_in(o, 1), *y = ek_out(o);
+  uint32_t M = w->dims[0], KH = w->dims[1], KW = w->dims[2], CG = w->dims[3];
+  uint64_t K = (uint64_t)KH * KW * CG;
+  if (K > EK_MAX_GEMM_K) OFAIL("kernel volume %llu (kh*kw*c/group) exceeds %u", (unsigned long long)K, EK_MAX_GEMM_K);
+  TRY(ek_need_requant_consts(o, 2, M, K));
+  TRY(ek_need_param(o, 0, "kernel h", 1, (int32_t)EK_MAX_WINDOW));
+  TRY(ek_need_param(o, 1, "kernel w", 1, (int32_t)EK_MAX_WINDOW));
+  if ((uint32_t)op->p[0] != KH || (uint32_t)op->p[1] != KW)
+    OFAIL("params[0..1] (kernel %dx%d) differ from the weights' %ux%u", op->p[0], op->p[1], KH, KW);
+  TRY(ek_need_param(o, 2, "stride h", 1, EK_MAX_STRIDE));
+  TRY(ek_need_param(o, 3, "stride w", 1, EK_MAX_STRIDE));
+  TRY(ek_need_param(o, 4, "dilation h", 1, EK_MAX_STRIDE));
+  TRY(ek_need_param(o, 5, "dilation w", 1, EK_MAX_STRIDE));
+  TRY(ek_need_param(o, 6, "pad top", 0, EK_MAX_PAD));
+  TRY(ek_need_param(o, 7, "pad left", 0, EK_MAX_PAD));
+  TRY(ek_need_param(o, 8, "pad bottom", 0, EK_MAX_PAD));
+  TRY(ek_need_param(o, 9, "pad right", 0, EK_MAX_PAD));
+  TRY(ek_need_param(o, 10, "group", 1, INT32_MAX));
+  TRY(ek_need_act(o));
+  TRY(ek_need_unused_zero(o, 0x1FFF));
+  uint32_t g = (uint32_t)op->p[10];
+  if (x->dims[3] % g != 0 || x->dims[3] / g != CG)
+    OFAIL("input channels %u do not split into %u groups of the weights' %u", x->dims[3], g, CG);
+  if (M % g != 0) OFAIL("%u output channels do not split into %u groups", M, g);
+  if (y->dims[0] != x->dims[0] || y->dims[3] != M)
+    OFAIL("output dims [%u,%u,%u,%u] do not match batch %u and %u output channels", y->dims[0], y->dims[1], y->dims[2],
+          y->dims[3], x->dims[0], M);
+  if (!out_dim_ok(x->dims[1], KH, op->p[2], op->p[4], op->p[6], op->p[8], y->dims[1]))
+    OFAIL("output height %u does not follow from input height %u, kernel %u, stride %d, dilation %d, pads %d/%d",
+          y->dims[1], x->dims[1], KH, op->p[2], op->p[4], op->p[6], op->p[8]);
+  if (!out_dim_ok(x->dims[2], KW, op->p[3], op->p[5], op->p[7], op->p[9], y->dims[2]))
+    OFAIL("output width %u does not follow from input width %u, kernel %u, stride %d, dilation %d, pads %d/%d",
+          y->dims[2], x->dims[2], KW, op->p[3], op->p[5], op->p[7], op->p[9]);
+  return 0;
+}
+
+int ek_check_fc(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_in(o, 1, "weights", EKM_I8, ST_CONST, 2));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  const struct ek_tensor *x = ek_in(o, 0), *w = ek_in(o, 1), *y = ek_out(o);
+  uint32_t N = w->dims[0], K = w->dims[1];
+  if (K > EK_MAX_GEMM_K) OFAIL("K is %u, exceeds %u", K, EK_MAX_GEMM_K);
+  TRY(ek_need_requant_consts(o, 2, N, K));
+  TRY(ek_need_act(o));
+  TRY(ek_need_unused_zero(o, P(11) | P(12)));
+  int x_ok = (x->rank == 2 && x->dims[1] == K) || (x->rank == 4 && x->dims[1] == 1 && x->dims[2] == 1 && x->dims[3] == K);
+  if (!x_ok) OFAIL("input x (tensor %u) must be [B,%u] or [B,1,1,%u]", o->op->in[0], K, K);
+  int y_ok = (y->rank == 2 && y->dims[1] == N) || (y->rank == 4 && y->dims[1] == 1 && y->dims[2] == 1 && y->dims[3] == N);
+  if (!y_ok || y->dims[0] != x->dims[0]) OFAIL("output (tensor %u) must be [%u,%u] or [%u,1,1,%u]", o->op->out, x->dims[0], N, x->dims[0], N);
+  return 0;
+}
+
 enum conv_kind { CONV_DIRECT = 0, CONV_IM2COL = 1, CONV_DEPTHWISE = 2, CONV_FC = 3 };
 
 struct conv_state {
@@ -174,7 +240,7 @@ static void run_tasks(struct ekrt_model* m, size_t n, ek_task_fn task, void* ctx
   for (size_t i = 0; i < n; i++) task(ctx, i, 0);
 }
 
-static void run_conv(struct ekrt_model* m, struct ek_op* op) {
+void ek_run_conv(struct ekrt_model* m, struct ek_op* op) {
   const struct conv_state* s = op->state;
   struct conv_job j = {m, s, m->tensors[op->in[0]].data, m->tensors[op->out].data, 0, 1, s->mg};
   uint64_t macs = (uint64_t)s->batch * s->oh * s->ow * s->m * s->k;
@@ -211,8 +277,9 @@ static int32_t* copy_i32(const uint8_t* data, const struct ek_tensor* t) {
   return v;
 }
 
-int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data);
-int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data) {
+int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  (void)err;
+  (void)err_len;
   const struct ek_kernels* kern = ek_kernels();
   const struct ek_tensor *x = &m->tensors[op->in[0]], *w = &m->tensors[op->in[1]], *y = &m->tensors[op->out];
   struct conv_state* s = calloc(1, sizeof *s);
@@ -323,9 +390,7 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data)
   }
   free(bias);
   if (scratch + EK_SLACK > m->scratch_per_thread) m->scratch_per_thread = ek_round_up(scratch + EK_SLACK, 64);
-  op->run = run_conv;
   return rc;
 }
 
-void ek_free_conv(struct ek_op* op);
-void ek_free_conv(struct ek_op* op) { free_conv(op->state); }
+void ek_free_conv(void* state) { free_conv(state); }

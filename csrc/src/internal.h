@@ -43,7 +43,21 @@ struct ek_tensor {
 };
 
 struct ek_op;
+struct ek_check;
 typedef void (*ek_op_run_fn)(struct ekrt_model* m, struct ek_op* op);
+
+/* One per op type (the table in ops.c is the only list of ops): adding an op is one
+ * descriptor plus its functions. */
+struct ek_op_desc {
+  const char* name;
+  uint32_t min_in, max_in; /* n_inputs */
+  int in_place;            /* the output may take the bytes of an input that dies there */
+  int (*check)(struct ek_check* o); /* at load: dtypes, storages, shapes, params (rejections name the field) */
+  int (*prepare)(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len); /* NULL: none */
+  ek_op_run_fn run;
+  void (*free)(void* state); /* NULL: free(state) */
+};
+const struct ek_op_desc* ek_op_desc(uint32_t type); /* NULL when type names no op */
 
 struct ek_op {
   uint32_t type;
@@ -51,7 +65,7 @@ struct ek_op {
   uint32_t in[EKM_MAX_OP_INPUTS];
   uint32_t out;
   int32_t p[EKM_N_PARAMS];
-  ek_op_run_fn run;
+  const struct ek_op_desc* desc;
   void* state; /* per-op prepared data (packed weights, tables), freed with the model */
   uint64_t ns;
 };
@@ -107,11 +121,50 @@ int ek_fail(char* err, size_t err_len, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
-const char* ek_op_name(uint32_t type);
 
-/* ops.c / conv.c: prepare an op after validation (packs weights, builds tables, sets run). */
-int ek_prepare_op(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len);
-void ek_free_op(struct ek_op* op);
+/* An op under check at load, and the helpers every op's check uses (loader.c). Each fails
+ * with "op <j> (<NAME>): ..." naming the field. */
+struct ek_check {
+  const struct ek_tensor* t; /* all tensors */
+  const uint8_t* data;       /* the file's data section */
+  const uint8_t* role;       /* per tensor: 0, 1 graph input, 2 graph output */
+  const struct ek_op* op;
+  uint32_t j;
+  const char* name;
+  char* err;
+  size_t err_len;
+};
+#define OFAIL(fmt, ...) return ek_fail(o->err, o->err_len, "op %u (%s): " fmt, o->j, o->name, __VA_ARGS__)
+#define OFAIL0(fmt) return ek_fail(o->err, o->err_len, "op %u (%s): " fmt, o->j, o->name)
+#define TRY(x)             \
+  do {                     \
+    int rc_ = (x);         \
+    if (rc_) return rc_;   \
+  } while (0)
+#define ST_ARENA (1u << EKM_ARENA)
+#define ST_CONST (1u << EKM_CONST)
+#define ST_IO (1u << EKM_IO)
+#define ST_ACT (ST_ARENA | ST_CONST) /* int8 activations may be constants (e.g. an Add's operand) */
+#define P(i) (1u << (i))
+static inline const struct ek_tensor* ek_in(const struct ek_check* o, uint32_t k) { return &o->t[o->op->in[k]]; }
+static inline const struct ek_tensor* ek_out(const struct ek_check* o) { return &o->t[o->op->out]; }
+int ek_need_in(struct ek_check* o, uint32_t k, const char* what, uint32_t dtype, unsigned storages, int rank);
+int ek_need_out(struct ek_check* o, uint32_t dtype, unsigned storages, int rank);
+int ek_same_dims(const struct ek_tensor* a, const struct ek_tensor* b);
+int ek_need_same_dims_out(struct ek_check* o, uint32_t k);
+int ek_need_same_quant(struct ek_check* o, uint32_t k); /* output scale/zp = input k's */
+int ek_need_param(struct ek_check* o, int i, const char* what, int32_t lo, int32_t hi);
+int ek_need_multiplier(struct ek_check* o, int i, const char* what, int32_t shift_max); /* params i, i+1 */
+int ek_need_act(struct ek_check* o);                                                   /* params 11, 12 */
+int ek_need_unused_zero(struct ek_check* o, uint32_t used);                            /* bitmask of used params */
+int ek_need_requant_consts(struct ek_check* o, uint32_t k, uint32_t n, uint64_t kk);
+
+/* conv.c: CONV2D and FULLY_CONNECTED (their descriptors are in ops.c's table) */
+int ek_check_conv(struct ek_check* o);
+int ek_check_fc(struct ek_check* o);
+int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len);
+void ek_run_conv(struct ekrt_model* m, struct ek_op* op);
+void ek_free_conv(void* state);
 
 /* pool.c: run task(ctx, i, thread) for i in [0, n) on the model's threads. Deterministic
  * results are the caller's job: each task writes its own outputs only. */

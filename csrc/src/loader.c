@@ -22,12 +22,6 @@ int ek_fail(char* err, size_t err_len, const char* fmt, ...) {
   return EKRT_EFORMAT;
 }
 
-static const char* const OP_NAMES[] = {"?",       "QUANTIZE",       "DEQUANTIZE", "CONV2D",    "FULLY_CONNECTED",
-                                       "ADD",     "MUL",            "CONCAT",     "MAXPOOL",   "AVGPOOL",
-                                       "GLOBAL_AVGPOOL", "RESHAPE", "TRANSPOSE",  "RESIZE",    "LUT",
-                                       "SOFTMAX"};
-
-const char* ek_op_name(uint32_t type) { return type >= 1 && type <= EKM_OP_LAST ? OP_NAMES[type] : "?"; }
 
 static const char* dtype_name(uint32_t d) {
   return d == EKM_F32 ? "float32" : d == EKM_I8 ? "int8" : d == EKM_I32 ? "int32" : "?";
@@ -185,29 +179,11 @@ static int check_tensor(struct vctx* c, uint32_t i, const struct ekm_tensor* r, 
   return 0;
 }
 
-/* ---- per-op checks ---- */
-
-struct opctx {
-  struct vctx* c;
-  uint32_t j;
-  const struct ek_op* op;
-  const char* name;
-};
-
-#define OFAIL(fmt, ...) return ek_fail(o->c->err, o->c->err_len, "op %u (%s): " fmt, o->j, o->name, __VA_ARGS__)
-#define OFAIL0(fmt) return ek_fail(o->c->err, o->c->err_len, "op %u (%s): " fmt, o->j, o->name)
-#define TRY(x)        \
-  do {                \
-    int rc_ = (x);    \
-    if (rc_) return rc_; \
-  } while (0)
-
-static const struct ek_tensor* T(struct opctx* o, uint32_t k) { return &o->c->t[o->op->in[k]]; }
-static const struct ek_tensor* OUT(struct opctx* o) { return &o->c->t[o->op->out]; }
+/* ---- per-op check helpers (each op's check lives with the op: ops.c, conv.c) ---- */
 
 /* input k must be of `dtype`; `storages` is a bitmask of allowed storages (1 << storage). */
-static int need_in(struct opctx* o, uint32_t k, const char* what, uint32_t dtype, unsigned storages, int rank) {
-  const struct ek_tensor* t = T(o, k);
+int ek_need_in(struct ek_check* o, uint32_t k, const char* what, uint32_t dtype, unsigned storages, int rank) {
+  const struct ek_tensor* t = ek_in(o, k);
   if (t->dtype != dtype)
     OFAIL("input %u (%s, tensor %u) is %s, must be %s", k, what, o->op->in[k], dtype_name(t->dtype), dtype_name(dtype));
   if (!(storages & (1u << t->storage)))
@@ -218,8 +194,8 @@ static int need_in(struct opctx* o, uint32_t k, const char* what, uint32_t dtype
   return 0;
 }
 
-static int need_out(struct opctx* o, uint32_t dtype, unsigned storages, int rank) {
-  const struct ek_tensor* t = OUT(o);
+int ek_need_out(struct ek_check* o, uint32_t dtype, unsigned storages, int rank) {
+  const struct ek_tensor* t = ek_out(o);
   if (t->dtype != dtype) OFAIL("output (tensor %u) is %s, must be %s", o->op->out, dtype_name(t->dtype), dtype_name(dtype));
   if (!(storages & (1u << t->storage)))
     OFAIL("output (tensor %u) has storage %s, which this op cannot write", o->op->out, storage_name(t->storage));
@@ -227,52 +203,52 @@ static int need_out(struct opctx* o, uint32_t dtype, unsigned storages, int rank
   return 0;
 }
 
-static int same_dims(const struct ek_tensor* a, const struct ek_tensor* b) {
+int ek_same_dims(const struct ek_tensor* a, const struct ek_tensor* b) {
   return a->rank == b->rank && memcmp(a->dims, b->dims, sizeof a->dims) == 0;
 }
 
-static int need_same_dims_out(struct opctx* o, uint32_t k) {
-  if (!same_dims(T(o, k), OUT(o)))
+int ek_need_same_dims_out(struct ek_check* o, uint32_t k) {
+  if (!ek_same_dims(ek_in(o, k), ek_out(o)))
     OFAIL("output (tensor %u) shape differs from input %u (tensor %u)", o->op->out, k, o->op->in[k]);
   return 0;
 }
 
-static int need_same_quant(struct opctx* o, uint32_t k) {
-  const struct ek_tensor *a = T(o, k), *y = OUT(o);
+int ek_need_same_quant(struct ek_check* o, uint32_t k) {
+  const struct ek_tensor *a = ek_in(o, k), *y = ek_out(o);
   if (a->scale != y->scale || a->zp != y->zp)
     OFAIL("output (tensor %u) scale/zero_point (%g, %d) differ from input %u's (%g, %d); this op does not requantize",
           o->op->out, (double)y->scale, y->zp, k, (double)a->scale, a->zp);
   return 0;
 }
 
-static int need_param(struct opctx* o, int i, const char* what, int32_t lo, int32_t hi) {
+int ek_need_param(struct ek_check* o, int i, const char* what, int32_t lo, int32_t hi) {
   int32_t v = o->op->p[i];
   if (v < lo || v > hi) OFAIL("params[%d] (%s) is %d, must be %d..%d", i, what, v, lo, hi);
   return 0;
 }
 
-static int need_multiplier(struct opctx* o, int i, const char* what, int32_t shift_max) {
-  TRY(need_param(o, i, what, 0, INT32_MAX));
-  return need_param(o, i + 1, "shift", EK_SHIFT_MIN, shift_max);
+int ek_need_multiplier(struct ek_check* o, int i, const char* what, int32_t shift_max) {
+  TRY(ek_need_param(o, i, what, 0, INT32_MAX));
+  return ek_need_param(o, i + 1, "shift", EK_SHIFT_MIN, shift_max);
 }
 
-static int need_act(struct opctx* o) {
-  TRY(need_param(o, 11, "act_min", -128, 127));
-  TRY(need_param(o, 12, "act_max", -128, 127));
+int ek_need_act(struct ek_check* o) {
+  TRY(ek_need_param(o, 11, "act_min", -128, 127));
+  TRY(ek_need_param(o, 12, "act_max", -128, 127));
   if (o->op->p[11] > o->op->p[12]) OFAIL("act_min %d is greater than act_max %d", o->op->p[11], o->op->p[12]);
   return 0;
 }
 
 /* params not in `used` (bitmask) must be 0 */
-static int need_unused_zero(struct opctx* o, uint32_t used) {
+int ek_need_unused_zero(struct ek_check* o, uint32_t used) {
   for (int i = 0; i < EKM_N_PARAMS; i++)
     if (!(used & (1u << i)) && o->op->p[i] != 0) OFAIL("params[%d] is %d; this op does not use it, must be 0", i, o->op->p[i]);
   return 0;
 }
 
-static int32_t read_i32(const struct vctx* c, const struct ek_tensor* t, size_t i) {
+static int32_t read_i32(const uint8_t* data, const struct ek_tensor* t, size_t i) {
   int32_t v;
-  memcpy(&v, c->buf + c->h.data_offset + t->offset + 4 * i, 4);
+  memcpy(&v, data + t->offset + 4 * i, 4);
   return v;
 }
 
@@ -280,16 +256,16 @@ static int32_t read_i32(const struct vctx* c, const struct ek_tensor* t, size_t 
  * of input k-1. Every int32 accumulator stays exact on every ISA: for each output channel,
  * |bias| + 256 * sum|w| < 2^31 bounds the true sum, the scalar kernels' running sums
  * (bias - zx*sum(w) + sum(x*w)) and the VNNI ones' (bias - (zx+128)*sum(w) + sum((x+128)*w)). */
-static int need_requant_consts(struct opctx* o, uint32_t k, uint32_t n, uint64_t kk) {
+int ek_need_requant_consts(struct ek_check* o, uint32_t k, uint32_t n, uint64_t kk) {
   static const char* const what[3] = {"bias", "multiplier", "shift"};
   for (uint32_t q = 0; q < 3; q++) {
-    TRY(need_in(o, k + q, what[q], EKM_I32, 1u << EKM_CONST, 1));
-    if (T(o, k + q)->dims[0] != n)
-      OFAIL("input %u (%s) has %u values, must be %u (one per output channel)", k + q, what[q], T(o, k + q)->dims[0], n);
+    TRY(ek_need_in(o, k + q, what[q], EKM_I32, 1u << EKM_CONST, 1));
+    if (ek_in(o, k + q)->dims[0] != n)
+      OFAIL("input %u (%s) has %u values, must be %u (one per output channel)", k + q, what[q], ek_in(o, k + q)->dims[0], n);
   }
-  const uint8_t* w = o->c->buf + o->c->h.data_offset + T(o, k - 1)->offset;
+  const uint8_t* w = o->data + ek_in(o, k - 1)->offset;
   for (uint32_t ch = 0; ch < n; ch++) {
-    int32_t b = read_i32(o->c, T(o, k), ch), mu = read_i32(o->c, T(o, k + 1), ch), sh = read_i32(o->c, T(o, k + 2), ch);
+    int32_t b = read_i32(o->data, ek_in(o, k), ch), mu = read_i32(o->data, ek_in(o, k + 1), ch), sh = read_i32(o->data, ek_in(o, k + 2), ch);
     if (mu < 0) OFAIL("multiplier[%u] is %d, must be >= 0", ch, mu);
     if (sh < EK_SHIFT_MIN || sh > EK_SHIFT_MAX) OFAIL("shift[%u] is %d, must be %d..%d", ch, sh, EK_SHIFT_MIN, EK_SHIFT_MAX);
     uint64_t sum_abs = 0;
@@ -305,294 +281,12 @@ static int need_requant_consts(struct opctx* o, uint32_t k, uint32_t n, uint64_t
   return 0;
 }
 
-#define ST_ARENA (1u << EKM_ARENA)
-#define ST_CONST (1u << EKM_CONST)
-#define ST_IO (1u << EKM_IO)
-#define ST_ACT (ST_ARENA | ST_CONST) /* int8 activations may be constants (e.g. an Add's operand) */
-#define P(i) (1u << (i))
-
-static int out_dim_ok(int64_t in, int64_t k, int64_t s, int64_t d, int64_t p0, int64_t p1, int64_t out) {
-  int64_t span = d * (k - 1) + 1;
-  if (in + p0 + p1 < span) return 0;
-  return out == (in + p0 + p1 - span) / s + 1;
-}
-
-static int check_conv(struct opctx* o) {
-  const struct ek_op* op = o->op;
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, 4));
-  TRY(need_in(o, 1, "weights", EKM_I8, ST_CONST, 4));
-  TRY(need_out(o, EKM_I8, ST_ARENA, 4));
-  const struct ek_tensor *x = T(o, 0), *w = T(o, 1), *y = OUT(o);
-  uint32_t M = w->dims[0], KH = w->dims[1], KW = w->dims[2], CG = w->dims[3];
-  uint64_t K = (uint64_t)KH * KW * CG;
-  if (K > EK_MAX_GEMM_K) OFAIL("kernel volume %llu (kh*kw*c/group) exceeds %u", (unsigned long long)K, EK_MAX_GEMM_K);
-  TRY(need_requant_consts(o, 2, M, K));
-  TRY(need_param(o, 0, "kernel h", 1, (int32_t)EK_MAX_WINDOW));
-  TRY(need_param(o, 1, "kernel w", 1, (int32_t)EK_MAX_WINDOW));
-  if ((uint32_t)op->p[0] != KH || (uint32_t)op->p[1] != KW)
-    OFAIL("params[0..1] (kernel %dx%d) differ from the weights' %ux%u", op->p[0], op->p[1], KH, KW);
-  TRY(need_param(o, 2, "stride h", 1, EK_MAX_STRIDE));
-  TRY(need_param(o, 3, "stride w", 1, EK_MAX_STRIDE));
-  TRY(need_param(o, 4, "dilation h", 1, EK_MAX_STRIDE));
-  TRY(need_param(o, 5, "dilation w", 1, EK_MAX_STRIDE));
-  TRY(need_param(o, 6, "pad top", 0, EK_MAX_PAD));
-  TRY(need_param(o, 7, "pad left", 0, EK_MAX_PAD));
-  TRY(need_param(o, 8, "pad bottom", 0, EK_MAX_PAD));
-  TRY(need_param(o, 9, "pad right", 0, EK_MAX_PAD));
-  TRY(need_param(o, 10, "group", 1, INT32_MAX));
-  TRY(need_act(o));
-  TRY(need_unused_zero(o, 0x1FFF));
-  uint32_t g = (uint32_t)op->p[10];
-  if (x->dims[3] % g != 0 || x->dims[3] / g != CG)
-    OFAIL("input channels %u do not split into %u groups of the weights' %u", x->dims[3], g, CG);
-  if (M % g != 0) OFAIL("%u output channels do not split into %u groups", M, g);
-  if (y->dims[0] != x->dims[0] || y->dims[3] != M)
-    OFAIL("output dims [%u,%u,%u,%u] do not match batch %u and %u output channels", y->dims[0], y->dims[1], y->dims[2],
-          y->dims[3], x->dims[0], M);
-  if (!out_dim_ok(x->dims[1], KH, op->p[2], op->p[4], op->p[6], op->p[8], y->dims[1]))
-    OFAIL("output height %u does not follow from input height %u, kernel %u, stride %d, dilation %d, pads %d/%d",
-          y->dims[1], x->dims[1], KH, op->p[2], op->p[4], op->p[6], op->p[8]);
-  if (!out_dim_ok(x->dims[2], KW, op->p[3], op->p[5], op->p[7], op->p[9], y->dims[2]))
-    OFAIL("output width %u does not follow from input width %u, kernel %u, stride %d, dilation %d, pads %d/%d",
-          y->dims[2], x->dims[2], KW, op->p[3], op->p[5], op->p[7], op->p[9]);
-  return 0;
-}
-
-static int check_fc(struct opctx* o) {
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
-  TRY(need_in(o, 1, "weights", EKM_I8, ST_CONST, 2));
-  TRY(need_out(o, EKM_I8, ST_ARENA, -1));
-  const struct ek_tensor *x = T(o, 0), *w = T(o, 1), *y = OUT(o);
-  uint32_t N = w->dims[0], K = w->dims[1];
-  if (K > EK_MAX_GEMM_K) OFAIL("K is %u, exceeds %u", K, EK_MAX_GEMM_K);
-  TRY(need_requant_consts(o, 2, N, K));
-  TRY(need_act(o));
-  TRY(need_unused_zero(o, P(11) | P(12)));
-  int x_ok = (x->rank == 2 && x->dims[1] == K) || (x->rank == 4 && x->dims[1] == 1 && x->dims[2] == 1 && x->dims[3] == K);
-  if (!x_ok) OFAIL("input x (tensor %u) must be [B,%u] or [B,1,1,%u]", o->op->in[0], K, K);
-  int y_ok = (y->rank == 2 && y->dims[1] == N) || (y->rank == 4 && y->dims[1] == 1 && y->dims[2] == 1 && y->dims[3] == N);
-  if (!y_ok || y->dims[0] != x->dims[0]) OFAIL("output (tensor %u) must be [%u,%u] or [%u,1,1,%u]", o->op->out, x->dims[0], N, x->dims[0], N);
-  return 0;
-}
-
-/* b has a's shape, or broadcasts over a's innermost axis: [1,...,1,C] of a's rank */
-static int check_binary_shapes(struct opctx* o) {
-  const struct ek_tensor *a = T(o, 0), *b = T(o, 1);
-  TRY(need_same_dims_out(o, 0));
-  if (same_dims(a, b)) return 0;
-  int ok = a->rank >= 1 && b->rank == a->rank && b->dims[a->rank - 1] == a->dims[a->rank - 1];
-  for (uint32_t d = 0; ok && d + 1 < b->rank; d++) ok = b->dims[d] == 1;
-  if (ok) return 0;
-  OFAIL("input b (tensor %u) must have a's shape or be [1,...,1,C] with a's innermost C = %u", o->op->in[1],
-        a->rank ? a->dims[a->rank - 1] : 0);
-}
-
-static int check_add(struct opctx* o) {
-  TRY(need_in(o, 0, "a", EKM_I8, ST_ACT, -1));
-  TRY(need_in(o, 1, "b", EKM_I8, ST_ACT, -1));
-  TRY(need_out(o, EKM_I8, ST_ARENA, -1));
-  TRY(check_binary_shapes(o));
-  TRY(need_multiplier(o, 0, "a multiplier", 0));
-  TRY(need_multiplier(o, 2, "b multiplier", 0));
-  TRY(need_param(o, 4, "left_shift", 0, EK_ADD_MAX_LEFT_SHIFT));
-  TRY(need_multiplier(o, 5, "output multiplier", EK_SHIFT_MAX));
-  TRY(need_act(o));
-  return need_unused_zero(o, 0x7F | P(11) | P(12));
-}
-
-static int check_mul(struct opctx* o) {
-  TRY(need_in(o, 0, "a", EKM_I8, ST_ACT, -1));
-  TRY(need_in(o, 1, "b", EKM_I8, ST_ACT, -1));
-  TRY(need_out(o, EKM_I8, ST_ARENA, -1));
-  TRY(check_binary_shapes(o));
-  TRY(need_multiplier(o, 0, "multiplier", EK_SHIFT_MAX));
-  TRY(need_act(o));
-  return need_unused_zero(o, 0x3 | P(11) | P(12));
-}
-
-static int check_concat(struct opctx* o) {
-  const struct ek_tensor* y = OUT(o);
-  TRY(need_out(o, EKM_I8, ST_ARENA, -1));
-  if (y->rank < 1) OFAIL0("output must have rank >= 1");
-  TRY(need_param(o, 0, "axis", 0, (int32_t)y->rank - 1));
-  uint32_t axis = (uint32_t)o->op->p[0];
-  uint64_t total = 0;
-  for (uint32_t k = 0; k < o->op->n_in; k++) {
-    TRY(need_in(o, k, "x", EKM_I8, ST_ACT, (int)y->rank));
-    const struct ek_tensor* x = T(o, k);
-    for (uint32_t d = 0; d < y->rank; d++)
-      if (d != axis && x->dims[d] != y->dims[d])
-        OFAIL("input %u (tensor %u) dims[%u] is %u, the output's is %u", k, o->op->in[k], d, x->dims[d], y->dims[d]);
-    total += x->dims[axis];
-    TRY(need_multiplier(o, 1 + 2 * (int)k, "input multiplier", EK_SHIFT_MAX));
-  }
-  if (total != y->dims[axis])
-    OFAIL("inputs add up to %llu on axis %u, the output has %u", (unsigned long long)total, axis, y->dims[axis]);
-  uint32_t used = 1;
-  for (uint32_t k = 0; k < o->op->n_in; k++) used |= P(1 + 2 * k) | P(2 + 2 * k);
-  return need_unused_zero(o, used);
-}
-
-/* MAXPOOL / AVGPOOL: the CONV2D output size (a ceil_mode pool comes with its extra padding
- * made explicit), and every window touches the input (padding alone never makes an output) */
-static int pool_dim_ok(int64_t in, int64_t k, int64_t s, int64_t p0, int64_t p1, int64_t out) {
-  if (in + p0 + p1 < k || out != (in + p0 + p1 - k) / s + 1) return 0;
-  return p0 < k && (out - 1) * s - p0 < in;
-}
-
-static int check_pool(struct opctx* o) {
-  const struct ek_op* op = o->op;
-  int avg = op->type == EKM_AVGPOOL;
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, 4));
-  TRY(need_out(o, EKM_I8, ST_ARENA, 4));
-  const struct ek_tensor *x = T(o, 0), *y = OUT(o);
-  TRY(need_param(o, 0, "kernel h", 1, (int32_t)EK_MAX_WINDOW));
-  TRY(need_param(o, 1, "kernel w", 1, (int32_t)EK_MAX_WINDOW));
-  TRY(need_param(o, 2, "stride h", 1, EK_MAX_STRIDE));
-  TRY(need_param(o, 3, "stride w", 1, EK_MAX_STRIDE));
-  TRY(need_param(o, 4, "dilation h", 1, 1));
-  TRY(need_param(o, 5, "dilation w", 1, 1));
-  for (int i = 6; i < 10; i++) TRY(need_param(o, i, "pad", 0, EK_MAX_PAD));
-  if ((uint64_t)op->p[0] * (uint64_t)op->p[1] > EK_MAX_WINDOW)
-    OFAIL("window %dx%d is larger than %u elements", op->p[0], op->p[1], EK_MAX_WINDOW);
-  if (y->dims[0] != x->dims[0] || y->dims[3] != x->dims[3]) OFAIL0("output batch/channels differ from the input's");
-  if (!pool_dim_ok(x->dims[1], op->p[0], op->p[2], op->p[6], op->p[8], y->dims[1]))
-    OFAIL("output height %u does not follow from input height %u, kernel %d, stride %d, pads %d/%d", y->dims[1], x->dims[1],
-          op->p[0], op->p[2], op->p[6], op->p[8]);
-  if (!pool_dim_ok(x->dims[2], op->p[1], op->p[3], op->p[7], op->p[9], y->dims[2]))
-    OFAIL("output width %u does not follow from input width %u, kernel %d, stride %d, pads %d/%d", y->dims[2], x->dims[2],
-          op->p[1], op->p[3], op->p[7], op->p[9]);
-  if (!avg) {
-    TRY(need_same_quant(o, 0));
-    return need_unused_zero(o, 0x3FF);
-  }
-  TRY(need_param(o, 10, "count_include_pad", 0, 1));
-  TRY(need_multiplier(o, 13, "multiplier", EK_SHIFT_MAX));
-  return need_unused_zero(o, 0x7FF | P(13) | P(14));
-}
-
-static int check_gap(struct opctx* o) {
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, 4));
-  TRY(need_out(o, EKM_I8, ST_ARENA, 4));
-  const struct ek_tensor *x = T(o, 0), *y = OUT(o);
-  if (y->dims[0] != x->dims[0] || y->dims[1] != 1 || y->dims[2] != 1 || y->dims[3] != x->dims[3])
-    OFAIL("output must be [%u,1,1,%u]", x->dims[0], x->dims[3]);
-  if ((uint64_t)x->dims[1] * x->dims[2] > (1u << 23)) OFAIL("H*W %u*%u exceeds 2^23", x->dims[1], x->dims[2]);
-  TRY(need_multiplier(o, 0, "multiplier", EK_SHIFT_MAX));
-  return need_unused_zero(o, 0x3);
-}
-
-static int check_reshape(struct opctx* o) {
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
-  TRY(need_out(o, EKM_I8, ST_ARENA, -1));
-  TRY(need_param(o, 0, "order", 0, 1));
-  if (T(o, 0)->elems != OUT(o)->elems)
-    OFAIL("output has %zu elements, the input %zu", OUT(o)->elems, T(o, 0)->elems);
-  if (o->op->p[0] == 1 && T(o, 0)->rank != 4) OFAIL0("order 1 (NCHW read of an NHWC tensor) needs a rank-4 input");
-  TRY(need_same_quant(o, 0));
-  return need_unused_zero(o, 0x1);
-}
-
-static int check_transpose(struct opctx* o) {
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
-  TRY(need_out(o, EKM_I8, ST_ARENA, (int)T(o, 0)->rank));
-  const struct ek_tensor *x = T(o, 0), *y = OUT(o);
-  unsigned seen = 0;
-  for (uint32_t d = 0; d < x->rank; d++) {
-    TRY(need_param(o, (int)d, "perm", 0, (int32_t)x->rank - 1));
-    unsigned bit = 1u << o->op->p[d];
-    if (seen & bit) OFAIL("params[0..%u] is not a permutation", x->rank - 1);
-    seen |= bit;
-    if (y->dims[d] != x->dims[o->op->p[d]])
-      OFAIL("output dims[%u] is %u, input dims[perm[%u]] is %u", d, y->dims[d], d, x->dims[o->op->p[d]]);
-  }
-  TRY(need_same_quant(o, 0));
-  return need_unused_zero(o, (1u << x->rank) - 1);
-}
-
-static int check_resize(struct opctx* o) {
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, 4));
-  TRY(need_out(o, EKM_I8, ST_ARENA, 4));
-  TRY(need_param(o, 0, "mode", 0, 1));
-  const struct ek_tensor *x = T(o, 0), *y = OUT(o);
-  if (y->dims[0] != x->dims[0] || y->dims[3] != x->dims[3]) OFAIL0("output batch/channels differ from the input's");
-  TRY(need_same_quant(o, 0));
-  return need_unused_zero(o, 0x1);
-}
-
-static int check_lut(struct opctx* o) {
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
-  TRY(need_in(o, 1, "table", EKM_I8, ST_CONST, 1));
-  TRY(need_out(o, EKM_I8, ST_ARENA, -1));
-  if (T(o, 1)->dims[0] != 256) OFAIL("the table has %u entries, must be 256", T(o, 1)->dims[0]);
-  TRY(need_same_dims_out(o, 0));
-  return need_unused_zero(o, 0);
-}
-
-static int check_softmax(struct opctx* o) {
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
-  TRY(need_out(o, EKM_I8, ST_ARENA, -1));
-  const struct ek_tensor *x = T(o, 0), *y = OUT(o);
-  if (x->rank < 1) OFAIL0("input must have rank >= 1");
-  TRY(need_param(o, 0, "axis", (int32_t)x->rank - 1, (int32_t)x->rank - 1));
-  TRY(need_same_dims_out(o, 0));
-  if (y->scale != 1.0f / 256.0f || y->zp != -128)
-    OFAIL("output scale/zero_point are %g/%d, must be 1/256 and -128", (double)y->scale, y->zp);
-  return need_unused_zero(o, 0x1);
-}
-
-static int check_quantize(struct opctx* o) {
-  TRY(need_in(o, 0, "x", EKM_F32, ST_IO, -1));
-  TRY(need_out(o, EKM_I8, ST_ARENA, -1));
-  TRY(need_param(o, 0, "nchw_to_nhwc", 0, 1));
-  const struct ek_tensor *x = T(o, 0), *y = OUT(o);
-  if (o->c->role[o->op->in[0]] != 1) OFAIL("input (tensor %u) is not a graph input", o->op->in[0]);
-  if (o->op->p[0]) {
-    if (x->rank != 4 || y->rank != 4 || y->dims[0] != x->dims[0] || y->dims[1] != x->dims[2] || y->dims[2] != x->dims[3] ||
-        y->dims[3] != x->dims[1])
-      OFAIL0("nchw_to_nhwc needs a rank-4 [N,C,H,W] input and a [N,H,W,C] output");
-  } else {
-    TRY(need_same_dims_out(o, 0));
-  }
-  return need_unused_zero(o, 0x1);
-}
-
-static int check_dequantize(struct opctx* o) {
-  TRY(need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
-  TRY(need_out(o, EKM_F32, ST_IO, -1));
-  TRY(need_param(o, 0, "nhwc_to_nchw", 0, 1));
-  const struct ek_tensor *x = T(o, 0), *y = OUT(o);
-  if (o->c->role[o->op->out] != 2) OFAIL("output (tensor %u) is not a graph output", o->op->out);
-  if (o->op->p[0]) {
-    if (x->rank != 4 || y->rank != 4 || y->dims[0] != x->dims[0] || y->dims[1] != x->dims[3] || y->dims[2] != x->dims[1] ||
-        y->dims[3] != x->dims[2])
-      OFAIL0("nhwc_to_nchw needs a rank-4 [N,H,W,C] input and a [N,C,H,W] output");
-  } else {
-    TRY(need_same_dims_out(o, 0));
-  }
-  return need_unused_zero(o, 0x1);
-}
-
-static const struct {
-  uint32_t min_in, max_in;
-  int (*check)(struct opctx*);
-} OP_RULES[EKM_OP_LAST + 1] = {
-    [EKM_QUANTIZE] = {1, 1, check_quantize},   [EKM_DEQUANTIZE] = {1, 1, check_dequantize},
-    [EKM_CONV2D] = {5, 5, check_conv},         [EKM_FULLY_CONNECTED] = {5, 5, check_fc},
-    [EKM_ADD] = {2, 2, check_add},             [EKM_MUL] = {2, 2, check_mul},
-    [EKM_CONCAT] = {1, 8, check_concat},       [EKM_MAXPOOL] = {1, 1, check_pool},
-    [EKM_AVGPOOL] = {1, 1, check_pool},        [EKM_GLOBAL_AVGPOOL] = {1, 1, check_gap},
-    [EKM_RESHAPE] = {1, 1, check_reshape},     [EKM_TRANSPOSE] = {1, 1, check_transpose},
-    [EKM_RESIZE] = {1, 1, check_resize},       [EKM_LUT] = {2, 2, check_lut},
-    [EKM_SOFTMAX] = {1, 1, check_softmax},
-};
-
 static int check_op(struct vctx* c, uint32_t j, const struct ekm_op* r, struct ek_op* op) {
-  if (r->type < 1 || r->type > EKM_OP_LAST) FAIL("op %u: type is %u, must be 1..%d", j, r->type, EKM_OP_LAST);
-  const char* name = ek_op_name(r->type);
-  if (r->n_inputs < OP_RULES[r->type].min_in || r->n_inputs > OP_RULES[r->type].max_in)
-    FAIL("op %u (%s): n_inputs is %u, must be %s%u..%u", j, name, r->n_inputs, "", OP_RULES[r->type].min_in,
-         OP_RULES[r->type].max_in);
+  const struct ek_op_desc* d = ek_op_desc(r->type);
+  if (!d) FAIL("op %u: type is %u, must be 1..%d", j, r->type, EKM_OP_LAST);
+  const char* name = d->name;
+  if (r->n_inputs < d->min_in || r->n_inputs > d->max_in)
+    FAIL("op %u (%s): n_inputs is %u, must be %u..%u", j, name, r->n_inputs, d->min_in, d->max_in);
   for (uint32_t k = 0; k < EKM_MAX_OP_INPUTS; k++) {
     if (k < r->n_inputs && r->inputs[k] >= c->h.n_tensors)
       FAIL("op %u (%s): inputs[%u] is tensor %u, there are %u tensors", j, name, k, r->inputs[k], c->h.n_tensors);
@@ -602,6 +296,7 @@ static int check_op(struct vctx* c, uint32_t j, const struct ekm_op* r, struct e
   if (r->outputs[0] >= c->h.n_tensors)
     FAIL("op %u (%s): outputs[0] is tensor %u, there are %u tensors", j, name, r->outputs[0], c->h.n_tensors);
   op->type = r->type;
+  op->desc = d;
   op->n_in = r->n_inputs;
   memcpy(op->in, r->inputs, sizeof op->in);
   op->out = r->outputs[0];
@@ -619,8 +314,8 @@ static int check_op(struct vctx* c, uint32_t j, const struct ekm_op* r, struct e
     if (t->storage == EKM_ARENA && !c->def[x]) FAIL("op %u (%s): input %u (tensor %u) is read before any op writes it", j, name, k, x);
     if (t->storage == EKM_IO && c->role[x] != 1) FAIL("op %u (%s): input %u (tensor %u) is a graph output", j, name, k, x);
   }
-  struct opctx o = {c, j, op, name};
-  TRY(OP_RULES[r->type].check(&o));
+  struct ek_check o = {c->t, c->buf + c->h.data_offset, c->role, op, j, name, c->err, c->err_len};
+  TRY(d->check(&o));
   c->def[y] = j + 1;
   for (uint32_t k = 0; k < op->n_in; k++) c->last[op->in[k]] = j + 1;
   return 0;
@@ -646,7 +341,7 @@ static int in_place_ok(const struct vctx* c, const struct ek_op* ops, uint32_t i
   const struct ek_tensor *a = &c->t[in], *b = &c->t[out];
   if (a->offset != b->offset || a->bytes != b->bytes) return 0;
   const struct ek_op* op = &ops[c->def[out] - 1];
-  if (op->type != EKM_ADD && op->type != EKM_MUL && op->type != EKM_LUT) return 0;
+  if (!op->desc->in_place) return 0;
   int is_input = 0;
   for (uint32_t k = 0; k < op->n_in; k++) is_input |= op->in[k] == in;
   return is_input && c->last[in] == c->def[out]; /* the input dies at the op that overwrites it */
@@ -691,7 +386,8 @@ void ekrt_free(ekrt_model* m) {
   if (!m) return;
   if (m->pool) ek_pool_destroy(m->pool);
   if (m->ops)
-    for (uint32_t j = 0; j < m->n_ops; j++) ek_free_op(&m->ops[j]);
+    for (uint32_t j = 0; j < m->n_ops; j++)
+      if (m->ops[j].state) m->ops[j].desc->free ? m->ops[j].desc->free(m->ops[j].state) : free(m->ops[j].state);
   if (m->tensors)
     for (uint32_t i = 0; i < m->n_tensors; i++)
       if (m->tensors[i].storage == EKM_CONST) free(m->tensors[i].data); /* copies own_const_inputs made */
@@ -783,7 +479,8 @@ static int load_checked(struct vctx* c, ekrt_model* m) {
   for (uint32_t i = 0; i < h->n_tensors; i++)
     if (m->tensors[i].storage == EKM_ARENA) m->tensors[i].data = m->arena + m->tensors[i].offset;
   const uint8_t* data = c->buf + h->data_offset;
-  for (uint32_t j = 0; j < h->n_ops; j++) TRY(ek_prepare_op(m, &m->ops[j], data, c->err, c->err_len));
+  for (uint32_t j = 0; j < h->n_ops; j++)
+    if (m->ops[j].desc->prepare) TRY(m->ops[j].desc->prepare(m, &m->ops[j], data, c->err, c->err_len));
   m->threads = 1;
   if (m->scratch_per_thread) {
     m->scratch = aligned_zalloc(m->scratch_per_thread);

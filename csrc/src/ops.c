@@ -15,8 +15,6 @@
 #include <arm_neon.h>
 #endif
 
-int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data);
-void ek_free_conv(struct ek_op* op);
 
 #define IN(k) (&m->tensors[op->in[k]])
 #define OUTT (&m->tensors[op->out])
@@ -164,6 +162,53 @@ static void run_dequantize(struct ekrt_model* m, struct ek_op* op) {
     for_rows(m, op, (x->elems + 1023) / 1024, 1024, dequantize_rows);
 }
 
+static int check_quantize(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_F32, ST_IO, -1));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_param(o, 0, "nchw_to_nhwc", 0, 1));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  if (o->role[o->op->in[0]] != 1) OFAIL("input (tensor %u) is not a graph input", o->op->in[0]);
+  if (o->op->p[0]) {
+    if (x->rank != 4 || y->rank != 4 || y->dims[0] != x->dims[0] || y->dims[1] != x->dims[2] || y->dims[2] != x->dims[3] ||
+        y->dims[3] != x->dims[1])
+      OFAIL0("nchw_to_nhwc needs a rank-4 [N,C,H,W] input and a [N,H,W,C] output");
+  } else {
+    TRY(ek_need_same_dims_out(o, 0));
+  }
+  return ek_need_unused_zero(o, 0x1);
+}
+
+static int check_dequantize(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_out(o, EKM_F32, ST_IO, -1));
+  TRY(ek_need_param(o, 0, "nhwc_to_nchw", 0, 1));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  if (o->role[o->op->out] != 2) OFAIL("output (tensor %u) is not a graph output", o->op->out);
+  if (o->op->p[0]) {
+    if (x->rank != 4 || y->rank != 4 || y->dims[0] != x->dims[0] || y->dims[1] != x->dims[3] || y->dims[2] != x->dims[1] ||
+        y->dims[3] != x->dims[2])
+      OFAIL0("nhwc_to_nchw needs a rank-4 [N,H,W,C] input and a [N,C,H,W] output");
+  } else {
+    TRY(ek_need_same_dims_out(o, 0));
+  }
+  return ek_need_unused_zero(o, 0x1);
+}
+
+/* ---- const int8 activations (an Add's operand, a LUT's table) are copied at load ---- */
+
+static int own_const_inputs(struct ekrt_model* m, struct ek_op* op, const uint8_t* data) {
+  for (uint32_t k = 0; k < op->n_in; k++) {
+    struct ek_tensor* t = &m->tensors[op->in[k]];
+    if (t->storage != EKM_CONST || t->data) continue;
+    void* p = malloc(t->bytes + EK_SLACK);
+    if (!p) return EKRT_ENOMEM;
+    memcpy(p, data + t->offset, t->bytes);
+    t->data = p;
+    m->weights_bytes += t->bytes;
+  }
+  return 0;
+}
+
 /* ---- ADD / MUL ---- */
 
 struct binary_state {
@@ -194,7 +239,10 @@ static void run_binary(struct ekrt_model* m, struct ek_op* op) {
   for_rows(m, op, IN(0)->elems / s->inner, s->inner, binary_rows);
 }
 
-static int prepare_binary(struct ekrt_model* m, struct ek_op* op) {
+static int prepare_binary(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  (void)err;
+  (void)err_len;
+  TRY(own_const_inputs(m, op, data));
   const struct ek_kernels* k = ek_kernels();
   struct binary_state* s = calloc(1, sizeof *s);
   if (!s) return EKRT_ENOMEM;
@@ -216,8 +264,42 @@ static int prepare_binary(struct ekrt_model* m, struct ek_op* op) {
   s->add = (struct ek_qs8_add_params){a->zp, b->zp, op->p[0], op->p[1], op->p[2], op->p[3], op->p[4],
                                       op->p[5], op->p[6], y->zp, op->p[11], op->p[12]};
   s->mul = (struct ek_qs8_mul_params){a->zp, b->zp, op->p[0], op->p[1], y->zp, op->p[11], op->p[12]};
-  op->run = run_binary;
   return 0;
+}
+
+/* b has a's shape, or broadcasts over a's innermost axis: [1,...,1,C] of a's rank */
+static int check_binary_shapes(struct ek_check* o) {
+  const struct ek_tensor *a = ek_in(o, 0), *b = ek_in(o, 1);
+  TRY(ek_need_same_dims_out(o, 0));
+  if (ek_same_dims(a, b)) return 0;
+  int ok = a->rank >= 1 && b->rank == a->rank && b->dims[a->rank - 1] == a->dims[a->rank - 1];
+  for (uint32_t d = 0; ok && d + 1 < b->rank; d++) ok = b->dims[d] == 1;
+  if (ok) return 0;
+  OFAIL("input b (tensor %u) must have a's shape or be [1,...,1,C] with a's innermost C = %u", o->op->in[1],
+        a->rank ? a->dims[a->rank - 1] : 0);
+}
+
+static int check_add(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "a", EKM_I8, ST_ACT, -1));
+  TRY(ek_need_in(o, 1, "b", EKM_I8, ST_ACT, -1));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  TRY(check_binary_shapes(o));
+  TRY(ek_need_multiplier(o, 0, "a multiplier", 0));
+  TRY(ek_need_multiplier(o, 2, "b multiplier", 0));
+  TRY(ek_need_param(o, 4, "left_shift", 0, EK_ADD_MAX_LEFT_SHIFT));
+  TRY(ek_need_multiplier(o, 5, "output multiplier", EK_SHIFT_MAX));
+  TRY(ek_need_act(o));
+  return ek_need_unused_zero(o, 0x7F | P(11) | P(12));
+}
+
+static int check_mul(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "a", EKM_I8, ST_ACT, -1));
+  TRY(ek_need_in(o, 1, "b", EKM_I8, ST_ACT, -1));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  TRY(check_binary_shapes(o));
+  TRY(ek_need_multiplier(o, 0, "multiplier", EK_SHIFT_MAX));
+  TRY(ek_need_act(o));
+  return ek_need_unused_zero(o, 0x3 | P(11) | P(12));
 }
 
 /* ---- CONCAT: per input a 256-entry requantization table, or a copy when it is the identity ---- */
@@ -248,12 +330,21 @@ static void concat_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_
   }
 }
 
+static void free_concat(void* state) {
+  struct concat_state* s = state;
+  for (int k = 0; k < EKM_MAX_OP_INPUTS; k++) free(s->table[k]);
+  free(s);
+}
+
 static void run_concat(struct ekrt_model* m, struct ek_op* op) {
   const struct concat_state* s = op->state;
   for_rows(m, op, s->outer, OUTT->elems / (s->outer ? s->outer : 1), concat_rows);
 }
 
-static int prepare_concat(struct ekrt_model* m, struct ek_op* op) {
+static int prepare_concat(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  (void)err;
+  (void)err_len;
+  TRY(own_const_inputs(m, op, data));
   struct concat_state* s = calloc(1, sizeof *s);
   if (!s) return EKRT_ENOMEM;
   op->state = s;
@@ -276,8 +367,30 @@ static int prepare_concat(struct ekrt_model* m, struct ek_op* op) {
       s->table[k] = NULL;
     }
   }
-  op->run = run_concat;
   return 0;
+}
+
+static int check_concat(struct ek_check* o) {
+  const struct ek_tensor* y = ek_out(o);
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  if (y->rank < 1) OFAIL0("output must have rank >= 1");
+  TRY(ek_need_param(o, 0, "axis", 0, (int32_t)y->rank - 1));
+  uint32_t axis = (uint32_t)o->op->p[0];
+  uint64_t total = 0;
+  for (uint32_t k = 0; k < o->op->n_in; k++) {
+    TRY(ek_need_in(o, k, "x", EKM_I8, ST_ACT, (int)y->rank));
+    const struct ek_tensor* x = ek_in(o, k);
+    for (uint32_t d = 0; d < y->rank; d++)
+      if (d != axis && x->dims[d] != y->dims[d])
+        OFAIL("input %u (tensor %u) dims[%u] is %u, the output's is %u", k, o->op->in[k], d, x->dims[d], y->dims[d]);
+    total += x->dims[axis];
+    TRY(ek_need_multiplier(o, 1 + 2 * (int)k, "input multiplier", EK_SHIFT_MAX));
+  }
+  if (total != y->dims[axis])
+    OFAIL("inputs add up to %llu on axis %u, the output has %u", (unsigned long long)total, axis, y->dims[axis]);
+  uint32_t used = 1;
+  for (uint32_t k = 0; k < o->op->n_in; k++) used |= P(1 + 2 * k) | P(2 + 2 * k);
+  return ek_need_unused_zero(o, used);
 }
 
 /* ---- MAXPOOL / AVGPOOL (rows: N*OH) ---- */
@@ -329,12 +442,20 @@ static void pool_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t 
   }
 }
 
+static void free_pool(void* state) {
+  struct pool_state* s = state;
+  free(s->mult);
+  free(s->shift);
+  free(s);
+}
+
 static void run_pool(struct ekrt_model* m, struct ek_op* op) {
   const struct pool_state* s = op->state;
   for_rows(m, op, (size_t)IN(0)->dims[0] * s->oh, s->ow * s->c * s->kh * s->kw, pool_rows);
 }
 
-static int prepare_pool(struct ekrt_model* m, struct ek_op* op, char* err, size_t err_len) {
+static int prepare_pool(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  (void)data;
   struct pool_state* s = calloc(1, sizeof *s);
   if (!s) return EKRT_ENOMEM;
   op->state = s;
@@ -364,8 +485,45 @@ static int prepare_pool(struct ekrt_model* m, struct ek_op* op, char* err, size_
         return ek_fail(err, err_len, "op (AVGPOOL): multiplier %d, shift %d give no valid per-count multiplier", op->p[13],
                        op->p[14]);
   }
-  op->run = run_pool;
   return 0;
+}
+
+/* MAXPOOL / AVGPOOL: the CONV2D output size (a ceil_mode pool comes with its extra padding
+ * made explicit), and every window touches the input (padding alone never makes an output) */
+static int pool_dim_ok(int64_t in, int64_t k, int64_t s, int64_t p0, int64_t p1, int64_t out) {
+  if (in + p0 + p1 < k || out != (in + p0 + p1 - k) / s + 1) return 0;
+  return p0 < k && (out - 1) * s - p0 < in;
+}
+
+static int check_pool(struct ek_check* o) {
+  const struct ek_op* op = o->op;
+  int avg = op->type == EKM_AVGPOOL;
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, 4));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, 4));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  TRY(ek_need_param(o, 0, "kernel h", 1, (int32_t)EK_MAX_WINDOW));
+  TRY(ek_need_param(o, 1, "kernel w", 1, (int32_t)EK_MAX_WINDOW));
+  TRY(ek_need_param(o, 2, "stride h", 1, EK_MAX_STRIDE));
+  TRY(ek_need_param(o, 3, "stride w", 1, EK_MAX_STRIDE));
+  TRY(ek_need_param(o, 4, "dilation h", 1, 1));
+  TRY(ek_need_param(o, 5, "dilation w", 1, 1));
+  for (int i = 6; i < 10; i++) TRY(ek_need_param(o, i, "pad", 0, EK_MAX_PAD));
+  if ((uint64_t)op->p[0] * (uint64_t)op->p[1] > EK_MAX_WINDOW)
+    OFAIL("window %dx%d is larger than %u elements", op->p[0], op->p[1], EK_MAX_WINDOW);
+  if (y->dims[0] != x->dims[0] || y->dims[3] != x->dims[3]) OFAIL0("output batch/channels differ from the input's");
+  if (!pool_dim_ok(x->dims[1], op->p[0], op->p[2], op->p[6], op->p[8], y->dims[1]))
+    OFAIL("output height %u does not follow from input height %u, kernel %d, stride %d, pads %d/%d", y->dims[1], x->dims[1],
+          op->p[0], op->p[2], op->p[6], op->p[8]);
+  if (!pool_dim_ok(x->dims[2], op->p[1], op->p[3], op->p[7], op->p[9], y->dims[2]))
+    OFAIL("output width %u does not follow from input width %u, kernel %d, stride %d, pads %d/%d", y->dims[2], x->dims[2],
+          op->p[1], op->p[3], op->p[7], op->p[9]);
+  if (!avg) {
+    TRY(ek_need_same_quant(o, 0));
+    return ek_need_unused_zero(o, 0x3FF);
+  }
+  TRY(ek_need_param(o, 10, "count_include_pad", 0, 1));
+  TRY(ek_need_multiplier(o, 13, "multiplier", EK_SHIFT_MAX));
+  return ek_need_unused_zero(o, 0x7FF | P(13) | P(14));
 }
 
 /* ---- GLOBAL_AVGPOOL ---- */
@@ -390,6 +548,17 @@ static void run_gap(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* x = IN(0);
   size_t nblk = (x->dims[3] + 63) / 64;
   for_rows(m, op, (size_t)x->dims[0] * nblk, (size_t)x->dims[1] * x->dims[2] * 64, gap_rows);
+}
+
+static int check_gap(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, 4));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, 4));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  if (y->dims[0] != x->dims[0] || y->dims[1] != 1 || y->dims[2] != 1 || y->dims[3] != x->dims[3])
+    OFAIL("output must be [%u,1,1,%u]", x->dims[0], x->dims[3]);
+  if ((uint64_t)x->dims[1] * x->dims[2] > (1u << 23)) OFAIL("H*W %u*%u exceeds 2^23", x->dims[1], x->dims[2]);
+  TRY(ek_need_multiplier(o, 0, "multiplier", EK_SHIFT_MAX));
+  return ek_need_unused_zero(o, 0x3);
 }
 
 /* ---- RESHAPE / TRANSPOSE ---- */
@@ -431,6 +600,34 @@ static void run_transpose(struct ekrt_model* m, struct ek_op* op) {
         const int8_t* row = src + a * s[0] + b * s[1] + c * s[2];
         for (size_t e = 0; e < d[3]; e++) *dst++ = row[e * s[3]];
       }
+}
+
+static int check_reshape(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_param(o, 0, "order", 0, 1));
+  if (ek_in(o, 0)->elems != ek_out(o)->elems)
+    OFAIL("output has %zu elements, the input %zu", ek_out(o)->elems, ek_in(o, 0)->elems);
+  if (o->op->p[0] == 1 && ek_in(o, 0)->rank != 4) OFAIL0("order 1 (NCHW read of an NHWC tensor) needs a rank-4 input");
+  TRY(ek_need_same_quant(o, 0));
+  return ek_need_unused_zero(o, 0x1);
+}
+
+static int check_transpose(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, (int)ek_in(o, 0)->rank));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  unsigned seen = 0;
+  for (uint32_t d = 0; d < x->rank; d++) {
+    TRY(ek_need_param(o, (int)d, "perm", 0, (int32_t)x->rank - 1));
+    unsigned bit = 1u << o->op->p[d];
+    if (seen & bit) OFAIL("params[0..%u] is not a permutation", x->rank - 1);
+    seen |= bit;
+    if (y->dims[d] != x->dims[o->op->p[d]])
+      OFAIL("output dims[%u] is %u, input dims[perm[%u]] is %u", d, y->dims[d], d, x->dims[o->op->p[d]]);
+  }
+  TRY(ek_need_same_quant(o, 0));
+  return ek_need_unused_zero(o, (1u << x->rank) - 1);
 }
 
 /* ---- RESIZE (NHWC), integers only (docs/ekrt.md): nearest iy = oy*IH/OH; bilinear half_pixel
@@ -492,6 +689,16 @@ static void run_resize(struct ekrt_model* m, struct ek_op* op) {
   for_rows(m, op, (size_t)y->dims[0] * y->dims[1], (size_t)y->dims[2] * y->dims[3] * 4, resize_rows);
 }
 
+static int check_resize(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, 4));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, 4));
+  TRY(ek_need_param(o, 0, "mode", 0, 1));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  if (y->dims[0] != x->dims[0] || y->dims[3] != x->dims[3]) OFAIL0("output batch/channels differ from the input's");
+  TRY(ek_need_same_quant(o, 0));
+  return ek_need_unused_zero(o, 0x1);
+}
+
 /* ---- LUT ---- */
 
 static void lut_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
@@ -504,6 +711,25 @@ static void lut_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r
 
 static void run_lut(struct ekrt_model* m, struct ek_op* op) {
   for_rows(m, op, (IN(0)->elems + 4095) / 4096, 4096, lut_rows);
+}
+
+static int prepare_lut(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  (void)err;
+  (void)err_len;
+  int8_t* t = malloc(256);
+  if (!t) return EKRT_ENOMEM;
+  memcpy(t, data + IN(1)->offset, 256);
+  op->state = t;
+  return 0;
+}
+
+static int check_lut(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_in(o, 1, "table", EKM_I8, ST_CONST, 1));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  if (ek_in(o, 1)->dims[0] != 256) OFAIL("the table has %u entries, must be 256", ek_in(o, 1)->dims[0]);
+  TRY(ek_need_same_dims_out(o, 0));
+  return ek_need_unused_zero(o, 0);
 }
 
 /* ---- SOFTMAX over the last axis, in double (docs/ekrt.md): v = (x - zx) * scale,
@@ -537,102 +763,52 @@ static void run_softmax(struct ekrt_model* m, struct ek_op* op) {
   for_rows(m, op, x->elems / n, n * 16, softmax_rows);
 }
 
-static int prepare_softmax(struct ekrt_model* m, struct ek_op* op) {
+static int prepare_softmax(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  (void)data;
+  (void)err;
+  (void)err_len;
   double* v = malloc(256 * sizeof *v);
   if (!v) return EKRT_ENOMEM;
   op->state = v;
   double s = (double)IN(0)->scale;
   for (int q = -128; q < 128; q++) v[q + 128] = (double)(q - IN(0)->zp) * s;
-  op->run = run_softmax;
   return 0;
 }
 
-/* ---- const int8 activations (an Add's operand, a LUT's table) are copied at load ---- */
-
-static int own_const_inputs(struct ekrt_model* m, struct ek_op* op, const uint8_t* data) {
-  for (uint32_t k = 0; k < op->n_in; k++) {
-    struct ek_tensor* t = &m->tensors[op->in[k]];
-    if (t->storage != EKM_CONST || t->data) continue;
-    void* p = malloc(t->bytes + EK_SLACK);
-    if (!p) return EKRT_ENOMEM;
-    memcpy(p, data + t->offset, t->bytes);
-    t->data = p;
-    m->weights_bytes += t->bytes;
-  }
-  return 0;
+static int check_softmax(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  if (x->rank < 1) OFAIL0("input must have rank >= 1");
+  TRY(ek_need_param(o, 0, "axis", (int32_t)x->rank - 1, (int32_t)x->rank - 1));
+  TRY(ek_need_same_dims_out(o, 0));
+  if (y->scale != 1.0f / 256.0f || y->zp != -128)
+    OFAIL("output scale/zero_point are %g/%d, must be 1/256 and -128", (double)y->scale, y->zp);
+  return ek_need_unused_zero(o, 0x1);
 }
 
-int ek_prepare_op(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
-  switch (op->type) {
-    case EKM_CONV2D:
-    case EKM_FULLY_CONNECTED:
-      return ek_prepare_conv(m, op, data);
-    case EKM_QUANTIZE:
-      op->run = run_quantize;
-      return 0;
-    case EKM_DEQUANTIZE:
-      op->run = run_dequantize;
-      return 0;
-    case EKM_ADD:
-    case EKM_MUL:
-      if (own_const_inputs(m, op, data)) return EKRT_ENOMEM;
-      return prepare_binary(m, op);
-    case EKM_CONCAT:
-      if (own_const_inputs(m, op, data)) return EKRT_ENOMEM;
-      return prepare_concat(m, op);
-    case EKM_MAXPOOL:
-    case EKM_AVGPOOL:
-      return prepare_pool(m, op, err, err_len);
-    case EKM_GLOBAL_AVGPOOL:
-      op->run = run_gap;
-      return 0;
-    case EKM_RESHAPE:
-      op->run = run_reshape;
-      return 0;
-    case EKM_TRANSPOSE:
-      op->run = run_transpose;
-      return 0;
-    case EKM_RESIZE:
-      op->run = run_resize;
-      return 0;
-    case EKM_LUT: {
-      int8_t* t = malloc(256);
-      if (!t) return EKRT_ENOMEM;
-      memcpy(t, data + m->tensors[op->in[1]].offset, 256);
-      op->state = t;
-      op->run = run_lut;
-      return 0;
-    }
-    case EKM_SOFTMAX:
-      return prepare_softmax(m, op);
-    default:
-      return ek_fail(err, err_len, "op type %u has no implementation", op->type);
-  }
-}
+/* ---- the ops: the one list (docs/ekrt.md "Ops"); the loader checks n_inputs, then check(),
+ * then prepare(); ekrt_run calls run() ---- */
 
-void ek_free_op(struct ek_op* op) {
-  if (!op->state) return;
-  switch (op->type) {
-    case EKM_CONV2D:
-    case EKM_FULLY_CONNECTED:
-      ek_free_conv(op);
-      break;
-    case EKM_CONCAT: {
-      struct concat_state* s = op->state;
-      for (int k = 0; k < EKM_MAX_OP_INPUTS; k++) free(s->table[k]);
-      free(s);
-      break;
-    }
-    case EKM_MAXPOOL:
-    case EKM_AVGPOOL: {
-      struct pool_state* s = op->state;
-      free(s->mult);
-      free(s->shift);
-      free(s);
-      break;
-    }
-    default:
-      free(op->state);
-  }
-  op->state = NULL;
+static const struct ek_op_desc OPS[] = {
+    [EKM_QUANTIZE] = {"QUANTIZE", 1, 1, 0, check_quantize, NULL, run_quantize, NULL},
+    [EKM_DEQUANTIZE] = {"DEQUANTIZE", 1, 1, 0, check_dequantize, NULL, run_dequantize, NULL},
+    [EKM_CONV2D] = {"CONV2D", 5, 5, 0, ek_check_conv, ek_prepare_conv, ek_run_conv, ek_free_conv},
+    [EKM_FULLY_CONNECTED] = {"FULLY_CONNECTED", 5, 5, 0, ek_check_fc, ek_prepare_conv, ek_run_conv, ek_free_conv},
+    [EKM_ADD] = {"ADD", 2, 2, 1, check_add, prepare_binary, run_binary, NULL},
+    [EKM_MUL] = {"MUL", 2, 2, 1, check_mul, prepare_binary, run_binary, NULL},
+    [EKM_CONCAT] = {"CONCAT", 1, 8, 0, check_concat, prepare_concat, run_concat, free_concat},
+    [EKM_MAXPOOL] = {"MAXPOOL", 1, 1, 0, check_pool, prepare_pool, run_pool, free_pool},
+    [EKM_AVGPOOL] = {"AVGPOOL", 1, 1, 0, check_pool, prepare_pool, run_pool, free_pool},
+    [EKM_GLOBAL_AVGPOOL] = {"GLOBAL_AVGPOOL", 1, 1, 0, check_gap, NULL, run_gap, NULL},
+    [EKM_RESHAPE] = {"RESHAPE", 1, 1, 0, check_reshape, NULL, run_reshape, NULL},
+    [EKM_TRANSPOSE] = {"TRANSPOSE", 1, 1, 0, check_transpose, NULL, run_transpose, NULL},
+    [EKM_RESIZE] = {"RESIZE", 1, 1, 0, check_resize, NULL, run_resize, NULL},
+    [EKM_LUT] = {"LUT", 2, 2, 1, check_lut, prepare_lut, run_lut, NULL},
+    [EKM_SOFTMAX] = {"SOFTMAX", 1, 1, 0, check_softmax, prepare_softmax, run_softmax, NULL},
+};
+_Static_assert(sizeof OPS / sizeof OPS[0] == EKM_OP_LAST + 1, "one descriptor per op type of ekm.h");
+
+const struct ek_op_desc* ek_op_desc(uint32_t type) {
+  return type < sizeof OPS / sizeof OPS[0] && OPS[type].run ? &OPS[type] : NULL;
 }
