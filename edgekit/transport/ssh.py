@@ -47,9 +47,9 @@ from edgekit.transport.base import CommandResult
 from edgekit.transport.sshconfig import (
     SshTarget,
     add_known_host,
+    host_key_known,
     known_keys,
     load_config,
-    refuse_revoked,
     resolve_target,
 )
 
@@ -362,7 +362,8 @@ class SshTransport:
     # -- host keys --------------------------------------------------------------------------
     def _check_host_key(self, target: SshTarget, key, known) -> None:
         keytype, key_b64 = key.get_name(), key.get_base64()
-        refuse_revoked(target, keytype, key_b64)
+        if host_key_known(target, keytype, key_b64):  # raises when the key is @revoked
+            return
         fingerprint = "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
         name = target.known_hosts_name
         same_type = [k for k in known if k.keytype == keytype]

@@ -285,10 +285,7 @@ def known_keys(target: SshTarget) -> list[KnownKey]:
     return [k for k in known_entries(target.known_hosts_name, files) if not k.marker]
 
 
-def host_key_status(name: str, files: Sequence[str], keytype: str, key_b64: str) -> tuple[str, KnownKey | None]:
-    """OpenSSH's verdict on a server key for host ``name``: "revoked" (an @revoked line covering
-    the host holds it; wins over everything), "ok", "changed" (other keys are filed for the
-    host, of any type), or "unknown"; with the deciding line."""
+def _status(name: str, files: Sequence[str], keytype: str, key_b64: str) -> tuple[str, KnownKey | None]:
     entries = known_entries(name, files)
     blob = _key_blob(keytype, key_b64)
     key = base64.b64encode(blob).decode() if blob is not None else None
@@ -302,10 +299,26 @@ def host_key_status(name: str, files: Sequence[str], keytype: str, key_b64: str)
     return "unknown", None
 
 
-def refuse_revoked(target: SshTarget, keytype: str, key_b64: str) -> None:
-    """A TransportError when the server's key is marked @revoked for this host."""
+def host_key_status(target: SshTarget, keytype: str, key_b64: str) -> tuple[str, KnownKey | None]:
+    """OpenSSH's verdict on the server's key, with the deciding known_hosts line: "revoked" (an
+    @revoked line covering the host holds it; beats everything), "ok", "changed" (other keys,
+    of any type, are filed for the host) or "unknown"."""
     files = (*target.user_known_hosts, *target.global_known_hosts)
-    verdict, line = host_key_status(target.known_hosts_name, files, keytype, key_b64)
+    verdict, line = _status(target.known_hosts_name, files, keytype, key_b64)
+    if verdict == "unknown" and not target.host_key_alias and target.port != DEFAULT_PORT:
+        # As ssh does ("checking without port identifier"), the bare host name's entry may vouch
+        # for the key; its other keys are no verdict there. A revoked key stays revoked (ssh
+        # warns, then would treat it as new).
+        bare = _status(_lower(target.hostname), files, keytype, key_b64)
+        if bare[0] in ("ok", "revoked"):
+            return bare
+    return verdict, line
+
+
+def host_key_known(target: SshTarget, keytype: str, key_b64: str) -> bool:
+    """True when known_hosts vouches for the server's key; a TransportError when it is revoked;
+    False leaves "changed" or "unknown" to the caller."""
+    verdict, line = host_key_status(target, keytype, key_b64)
     if verdict == "revoked" and line is not None:
         fingerprint = base64.b64encode(hashlib.sha256(base64.b64decode(key_b64)).digest()).decode().rstrip("=")
         raise TransportError(
@@ -314,6 +327,7 @@ def refuse_revoked(target: SshTarget, keytype: str, key_b64: str) -> None:
             "a revoked key is never accepted (not even with --trust-new-host): give the device a new host key, "
             "or remove the @revoked line if it is wrong",
         )
+    return verdict == "ok"
 
 
 def add_known_host(target: SshTarget, keytype: str, key_b64: str) -> str:
