@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from edgekit.agent.facts import parse_cpuinfo
 from edgekit.errors import EXIT_INPUT, ProfileError
 from edgekit.profiles import (
     BACKENDS,
+    ISA_FEATURES,
     PRECISIONS,
     CpuSpec,
     cpu_from_cpuinfo,
@@ -25,6 +27,7 @@ from edgekit.profiles import (
 )
 from edgekit.profiles.loader import BUILTIN_DIR
 from edgekit.profiles.probe import normalize_arch
+from tests.builders import arm_cpuinfo, cpuinfo
 from tests.conftest import REPO, assert_one_line_error
 
 BUILTINS = (
@@ -171,73 +174,36 @@ def test_resolve_leaves_fixed_profiles_alone_and_takes_given_facts(tmp_path):
 
 # -- probing ----------------------------------------------------------------------------
 
-ARM_BLOCK = """\
-processor\t: {n}
-BogoMIPS\t: 108.00
-Features\t: {features}
-CPU implementer\t: 0x41
-CPU architecture: 8
-CPU variant\t: 0x{variant}
-CPU part\t: {part}
-CPU revision\t: {rev}
-
-"""
-
-
-def arm_cpuinfo(features: str, parts: list[str], variant: str = "0", rev: str = "1", tail: str = "") -> str:
-    blocks = [ARM_BLOCK.format(n=i, features=features, part=p, variant=variant, rev=rev) for i, p in enumerate(parts)]
-    return "".join(blocks) + tail
-
-
-RPI4 = arm_cpuinfo(
-    "fp asimd evtstrm crc32 cpuid", ["0xd08"] * 4, rev="3",
-    tail="Hardware\t: BCM2835\nRevision\t: c03114\nSerial\t\t: 100000002b3e1c4a\nModel\t\t: Raspberry Pi 4 Model B Rev 1.4\n",
+@pytest.mark.parametrize(
+    ("kind", "machine", "core", "isa"),
+    [
+        ("rpi4", "aarch64", "cortex-a72", ("neon",)),
+        ("rpi4-32bit", "armv7l", "cortex-a72", ("neon",)),
+        ("rpi5", "aarch64", "cortex-a76", ("neon", "asimddp", "fp16")),
+        ("jetson-orin", "aarch64", "cortex-a78ae", ("neon", "asimddp", "fp16")),
+        ("jetson-nano", "aarch64", "cortex-a57", ("neon",)),
+        ("rk3588", "aarch64", "cortex-a55+cortex-a76", ("neon", "asimddp", "fp16")),
+        ("x86-avx2", "x86_64", "Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz", ("sse4_2", "avx2")),
+        ("x86-avx512-vnni", "x86_64", "Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz", ("sse4_2", "avx2", "avx512f", "avx512_vnni")),
+        ("x86-avx-vnni", "x86_64", "Intel(R) Core(TM) Ultra 7 155H", ("sse4_2", "avx2", "avx_vnni")),
+    ],
 )
-RPI5 = arm_cpuinfo(
-    "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp",
-    ["0xd0b"] * 4, variant="4",
-    tail="Revision\t: d04170\nSerial\t\t: 3b4a1f0e2c9d8a71\nModel\t\t: Raspberry Pi 5 Model B Rev 1.0\n",
-)
-ORIN = arm_cpuinfo(
-    "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp uscat ilrcpc flagm paca pacg",
-    ["0xd42"] * 6,
-)
-NANO = arm_cpuinfo("fp asimd evtstrm aes pmull sha1 sha2 crc32 cpuid", ["0xd07"] * 4, variant="1", rev="1")
-RK3588 = arm_cpuinfo(
-    "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp",
-    ["0xd05"] * 4 + ["0xd0b"] * 4,
-)
-RPI4_32BIT = """\
-processor\t: 0
-model name\t: ARMv7 Processor rev 3 (v7l)
-BogoMIPS\t: 108.00
-Features\t: half thumb fastmult vfp edsp neon vfpv3 tls vfpv4 idiva idivt vfpd32 lpae evtstrm crc32
-CPU implementer\t: 0x41
-CPU architecture: 7
-CPU variant\t: 0x0
-CPU part\t: 0xd08
-CPU revision\t: 3
-
-Hardware\t: BCM2835
-Model\t\t: Raspberry Pi 4 Model B Rev 1.4
-"""
-METEOR_LAKE = """\
-processor\t: 0
-vendor_id\t: GenuineIntel
-cpu family\t: 6
-model\t\t: 170
-model name\t: Intel(R) Core(TM) Ultra 7 155H
-flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush dts acpi mmx fxsr sse sse2 ss ht tm pbe syscall nx pdpe1gb rdtscp lm constant_tsc art arch_perfmon pebs bts rep_good nopl xtopology nonstop_tsc cpuid aperfmperf tsc_known_freq pni pclmulqdq dtes64 monitor ds_cpl vmx smx est tm2 ssse3 sdbg fma cx16 xtpr pdcm sse4_1 sse4_2 x2apic movbe popcnt tsc_deadline_timer aes xsave avx f16c rdrand lahf_lm abm 3dnowprefetch cpuid_fault epb intel_ppin ssbd ibrs ibpb stibp ibrs_enhanced tpr_shadow flexpriority ept vpid ept_ad fsgsbase tsc_adjust bmi1 avx2 smep bmi2 erms invpcid rdt_a rdseed adx smap clflushopt clwb intel_pt sha_ni xsaveopt xsavec xgetbv1 xsaves split_lock_detect avx_vnni dtherm ida arat pln pts hwp hwp_notify hwp_act_window hwp_epp hwp_pkg_req hfi vnmi umip pku ospke waitpkg gfni vaes vpclmulqdq rdpid bus_lock_detect movdiri movdir64b fsrm md_clear serialize arch_lbr ibt flush_l1d arch_capabilities
-"""
+def test_one_cpuinfo_parser_for_device_and_host(kind, machine, core, isa):
+    """The agent's parser (what the device reports) and the host's probe name things alike."""
+    text = cpuinfo(kind)
+    assert parse_cpuinfo(text, machine) == (core, list(isa))
+    host = cpu_from_cpuinfo(text, machine)
+    assert (host.core, host.isa) == (core, isa)
+    assert set(isa) <= set(ISA_FEATURES)
 
 
 @pytest.mark.parametrize(
-    ("text", "arch", "profile"),
-    [(RPI4, "aarch64", "rpi4"), (RPI5, "aarch64", "rpi5"), (ORIN, "aarch64", "jetson-orin-nano"),
-     (NANO, "aarch64", "jetson-nano"), (METEOR_LAKE, "x86_64", "intel-npu")],
+    ("kind", "arch", "profile"),
+    [("rpi4", "aarch64", "rpi4"), ("rpi5", "aarch64", "rpi5"), ("jetson-orin", "aarch64", "jetson-orin-nano"),
+     ("jetson-nano", "aarch64", "jetson-nano"), ("x86-avx-vnni", "x86_64", "intel-npu")],
 )
-def test_cpuinfo_of_real_boards_matches_their_profiles(text, arch, profile, tmp_path):
-    facts = cpu_from_cpuinfo(text, arch)
+def test_cpuinfo_of_real_boards_matches_their_profiles(kind, arch, profile, tmp_path):
+    facts = cpu_from_cpuinfo(cpuinfo(kind), arch)
     expected = load_profile(profile, cwd=tmp_path).cpu
     assert facts.isa == expected.isa
     if arch == "aarch64":
@@ -245,15 +211,21 @@ def test_cpuinfo_of_real_boards_matches_their_profiles(text, arch, profile, tmp_
 
 
 def test_cpuinfo_details():
-    mtl = cpu_from_cpuinfo(METEOR_LAKE, "x86_64", cores=22)
+    mtl = cpu_from_cpuinfo(cpuinfo("x86-avx-vnni"), "x86_64", cores=22)
     assert mtl.core == "Intel(R) Core(TM) Ultra 7 155H" and mtl.cores == 22
-    assert cpu_from_cpuinfo(RK3588, "aarch64").core == "cortex-a55+cortex-a76"
-    armv7 = cpu_from_cpuinfo(RPI4_32BIT, "armv7l")
+    assert cpu_from_cpuinfo(cpuinfo("rk3588"), "aarch64").cores == 8
+    armv7 = cpu_from_cpuinfo(cpuinfo("rpi4-32bit"), "armv7l")
     assert (armv7.arch, armv7.core, armv7.isa) == ("armv7l", "cortex-a72", ("neon",))
-    assert cpu_from_cpuinfo(RPI4_32BIT, "armv8l").arch == "armv7l"
+    assert cpu_from_cpuinfo(cpuinfo("rpi4-32bit"), "armv8l").arch == "armv7l"
     unknown = cpu_from_cpuinfo(arm_cpuinfo("fp asimd", ["0xfff"]), "arm64")
     assert (unknown.arch, unknown.core, unknown.isa) == ("aarch64", "0x41:0xfff", ("neon",))
     assert cpu_from_cpuinfo("", "aarch64").isa == ("neon",)  # Advanced SIMD is mandatory in AArch64
+
+
+def test_dot_product_has_one_name():
+    """asimddp (Linux's word) everywhere; "dotprod" is a compiler flag, never a feature name."""
+    assert "asimddp" in ISA_FEATURES and "dotprod" not in ISA_FEATURES and "neondot" not in ISA_FEATURES
+    assert parse_cpuinfo(cpuinfo("rpi5"), "aarch64")[1] == ["neon", "asimddp", "fp16"]
 
 
 def test_unsupported_arch_is_a_profile_error():

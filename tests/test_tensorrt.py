@@ -26,7 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.agent import AgentFailure, facts
 from edgekit.agent import runner as agent_runner
-from edgekit.agent.backends import tensorrt as device
+from edgekit.agent.backends.tensorrt import probe as trt_probe
+from edgekit.agent.backends.tensorrt import trtexec as trt_exec
 from edgekit.bench.record import make_record
 from edgekit.bundle import TensorSpec, Variant, write_bundle
 from edgekit.errors import EXIT_DEVICE, ModelError
@@ -79,8 +80,8 @@ def test_every_fixture_names_its_source():
     [(8001, "8.0.1"), (8201, "8.2.1"), (8400, "8.4.0"), (8502, "8.5.2"), (8600, "8.6.0"), (100200, "10.2.0"), (101600, "10.16.0")],
 )
 def test_trtexec_version_codes(code, version):
-    assert device.decode_version_code(code) == version
-    assert device.banner_version(f"&&&& RUNNING TensorRT.trtexec [TensorRT v{code}] # trtexec --help") == version
+    assert trt_exec.decode_version_code(code) == version
+    assert trt_exec.banner_version(f"&&&& RUNNING TensorRT.trtexec [TensorRT v{code}] # trtexec --help") == version
 
 
 def test_build_argv_jetson_nano_tensorrt_8_2_fp16():
@@ -163,9 +164,9 @@ def test_shapes_spec_feeds_one_for_dynamic_dims_and_quotes_odd_names():
 
 
 def test_warmup_is_time_for_trtexec():
-    assert device.warmup_ms_for(0) == 0
-    assert device.warmup_ms_for(5) == 200
-    assert device.warmup_ms_for(50) == 1000
+    assert trt_exec.warmup_ms_for(0) == 0
+    assert trt_exec.warmup_ms_for(5) == 200
+    assert trt_exec.warmup_ms_for(50) == 1000
 
 
 # -- engine cache key ------------------------------------------------------------------------
@@ -202,9 +203,9 @@ def test_engine_key_refuses_bad_inputs():
 
 
 def test_gpu_identity():
-    assert device.gpu_identity("NVIDIA Jetson Nano Developer Kit", "L4T R32.7.1") == "NVIDIA Jetson Nano Developer Kit / L4T R32.7.1"
-    assert device.gpu_identity(None, None, "NVIDIA GeForce RTX 3090, 535.104.05") == "NVIDIA GeForce RTX 3090, 535.104.05"
-    assert device.gpu_identity() == "unknown GPU"
+    assert trt_exec.gpu_identity("NVIDIA Jetson Nano Developer Kit", "L4T R32.7.1") == "NVIDIA Jetson Nano Developer Kit / L4T R32.7.1"
+    assert trt_exec.gpu_identity(None, None, "NVIDIA GeForce RTX 3090, 535.104.05") == "NVIDIA GeForce RTX 3090, 535.104.05"
+    assert trt_exec.gpu_identity() == "unknown GPU"
 
 
 # -- parsers on real trtexec output ------------------------------------------------------------
@@ -345,9 +346,9 @@ def test_parse_export_profile_bad_input(text, needle):
 
 
 def test_layer_op_names():
-    assert device.layer_op("features.1.conv.0.0.weight + QuantizeLinear_25 + Conv_29 + PWN(Clip_33)") == "Conv+Clip"
-    assert device.layer_op("Reformatting CopyNode for Input Tensor 0 to node_conv2d + node_relu") == "Reformat"
-    assert device.layer_op("node_conv2d + node_relu") == "layer"  # TensorRT 10 names carry no op type
+    assert trt_exec.layer_op("features.1.conv.0.0.weight + QuantizeLinear_25 + Conv_29 + PWN(Clip_33)") == "Conv+Clip"
+    assert trt_exec.layer_op("Reformatting CopyNode for Input Tensor 0 to node_conv2d + node_relu") == "Reformat"
+    assert trt_exec.layer_op("node_conv2d + node_relu") == "layer"  # TensorRT 10 names carry no op type
 
 
 # -- the QDQ lint ------------------------------------------------------------------------------
@@ -601,12 +602,12 @@ def test_nv_tegra_release_parses_real_lines():
 
 def test_nvinfer_version_from_soname_and_dpkg():
     names = ["libnvinfer.so", "libnvinfer.so.8", "libnvinfer.so.8.5.2", "libnvinfer_plugin.so.8.5.2", "libc.so.6"]
-    assert facts.nvinfer_soname_version(names) == "8.5.2"
-    assert facts.nvinfer_soname_version(["libnvonnxparser.so.10.3.0"]) is None
+    assert trt_probe.nvinfer_soname_version(names) == "8.5.2"
+    assert trt_probe.nvinfer_soname_version(["libnvonnxparser.so.10.3.0"]) is None
     dpkg = "libnvinfer-bin 8.5.2-1+cuda11.4\nlibnvinfer-dev 8.5.2-1+cuda11.4\nlibnvinfer8 8.5.2-1+cuda11.4\n"
-    assert facts.parse_dpkg_nvinfer(dpkg) == "8.5.2"
-    assert facts.parse_dpkg_nvinfer("libnvinfer10 10.3.0.30-1+cuda12.5\n") == "10.3.0.30"
-    assert facts.parse_dpkg_nvinfer("libnvinfer-bin \n") is None
+    assert trt_probe.parse_dpkg_nvinfer(dpkg) == "8.5.2"
+    assert trt_probe.parse_dpkg_nvinfer("libnvinfer10 10.3.0.30-1+cuda12.5\n") == "10.3.0.30"
+    assert trt_probe.parse_dpkg_nvinfer("libnvinfer-bin \n") is None
 
 
 # -- the device side, with trtexec replayed -----------------------------------------------------

@@ -13,13 +13,20 @@ import platform
 import re
 import socket
 
-# /proc/cpuinfo flag -> normalized feature name, as the profiles spell them.
-_ARM_FLAGS = {"asimd": "neon", "neon": "neon", "asimddp": "asimddp", "i8mm": "i8mm", "asimdhp": "fp16"}
-_X86_FLAGS = {f: f for f in ("sse4_2", "avx2", "avx512f", "avx512_vnni", "avx_vnni")}
-_ISA_ORDER = ("neon", "asimddp", "i8mm", "fp16", "sse4_2", "avx2", "avx512f", "avx512_vnni", "avx_vnni")
+from .backends.tensorrt.probe import find_trtexec, tensorrt_version
+
+# The ISA features edgekit dispatches on, one name each, as Linux's /proc/cpuinfo spells them
+# ("asimddp" is the ARM dot product; "neondot" is only the suffix of the C kernels using it).
+# Profiles, plans and the host's probe read these tables; the agent defines them (stdlib only).
+ARM_ISA = ("neon", "asimddp", "i8mm", "fp16")
+X86_ISA = ("sse4_2", "avx2", "avx512f", "avx512_vnni", "avx_vnni")
+ISA_ORDER = ARM_ISA + X86_ISA
+# /proc/cpuinfo flag -> feature name
+ARM_FLAGS = {"asimd": "neon", "neon": "neon", "asimddp": "asimddp", "i8mm": "i8mm", "asimdhp": "fp16"}
+X86_FLAGS = {f: f for f in X86_ISA}
 
 # (CPU implementer, CPU part) -> core name, from the Linux kernel's arm64 cputype.h.
-_ARM_PARTS = {
+ARM_PARTS = {
     ("0x41", "0xc07"): "cortex-a7",
     ("0x41", "0xc09"): "cortex-a9",
     ("0x41", "0xc0f"): "cortex-a15",
@@ -89,20 +96,20 @@ def parse_cpuinfo(text: str, machine: str) -> tuple[str | None, list[str]]:
             implementer = value.lower()
         elif key == "cpu part" and implementer is not None:
             ident = (implementer, value.lower())
-            name = _ARM_PARTS.get(ident, f"{ident[0]}:{ident[1]}")
+            name = ARM_PARTS.get(ident, f"{ident[0]}:{ident[1]}")
             if name not in parts:
                 parts.append(name)
     machine = machine.lower()
     arm = machine.startswith(("arm", "aarch64")) or bool(parts)
     if arm:
-        isa = {_ARM_FLAGS[f] for f in flags if f in _ARM_FLAGS}
+        isa = {ARM_FLAGS[f] for f in flags if f in ARM_FLAGS}
         if machine in ("aarch64", "arm64"):
             isa.add("neon")  # Advanced SIMD is mandatory in AArch64
         model = "+".join(parts) if parts else (model_name or hardware)
     else:
-        isa = {_X86_FLAGS[f] for f in flags if f in _X86_FLAGS}
+        isa = {X86_FLAGS[f] for f in flags if f in X86_FLAGS}
         model = model_name or hardware
-    return model, [f for f in _ISA_ORDER if f in isa]
+    return model, [f for f in ISA_ORDER if f in isa]
 
 
 def runtime_versions() -> dict:
@@ -293,14 +300,9 @@ def tflite_packages() -> dict:
     return found
 
 
-# -- TensorRT ------------------------------------------------------------------------------
-# TensorRT is a system library on a Jetson (JetPack's apt packages), not a pip package, so its
-# version comes from the Python binding's metadata, the libnvinfer SONAME, dpkg, or trtexec.
+# -- TensorRT (version and trtexec: backends/tensorrt/probe.py) ------------------------------
 
 NV_TEGRA_RELEASE = "/etc/nv_tegra_release"
-TRTEXEC_JETPACK = "/usr/src/tensorrt/bin/trtexec"  # where JetPack installs trtexec (not on PATH)
-_NVINFER_DIRS = ("/usr/lib/aarch64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
-_TRT_DISTS = ("tensorrt", "tensorrt-cu12", "tensorrt-cu11")
 
 
 def tensorrt_facts() -> dict:
@@ -314,87 +316,7 @@ def tensorrt_facts() -> dict:
     }
 
 
-def find_trtexec():
-    """trtexec on PATH, else JetPack's /usr/src/tensorrt/bin/trtexec; None when neither exists."""
-    import shutil
-
-    found = shutil.which("trtexec")
-    if found:
-        return found
-    if os.path.isfile(TRTEXEC_JETPACK) and os.access(TRTEXEC_JETPACK, os.X_OK):
-        return TRTEXEC_JETPACK
-    return None
-
-
-def tensorrt_version(ask_trtexec: bool = True) -> tuple:
-    """``(version, source)``: the first of Python metadata, libnvinfer SONAME, dpkg, trtexec's banner."""
-    try:
-        from importlib import metadata
-    except ImportError:  # Python 3.7
-        metadata = None
-    for dist in _TRT_DISTS if metadata else ():
-        try:
-            return metadata.version(dist), "python:" + dist
-        except metadata.PackageNotFoundError:
-            continue
-    names = []
-    for directory in _NVINFER_DIRS:
-        try:
-            names.extend(os.listdir(directory))
-        except OSError:
-            continue
-    version = nvinfer_soname_version(names)
-    if version:
-        return version, "libnvinfer"
-    version = parse_dpkg_nvinfer(_command(["dpkg-query", "-W", "--showformat=${Package} ${Version}\\n", "libnvinfer*"]) or "")
-    if version:
-        return version, "dpkg"
-    trtexec = find_trtexec() if ask_trtexec else None
-    if trtexec:
-        from .backends.tensorrt import banner_version
-
-        version = banner_version(_command([trtexec, "--help"], any_rc=True) or "")
-        if version:
-            return version, "trtexec"
-    return None, None
-
-
-def nvinfer_soname_version(names) -> str | None:
-    """``["libnvinfer.so.8.5.2", "libnvinfer.so.8"]`` -> ``"8.5.2"`` (the most specific one)."""
-    best = None
-    for name in names:
-        match = re.fullmatch(r"libnvinfer\.so\.(\d+(?:\.\d+)*)", name)
-        if match and (best is None or match.group(1).count(".") > best.count(".")):
-            best = match.group(1)
-    return best
-
-
-def parse_dpkg_nvinfer(text: str) -> str | None:
-    """The libnvinfer version from ``dpkg-query -W -f='${Package} ${Version}\\n' 'libnvinfer*'``.
-
-    ``libnvinfer8 8.5.2-1+cuda11.4`` -> ``"8.5.2"``: the core library package, upstream part only.
-    """
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) == 2 and re.fullmatch(r"libnvinfer\d+", fields[0]):
-            match = re.match(r"(?:\d+:)?(\d+(?:\.\d+)*)", fields[1])
-            if match:
-                return match.group(1)
-    return None
-
-
 def parse_nv_tegra_release(text: str) -> str | None:
     """``# R35 (release), REVISION: 4.1, GCID: ...`` (/etc/nv_tegra_release) -> ``"R35.4.1"``."""
     match = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*(\d+(?:\.\d+)*)", text)
     return f"R{match.group(1)}.{match.group(2)}" if match else None
-
-
-def _command(argv, timeout: float = 20, any_rc: bool = False):
-    """stdout of ``argv``, or None when it cannot run or fails (a fact, not a requirement)."""
-    import subprocess
-
-    try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=timeout)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout.decode("utf-8", "replace") if proc.returncode == 0 or any_rc else None

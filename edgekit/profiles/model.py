@@ -10,17 +10,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekit.agent.facts import ARM_ISA, ISA_ORDER, X86_ISA
+
 BACKENDS = ("native", "tensorrt", "openvino", "tflite", "onnxruntime", "numpy")
 PRECISIONS = ("int8", "fp16", "fp32")
 ARCHES = ("x86_64", "aarch64", "armv7l")
 
-# Normalized ISA feature names, per architecture family. These are the features the
-# backends and the native runtime dispatch on (int8 dot products, half precision, VNNI);
-# the names follow Linux /proc/cpuinfo where it has one ("asimddp", "avx512_vnni"), with
-# "neon" for Advanced SIMD and "fp16" for half-precision SIMD arithmetic (asimdhp).
-ARM_ISA = ("neon", "asimddp", "i8mm", "fp16")
-X86_ISA = ("sse4_2", "avx2", "avx512f", "avx512_vnni", "avx_vnni")
-ISA_FEATURES = ARM_ISA + X86_ISA
+# ISA feature names, per architecture family: the features the backends and the native runtime
+# dispatch on, named once, in the agent (the device reports them in its facts): Linux
+# /proc/cpuinfo's words ("asimddp", "avx512_vnni"), "neon" for Advanced SIMD, "fp16" for asimdhp.
+ISA_FEATURES = ISA_ORDER
 ISA_BY_ARCH = {"x86_64": X86_ISA, "aarch64": ARM_ISA, "armv7l": ARM_ISA}
 
 def version_tuple(version: str) -> tuple[int, ...]:

@@ -2,8 +2,8 @@
 
 The host never builds an engine: an engine only runs on the GPU, TensorRT version and flags it
 was built with, so the device builds it with ``trtexec`` from the bundle's QDQ ONNX model and
-caches it (``edgekit/agent/backends/tensorrt.py``, which also holds the trtexec command builders,
-the engine cache key and the output parsers; this module re-exports them). What the host does is
+caches it (``edgekit/agent/backends/tensorrt/``; its ``trtexec`` module holds the command builders,
+the engine cache key and the output parsers, and this module re-exports them). What the host does is
 make sure the int8 model is one TensorRT takes: ``lint_qdq`` checks the explicit-quantization
 rules TensorRT documents, on the planned graph (``edgekit plan``) and on the calibrated model
 before it is bundled (``edgekit deploy``).
@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from edgekit.agent.backends.tensorrt import (
-    BUILD_TIMEOUT_S,
+from edgekit.agent.backends.tensorrt.session import BUILD_TIMEOUT_S
+from edgekit.agent.backends.tensorrt.trtexec import (
     MIN_VERSION,
     PRECISIONS,
     TrtexecOutputError,

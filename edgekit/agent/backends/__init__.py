@@ -20,7 +20,7 @@ BACKENDS = {
     "onnxruntime": "onnxruntime",
     "openvino": "openvino",
     "tflite": "tflite",
-    "tensorrt": "tensorrt",
+    "tensorrt": "tensorrt.session",
     "numpy": "numpy_ref",
     "native": "native",
 }
