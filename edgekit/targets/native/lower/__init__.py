@@ -1,0 +1,72 @@
+"""QDQ ONNX -> ``.ekm``: fuse DequantizeLinear -> op -> QuantizeLinear into ekrt's integer ops.
+
+The QDQ model (what ``edgekit quantize`` writes) says, for every int8 tensor, its scale and
+zero point: each ``QuantizeLinear`` on an activation becomes one int8 tensor of the runtime,
+and a ``DequantizeLinear`` of it is that same tensor seen as float. Between them sit float
+nodes; the lowering turns each float node into the integer op that produces exactly the
+quantized value the QuantizeLinear asks for (docs/ekrt.md "Numbers" and "Ops"):
+
+* Conv / Gemm / MatMul with int8 weights (+ int32 bias) (+ Relu/Clip) -> CONV2D /
+  FULLY_CONNECTED with per-channel (multiplier, shift) of ``s_x * s_w[c] / s_y``;
+* Add / Mul of two int8 tensors -> ADD / MUL; Concat, MaxPool, AveragePool,
+  GlobalAveragePool, Reshape / Flatten / Squeeze / Unsqueeze / Transpose, Resize, Softmax;
+* any chain of elementwise float ops of ONE int8 tensor (Sigmoid, Tanh, HardSigmoid,
+  HardSwish, Div by a constant, ...) -> one LUT of 256 entries, computed by running the
+  chain in ONNX Runtime on the 256 dequantized values, so the table holds what ORT computes;
+* data movement (MaxPool, Reshape, ...) commutes with a monotone quantization, so a float
+  island like ``DQ -> Div -> MaxPool -> Q`` quantizes before the MaxPool, exactly.
+
+Layout: 4-D int8 activations are stored NHWC; graph inputs and outputs keep the model's NCHW.
+``ops.LOWERINGS`` (op type -> function) is the single list of what lowers; ``check_lowerable``
+answers the planner from it without calibration data. ``walk`` holds the graph walk and its
+state, ``lut`` the elementwise-chain tables, ``passes`` what runs on the lowered model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from edgekit.targets.native import ekm
+from edgekit.targets.native.lower.ops import LOWERINGS
+from edgekit.targets.native.lower.passes import plan_memory
+from edgekit.targets.native.lower.walk import Lowerer, LoweringError, LowerReport, stored
+
+
+def lower(model: onnx.ModelProto) -> tuple[ekm.EkmModel, LowerReport]:
+    """Lower a QDQ ONNX model; LoweringError names the first node ekrt cannot run."""
+    lw = Lowerer(model, LOWERINGS)
+    m = lw.run()
+    return m, lw.report
+
+
+def lower_file(onnx_path: str | Path, ekm_path: str | Path) -> LowerReport:
+    """QDQ ``.onnx`` -> ``.ekm`` (written atomically)."""
+    model = onnx.load(str(onnx_path))
+    m, report = lower(model)
+    ekm.save(m, ekm_path)
+    return report
+
+
+def check_lowerable(loaded) -> str | None:
+    """None when ekrt can run ``loaded`` quantized with the native scheme, else why not (naming
+    the node). Lowers the QDQ graph built with placeholder ranges: no calibration needed. The
+    verdict is remembered on ``loaded`` (planning asks once per backend choice and again on replan)."""
+    from edgekit.quantize import analyze_model
+    from edgekit.quantize.rewrite import rewrite, tensor_params
+    from edgekit.quantize.scheme import NATIVE
+
+    if "native.lowerable" not in loaded.memo:
+        prepared, analysis = analyze_model(loaded, NATIVE)
+        ranges = {t: (-1.0, 1.0) for t in analysis.calibrated}
+        qmodel = rewrite(prepared, analysis, tensor_params(analysis, ranges, NATIVE), NATIVE)
+        try:
+            lower(qmodel)
+            loaded.memo["native.lowerable"] = None
+        except LoweringError as exc:
+            loaded.memo["native.lowerable"] = exc.message
+    return loaded.memo["native.lowerable"]
+
+
+__all__ = ["LOWERINGS", "LowerReport", "Lowerer", "LoweringError", "check_lowerable", "lower", "lower_file", "plan_memory", "stored"]

@@ -1,0 +1,160 @@
+"""LUT search: a chain of elementwise float ops of ONE int8 tensor becomes one table of 256
+entries, computed by running the chain in ONNX Runtime on the 256 dequantized values."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from edgekit.targets.native.lower.walk import (
+    QT,
+    SOFTMAX_SCALE,
+    SOFTMAX_ZP,
+    Lowerer,
+    LoweringError,
+    QParams,
+    where,
+)
+
+# Elementwise float ops that are a function of one value when their other inputs are constants
+ELEMENTWISE = frozenset({
+    "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Relu", "Clip", "LeakyRelu", "Elu", "Selu", "Celu",
+    "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "Erf", "Softplus", "Softsign", "Floor", "Ceil",
+    "Round", "Sin", "Cos", "Mish", "Gelu", "ThresholdedRelu", "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min",
+    "Identity", "Sign",
+})
+
+
+MAX_CONE = 64  # nodes folded into one table, at most
+
+
+def lut_cone(lw: Lowerer, tensor: str) -> tuple[list[onnx.NodeProto], str] | None:
+    """The elementwise subgraph computing float ``tensor`` from ONE int8 tensor (and scalar
+    constants), in order, and that int8 tensor (a DequantizeLinear output); None if there is none.
+
+    It looks through intermediate QuantizeLinear -> DequantizeLinear pairs whose own cone has the
+    same single source (hard-swish written as ``x * clip(x + 3, 0, 6) / 6`` with a Q/DQ after the
+    Clip and the Mul is one function of x): the table runs those Q/DQ too, so it stays exact."""
+    try:
+        shape = lw.shape(tensor)
+    except LoweringError:
+        return None
+    seen: dict[str, onnx.NodeProto] = {}
+
+    def cone(name: str) -> set[str] | None:
+        if lw.is_const(name):
+            return set() if lw.float_const(name).size == 1 else None
+        if name in lw.alias:
+            if lw.alias[name].shape != shape:
+                return None
+            inner = through(name)
+            return inner if inner is not None and len(inner) == 1 else {name}
+        node = lw.producer.get(name)
+        if node is None or node.op_type not in ELEMENTWISE:
+            return None
+        try:
+            if lw.shape(name) != shape:
+                return None
+        except LoweringError:
+            return None
+        leaves: set[str] = set()
+        for i in node.input:
+            if i:
+                sub = cone(i)
+                if sub is None:
+                    return None
+                leaves |= sub
+        seen.setdefault(node.name or name, node)
+        return leaves if len(seen) <= MAX_CONE else None
+
+    def through(alias: str) -> set[str] | None:
+        dq = lw.producer.get(alias)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            return None
+        qn = lw.producer.get(dq.input[0])
+        if qn is None or qn.op_type != "QuantizeLinear" or qn.input[0] in lw.graph_inputs:
+            return None
+        mark = dict(seen)
+        leaves = cone(qn.input[0])
+        if leaves is None or len(leaves) != 1:
+            seen.clear()
+            seen.update(mark)  # not folded: forget what this attempt collected
+            return None
+        seen.setdefault(qn.name or qn.output[0], qn)
+        seen.setdefault(dq.name or dq.output[0], dq)
+        return leaves
+
+    leaves = cone(tensor)
+    if leaves is None or len(leaves) != 1 or tensor in lw.alias:
+        return None
+    (src,) = leaves
+    order = {id(n): k for k, n in enumerate(lw.model.graph.node)}
+    return sorted(seen.values(), key=lambda n: order[id(n)]), src
+
+
+def lower_lut(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    found = lut_cone(lw, node.output[0])
+    if found is None:
+        raise LoweringError(f"{where(node)}: not a function of one int8 tensor", "ekrt turns only elementwise ops of one tensor (and scalar constants) into tables")
+    chain, src = found
+    x = lw.alias[src]
+    name = "+".join(n.name for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
+    if want is not None:
+        table = _eval_chain(lw, chain, src, x.q, want)
+        if act is not None:
+            table = np.clip(table, *lw.act_range(want, act)).astype(np.int8)
+        return lw.table(x, table, want, name)
+    values = _eval_chain(lw, chain, src, x.q, None)
+    if act is not None:
+        values = np.clip(values, act[0], act[1]).astype(np.float32)
+    return lw.lut(x, values, _natural_lut(lw, node, values), name)
+
+
+def _natural_lut(lw: Lowerer, node: onnx.NodeProto, values: np.ndarray) -> QParams:
+    if node.op_type in ("Sigmoid", "HardSigmoid"):
+        return QParams(SOFTMAX_SCALE, SOFTMAX_ZP)
+    return lw.natural(values)
+
+
+def _eval_chain(lw: Lowerer, chain: list[onnx.NodeProto], src: str, xq: QParams, want: QParams | None) -> np.ndarray:
+    """The chain run by ONNX Runtime on all 256 int8 inputs, as the QDQ model has it:
+    DequantizeLinear of the input (and of int8 constants), the float nodes, and the
+    QuantizeLinear of ``want`` (int8 table) or nothing (float values). ORT then fuses the
+    same patterns it fuses in the whole model (QLinearAdd, QLinearSigmoid, ...), so the table
+    holds exactly what ORT computes."""
+    i8, f32 = onnx.TensorProto.INT8, onnx.TensorProto.FLOAT
+    nodes = [helper.make_node("DequantizeLinear", ["lut_x", "lut_xs", "lut_xz"], [src])]
+    inits = [numpy_helper.from_array(np.float32(xq.scale), "lut_xs"), numpy_helper.from_array(np.int8(xq.zp), "lut_xz")]
+    for name in sorted({i for n in chain for i in n.input if i and lw.is_const(i)}):
+        c = lw.qconsts.get(name)
+        if c is not None and c.q.size == 1:
+            inits += [numpy_helper.from_array(c.q.reshape(()), name + "__lq"), numpy_helper.from_array(c.scale.reshape(()), name + "__ls"),
+                      numpy_helper.from_array(c.zp.reshape(()).astype(c.q.dtype), name + "__lz")]
+            nodes.append(helper.make_node("DequantizeLinear", [name + "__lq", name + "__ls", name + "__lz"], [name]))
+        elif name in lw.consts:  # as the model has it (a Q/DQ zero point stays int8)
+            inits.append(numpy_helper.from_array(np.asarray(lw.consts[name]).reshape(()), name))
+        else:
+            inits.append(numpy_helper.from_array(lw.float_const(name).astype(np.float32).reshape(()), name))
+    nodes += list(chain)
+    out, elem = chain[-1].output[0], f32
+    if want is not None:
+        inits += [numpy_helper.from_array(np.float32(want.scale), "lut_ys"), numpy_helper.from_array(np.int8(want.zp), "lut_yz")]
+        nodes.append(helper.make_node("QuantizeLinear", [out, "lut_ys", "lut_yz"], ["lut_y"]))
+        out, elem = "lut_y", i8
+    graph = helper.make_graph(nodes, "lut", [helper.make_tensor_value_info("lut_x", i8, [256])],
+                              [helper.make_tensor_value_info(out, elem, None)], inits)
+    model = helper.make_model(graph, opset_imports=lw.model.opset_import)
+    model.ir_version = lw.model.ir_version
+    feed = {"lut_x": np.arange(-128, 128, dtype=np.int8)}
+    try:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        (y,) = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, feed)
+    except Exception:  # an op ORT lacks: the ONNX reference implementation
+        from onnx.reference import ReferenceEvaluator
+
+        (y,) = ReferenceEvaluator(model).run(None, feed)
+    return np.asarray(y).reshape(256).astype(np.int8 if want is not None else np.float32)

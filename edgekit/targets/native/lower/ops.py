@@ -1,0 +1,422 @@
+"""One lowering function per ONNX op, and ``LOWERINGS`` (op type -> function): the single list of
+what ekrt runs. A function gets the node, the params its output must have (``want``, None: its
+natural params) and a clamp (``act``), and returns the int8 tensor holding that output."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from edgekit.quantize import qmath
+from edgekit.targets.native import ekm
+from edgekit.targets.native.lower.lut import ELEMENTWISE, lower_lut, lut_cone
+from edgekit.targets.native.lower.walk import (
+    ADD_LEFT_SHIFT,
+    NHWC,
+    QT,
+    SOFTMAX_SCALE,
+    SOFTMAX_ZP,
+    Lowerer,
+    Lowering,
+    LoweringError,
+    QParams,
+    attrs,
+    stored,
+    text,
+    where,
+)
+from edgekit.targets.native.requant import quantize_multiplier
+
+
+def _padding(lw: Lowerer, node: onnx.NodeProto, in_hw: tuple[int, int], kernel: tuple[int, int],
+             strides: tuple[int, int], dilations: tuple[int, int], out_hw: tuple[int, int]) -> list[int]:
+    a = attrs(node)
+    auto = text(a.get("auto_pad", "NOTSET"))
+    if auto in ("NOTSET", ""):
+        pads = list(a.get("pads", [0, 0, 0, 0]))
+        if len(pads) != 4:
+            raise LoweringError(f"{where(node)} has pads {pads}", "ekrt runs 2-D convolutions and pools")
+    elif auto == "VALID":
+        pads = [0, 0, 0, 0]
+    else:
+        pads = [0, 0, 0, 0]
+        for d in range(2):
+            total = max(0, (out_hw[d] - 1) * strides[d] + (kernel[d] - 1) * dilations[d] + 1 - in_hw[d])
+            small, big = total // 2, total - total // 2
+            pads[d], pads[d + 2] = (small, big) if auto == "SAME_UPPER" else (big, small)
+    # ceil_mode (pools): pad the end so the window count matches the output size
+    for d in range(2):
+        need = (out_hw[d] - 1) * strides[d] + (kernel[d] - 1) * dilations[d] + 1 - in_hw[d] - pads[d]
+        if need > pads[d + 2]:
+            if node.op_type == "AveragePool" and a.get("count_include_pad", 0):
+                raise LoweringError(f"{where(node)}: ceil_mode with count_include_pad", "ekrt does not run that combination")
+            pads[d + 2] = need
+    if any(p < 0 for p in pads):
+        raise LoweringError(f"{where(node)} has negative pads {pads}", "ekrt does not crop inside convolutions")
+    return pads
+
+
+def lower_conv(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    want = lw.want_or_fail(node, want)
+    x = lw.input_i8(node, 0)
+    if len(x.shape) != 4:
+        raise LoweringError(f"{where(node)} is {len(x.shape) - 2}-D", "ekrt runs 2-D convolutions only")
+    wname = node.input[1]
+    if wname not in lw.qconsts:
+        raise LoweringError(f"{where(node)}: the weight is not an int8 constant", "quantize the model with edgekit")
+    w = lw.qconsts[wname]
+    if np.any(w.zp != 0) or w.q.dtype != np.int8:
+        raise LoweringError(f"{where(node)}: weights are not symmetric int8", "quantize with edgekit (symmetric int8 weights)")
+    a = attrs(node)
+    m_out, cpg, kh, kw = w.q.shape
+    group = int(a.get("group", 1))
+    strides = tuple(a.get("strides", (1, 1)))
+    dil = tuple(a.get("dilations", (1, 1)))
+    out_shape = lw.shape(node.output[0], node)
+    n, c, h, wd = x.shape
+    if c != cpg * group or m_out % group:
+        raise LoweringError(f"{where(node)}: {c} input channels do not fit weight {w.q.shape} with group {group}", "check the model")
+    pads = _padding(lw, node, (h, wd), (kh, kw), strides, dil, out_shape[2:])
+    s_w = np.broadcast_to(w.scale.astype(np.float64), (m_out,))
+    real = np.float64(x.q.scale) * s_w / np.float64(want.scale)
+    bias = np.zeros(m_out, np.int32)
+    if len(node.input) > 2 and node.input[2]:
+        bias = _bias(lw, node, node.input[2], m_out)
+    wt = w.q.transpose(0, 2, 3, 1)  # [M][KH][KW][C/group]
+    mult, shift = lw.requant_params(real)
+    out = lw.new_i8(out_shape, want)
+    amin, amax = lw.act_range(want, act)
+    params = {0: kh, 1: kw, 2: strides[0], 3: strides[1], 4: dil[0], 5: dil[1],
+              6: pads[0], 7: pads[1], 8: pads[2], 9: pads[3], 10: group, 11: amin, 12: amax}
+    lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, bias), mult, shift], out.index, params, node.name)
+    return out
+
+
+def _bias(lw: Lowerer, node: onnx.NodeProto, name: str, n: int) -> np.ndarray:
+    b = lw.qconsts.get(name)
+    if b is None or b.q.dtype != np.int32 or b.q.size != n:
+        raise LoweringError(f"{where(node)}: the bias is not an int32 constant of {n} values", "quantize the model with edgekit")
+    return b.q.reshape(n).astype(np.int32)
+
+
+def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    want = lw.want_or_fail(node, want)
+    x = lw.input_i8(node, 0)
+    a = attrs(node)
+    if node.op_type == "Gemm" and (a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0 or a.get("transA", 0)):
+        raise LoweringError(f"{where(node)} has alpha/beta != 1 or transA", "ekrt runs plain x @ W + b")
+    wname = node.input[1]
+    if wname not in lw.qconsts:
+        raise LoweringError(f"{where(node)}: the weight is not an int8 constant", "ekrt runs a fully connected layer with constant int8 weights")
+    w = lw.qconsts[wname]
+    if w.q.ndim != 2 or w.q.dtype != np.int8 or np.any(w.zp != 0):
+        raise LoweringError(f"{where(node)}: the weight is not a 2-D symmetric int8 matrix", "quantize with edgekit")
+    trans_b = node.op_type == "Gemm" and a.get("transB", 0)
+    wq = w.q if trans_b else w.q.T  # [N][K]
+    n_out, k = wq.shape
+    if int(np.prod(x.shape)) != k or x.shape[-1] != k or any(d != 1 for d in x.shape[:-1]):
+        raise LoweringError(f"{where(node)}: input shape {x.shape} is not [1, {k}]", "ekrt runs batch-1 fully connected layers")
+    axis = w.axis if w.axis is None or w.axis >= 0 else w.axis + 2
+    if w.scale.size > 1 and axis != (0 if trans_b else 1):
+        raise LoweringError(f"{where(node)}: weight scales are not per output channel", "quantize with edgekit")
+    s_w = np.broadcast_to(w.scale.reshape(-1).astype(np.float64), (n_out,))
+    real = np.float64(x.q.scale) * s_w / np.float64(want.scale)
+    bias = np.zeros(n_out, np.int32)
+    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
+        bias = _bias(lw, node, node.input[2], n_out)
+    out_shape = lw.shape(node.output[0], node)
+    mult, shift = lw.requant_params(real)
+    out = lw.new_i8(out_shape, want)
+    amin, amax = lw.act_range(want, act)
+    lw.op(ekm.FULLY_CONNECTED, [x.index, lw.const(ekm.I8, wq, wname), lw.const(ekm.I32, bias), mult, shift], out.index, {11: amin, 12: amax}, node.name)
+    return out
+
+
+def _channel_vector(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """Does ``shape`` broadcast as one value per channel (the NHWC innermost axis)?"""
+    if len(out_shape) == 4:
+        full = (1,) * (4 - len(shape)) + tuple(shape)
+        return full[0] == 1 and full[2] == 1 and full[3] == 1 and full[1] == out_shape[1]
+    full = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    return all(d == 1 for d in full[:-1]) and full[-1] == out_shape[-1]
+
+
+def _operand(lw: Lowerer, node: onnx.NodeProto, i: int, out_shape) -> tuple[QT | None, tuple]:
+    """An Add/Mul operand as an int8 tensor: activations as they are, constants quantized."""
+    name = node.input[i]
+    if not lw.is_const(name):
+        qt = lw.input_i8(node, i)
+        return qt, qt.shape
+    if name in lw.qconsts and lw.qconsts[name].q.dtype == np.int8 and lw.qconsts[name].scale.size == 1:
+        c = lw.qconsts[name]
+        q, qp = c.q, QParams(float(c.scale.reshape(())), int(c.zp.reshape(())))
+    else:
+        v = lw.float_const(name)
+        qp = lw.natural(v)
+        q = qmath.quantize(v, qp.scale, qp.zp, "int8")
+    shape = tuple(q.shape)
+    if shape == tuple(out_shape):
+        data = q.transpose(NHWC) if len(shape) == 4 else q
+        dims = stored(shape)
+    elif _channel_vector(shape, out_shape):
+        data = q.reshape(-1)
+        dims = (1, 1, 1, out_shape[1]) if len(out_shape) == 4 else (1,) * (len(out_shape) - 1) + (out_shape[-1],)
+    else:
+        return None, shape
+    idx = lw.m.add_tensor(ekm.Tensor(ekm.I8, ekm.CONST, dims, qp.scale, qp.zp, data=np.ascontiguousarray(data).reshape(dims), name=name))
+    lw.report.const_bytes += data.size
+    return QT(idx, shape, qp), shape
+
+
+def lower_binary(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    consts = [lw.is_const(i) for i in node.input]
+    if any(consts) and _scalar_const(lw, node):
+        return lower_lut(lw, node, want, act)
+    if all(consts):
+        raise LoweringError(f"{where(node)} has only constant inputs", "fold it (onnxsim) first")
+    if lut_cone(lw, node.output[0]) is not None:  # e.g. x * relu6(x + 3): a function of x alone
+        return lower_lut(lw, node, want, act)
+    if node.op_type not in ("Add", "Mul"):
+        raise LoweringError(f"{where(node)}: {node.op_type} of two tensors", "ekrt runs Add and Mul of two int8 tensors; Sub/Div only by a constant")
+    want = lw.want_or_fail(node, want)
+    out_shape = lw.shape(node.output[0], node)
+    a, a_shape = _operand(lw, node, 0, out_shape)
+    b, b_shape = _operand(lw, node, 1, out_shape)
+    if a is None or b is None:
+        raise LoweringError(f"{where(node)}: shapes {a_shape} and {b_shape} broadcast in a way ekrt does not run", "ekrt broadcasts only a per-channel operand")
+    if tuple(a_shape) != tuple(out_shape):
+        a, b, a_shape, b_shape = b, a, b_shape, a_shape
+    if tuple(a_shape) != tuple(out_shape):
+        raise LoweringError(f"{where(node)}: neither input has the output's shape {out_shape}", "ekrt broadcasts only a per-channel operand")
+    out = lw.new_i8(out_shape, want)
+    amin, amax = lw.act_range(want, act)
+    if node.op_type == "Add":
+        twice_max = 2.0 * max(a.q.scale, b.q.scale)
+        ma, sa = quantize_multiplier(a.q.scale / twice_max)
+        mb, sb = quantize_multiplier(b.q.scale / twice_max)
+        mo, so = quantize_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * want.scale))
+        params = {0: ma, 1: sa, 2: mb, 3: sb, 4: ADD_LEFT_SHIFT, 5: mo, 6: so, 11: amin, 12: amax}
+        lw.op(ekm.ADD, [a.index, b.index], out.index, params, node.name)
+    else:
+        m_, s_ = quantize_multiplier(a.q.scale * b.q.scale / want.scale)
+        lw.op(ekm.MUL, [a.index, b.index], out.index, {0: m_, 1: s_, 11: amin, 12: amax}, node.name)
+    return out
+
+
+def _scalar_const(lw: Lowerer, node: onnx.NodeProto) -> bool:
+    """One non-constant input (or the same one twice) and constants of one value each."""
+    live = {i for i in node.input if i and not lw.is_const(i)}
+    return len(live) == 1 and all(lw.float_const(i).size == 1 for i in node.input if i and lw.is_const(i))
+
+
+def lower_relu_clip(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    """Relu / Clip after an integer op fold into its clamp; after an int8 tensor they are a LUT."""
+    src = node.input[0]
+    parent = lw.producer.get(src)
+    if src in lw.alias or (parent is not None and parent.op_type in ELEMENTWISE and lut_cone(lw, src) is not None):
+        return lower_lut(lw, node, want, act)
+    if node.op_type == "Relu":
+        lo, hi = 0.0, math.inf
+    else:
+        a = attrs(node)
+        lo, hi = a.get("min", -math.inf), a.get("max", math.inf)
+        if len(node.input) > 1 and node.input[1]:
+            lo = float(lw.float_const(node.input[1]).reshape(()))
+        if len(node.input) > 2 and node.input[2]:
+            hi = float(lw.float_const(node.input[2]).reshape(()))
+    if act is not None:
+        lo, hi = max(lo, act[0]), min(hi, act[1])
+    return lw.materialize(src, want, (lo, hi))
+
+
+def lower_concat(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    ins = [lw.input_i8(node, i) for i in range(len(node.input))]
+    if len(ins) > ekm.MAX_OP_INPUTS:
+        raise LoweringError(f"{where(node)} concatenates {len(ins)} tensors", "ekrt concatenates up to 8")
+    want = want or (ins[0].q if all(t.q == ins[0].q for t in ins) else lw.want_or_fail(node, None))
+    out_shape = lw.shape(node.output[0], node)
+    axis = attrs(node)["axis"] % len(out_shape)
+    axis = NHWC.index(axis) if len(out_shape) == 4 else axis
+    params = {0: axis}
+    for k, t in enumerate(ins):
+        params[1 + 2 * k], params[2 + 2 * k] = quantize_multiplier(t.q.scale / want.scale)
+    out = lw.new_i8(out_shape, want)
+    lw.op(ekm.CONCAT, [t.index for t in ins], out.index, params, node.name)
+    return lw.requant(out, None, act, node.output[0])
+
+
+def _pool_params(lw: Lowerer, node: onnx.NodeProto, x: QT, out_shape) -> dict[int, int]:
+    a = attrs(node)
+    if len(x.shape) != 4:
+        raise LoweringError(f"{where(node)} is not 2-D", "ekrt runs 2-D pools only")
+    kernel = tuple(a["kernel_shape"])
+    strides = tuple(a.get("strides", (1, 1)))
+    if tuple(a.get("dilations", (1, 1))) != (1, 1) or a.get("storage_order", 0):
+        raise LoweringError(f"{where(node)} has dilations or column-major storage", "ekrt pools have dilation 1")
+    pads = _padding(lw, node, x.shape[2:], kernel, strides, (1, 1), out_shape[2:])
+    return {0: kernel[0], 1: kernel[1], 2: strides[0], 3: strides[1], 6: pads[0], 7: pads[1], 8: pads[2], 9: pads[3]}
+
+
+def lower_maxpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    if len(node.output) > 1 and node.output[1]:
+        raise LoweringError(f"{where(node)} returns indices", "ekrt's MaxPool returns values only")
+    # max commutes with a monotone quantization: quantize first (float islands), then pool
+    src = node.input[0]
+    x = lw.materialize(src, want if src not in lw.alias else None, act if src not in lw.alias else None)
+    out_shape = lw.shape(node.output[0], node)
+    params = _pool_params(lw, node, x, out_shape)
+    params.update({4: 1, 5: 1})
+    out = lw.new_i8(out_shape, x.q)
+    lw.op(ekm.MAXPOOL, [x.index], out.index, params, node.name)
+    return lw.requant(out, want, act, node.output[0])
+
+
+def lower_avgpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    want = lw.want_or_fail(node, want)
+    x = lw.input_i8(node, 0)
+    out_shape = lw.shape(node.output[0], node)
+    out = lw.new_i8(out_shape, want)
+    if node.op_type == "GlobalAveragePool":
+        if len(x.shape) != 4:
+            raise LoweringError(f"{where(node)} is not 2-D", "ekrt runs 2-D pools only")
+        hw = x.shape[2] * x.shape[3]
+        m_, s_ = quantize_multiplier(x.q.scale / (want.scale * hw))
+        lw.op(ekm.GLOBAL_AVGPOOL, [x.index], out.index, {0: m_, 1: s_}, node.name)
+    else:
+        params = _pool_params(lw, node, x, out_shape)
+        params.update({4: 1, 5: 1, 10: int(attrs(node).get("count_include_pad", 0))})
+        params[13], params[14] = quantize_multiplier(x.q.scale / want.scale)
+        lw.op(ekm.AVGPOOL, [x.index], out.index, params, node.name)
+    return lw.requant(out, None, act, node.output[0])
+
+
+def lower_reshape(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    src = node.input[0]
+    if node.op_type == "Identity":
+        return lw.materialize(src, want, act)
+    x = lw.materialize(src, want if src not in lw.alias else None, act if src not in lw.alias else None)
+    out_shape = lw.shape(node.output[0], node)
+    if math.prod(out_shape) != math.prod(x.shape):
+        raise LoweringError(f"{where(node)}: {x.shape} -> {out_shape} changes the element count", "check the model")
+
+    def same_bytes(shape) -> bool:  # NHWC order == NCHW order
+        return len(shape) != 4 or shape[1] == 1 or shape[2] * shape[3] == 1
+
+    if same_bytes(x.shape) and same_bytes(out_shape):
+        order = 0
+    elif len(x.shape) == 4 and len(out_shape) != 4:
+        order = 1
+    else:
+        raise LoweringError(f"{where(node)}: reshape {x.shape} -> {out_shape} mixes the channel and spatial axes of a 4-D tensor", "ekrt reshapes 4-D tensors only into 2-D/3-D ones (Flatten)")
+    if len(out_shape) > ekm.MAX_RANK:
+        raise LoweringError(f"{where(node)} makes a rank-{len(out_shape)} tensor", "ekrt tensors have rank <= 4")
+    out = lw.new_i8(out_shape, x.q)
+    lw.op(ekm.RESHAPE, [x.index], out.index, {0: order}, node.name)
+    return lw.requant(out, want, act, node.output[0])
+
+
+def lower_transpose(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    src = node.input[0]
+    x = lw.materialize(src, want if src not in lw.alias else None, act if src not in lw.alias else None)
+    rank = len(x.shape)
+    perm = list(attrs(node).get("perm", range(rank - 1, -1, -1)))
+    out_shape = lw.shape(node.output[0], node)
+    if rank == 4:
+        inv = np.argsort(NHWC)
+        stored_perm = [int(inv[perm[NHWC[i]]]) for i in range(4)]
+    else:
+        stored_perm = perm
+    out = lw.new_i8(out_shape, x.q)
+    lw.op(ekm.TRANSPOSE, [x.index], out.index, dict(enumerate(stored_perm)), node.name)
+    return lw.requant(out, want, act, node.output[0])
+
+
+def _resize_index_ok(mode: str, ctm: str, nearest_mode: str, in_n: int, out_n: int, scale: float) -> bool:
+    """Does the node's coordinate rule give the runtime's: floor(d * in / out) (nearest), or
+    half_pixel (linear)?"""
+    d = np.arange(out_n, dtype=np.float64)
+    if mode == "linear":
+        return ctm in ("half_pixel", "pytorch_half_pixel") and (ctm == "half_pixel" or out_n > 1) and abs(scale - out_n / in_n) < 1e-6
+    if ctm == "asymmetric":
+        orig = d / scale
+    elif ctm == "half_pixel":
+        orig = (d + 0.5) / scale - 0.5
+    elif ctm == "align_corners":
+        orig = d * (in_n - 1) / max(out_n - 1, 1)
+    else:
+        return False
+    rounding = {
+        "floor": np.floor, "ceil": np.ceil,
+        "round_prefer_floor": lambda v: np.ceil(v - 0.5), "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+    }.get(nearest_mode)
+    if rounding is None:
+        return False
+    idx = np.clip(rounding(orig), 0, in_n - 1).astype(np.int64)
+    return bool(np.array_equal(idx, (np.arange(out_n) * in_n) // out_n))
+
+
+def lower_resize(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    a = attrs(node)
+    mode = text(a.get("mode", "nearest"))
+    ctm = text(a.get("coordinate_transformation_mode", "half_pixel"))
+    nearest_mode = text(a.get("nearest_mode", "round_prefer_floor"))
+    src = node.input[0]
+    nearest = mode == "nearest"
+    x = lw.materialize(src, want if nearest and src not in lw.alias else None, act if nearest and src not in lw.alias else None)
+    out_shape = lw.shape(node.output[0], node)
+    if len(x.shape) != 4 or out_shape[:2] != x.shape[:2]:
+        raise LoweringError(f"{where(node)} resizes {x.shape} -> {out_shape}", "ekrt resizes the H and W of 4-D tensors only")
+    if mode not in ("nearest", "linear") or a.get("antialias", 0) or a.get("axes") is not None or text(a.get("keep_aspect_ratio_policy", "stretch")) != "stretch":
+        raise LoweringError(f"{where(node)}: mode {mode}", "ekrt resizes nearest and (bi)linear only")
+    scales = None
+    if len(node.input) > 2 and node.input[2] and lw.is_const(node.input[2]) and lw.float_const(node.input[2]).size == 4:
+        scales = lw.float_const(node.input[2]).reshape(4)[2:]
+    for d in range(2):
+        in_n, out_n = x.shape[2 + d], out_shape[2 + d]
+        scale = float(scales[d]) if scales is not None else out_n / in_n
+        if not _resize_index_ok(mode, ctm, nearest_mode, in_n, out_n, scale):
+            raise LoweringError(f"{where(node)}: coordinate mode {ctm}/{nearest_mode} with scale {scale:g}", "ekrt resizes nearest (asymmetric/floor or the same indices) and linear with half_pixel")
+    out = lw.new_i8(out_shape, x.q)
+    lw.op(ekm.RESIZE, [x.index], out.index, {0: 0 if nearest else 1}, node.name)
+    return lw.requant(out, want, act, node.output[0])
+
+
+def lower_softmax(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    x = lw.input_i8(node, 0)
+    axis = attrs(node).get("axis", -1 if lw.opset >= 13 else 1) % len(x.shape)
+    if len(x.shape) != 2 or axis != 1:
+        raise LoweringError(f"{where(node)}: softmax over axis {axis} of a {x.shape} tensor", "ekrt runs softmax over the last axis of a 2-D tensor")
+    out = lw.new_i8(x.shape, QParams(SOFTMAX_SCALE, SOFTMAX_ZP))
+    lw.op(ekm.SOFTMAX, [x.index], out.index, {0: 1}, node.name)
+    return lw.requant(out, want, act, node.output[0])
+
+
+LOWERINGS: dict[str, Lowering] = {
+    "Conv": lower_conv,
+    "Gemm": lower_gemm,
+    "MatMul": lower_gemm,
+    "Add": lower_binary,
+    "Mul": lower_binary,
+    "Sub": lower_binary,
+    "Div": lower_binary,
+    "Pow": lower_binary,
+    "Max": lower_binary,
+    "Min": lower_binary,
+    "Concat": lower_concat,
+    "MaxPool": lower_maxpool,
+    "AveragePool": lower_avgpool,
+    "GlobalAveragePool": lower_avgpool,
+    "Reshape": lower_reshape,
+    "Flatten": lower_reshape,
+    "Squeeze": lower_reshape,
+    "Unsqueeze": lower_reshape,
+    "Identity": lower_reshape,
+    "Transpose": lower_transpose,
+    "Resize": lower_resize,
+    "Softmax": lower_softmax,
+    "Relu": lower_relu_clip,
+    "Clip": lower_relu_clip,
+    **{op: lower_lut for op in ELEMENTWISE - {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Identity", "Relu", "Clip"}},
+}

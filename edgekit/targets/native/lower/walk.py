@@ -1,0 +1,369 @@
+"""The graph walk: one ``Lowerer`` per model holds the lowering's state (tensors, aliases, memo)
+and turns each QuantizeLinear'd float tensor into an int8 tensor of the runtime, asking the
+op registry (``ops.LOWERINGS``) for the node that produces it."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from edgekit.errors import ModelError
+from edgekit.quantize import qmath
+from edgekit.targets.native import ekm
+from edgekit.targets.native.lower.passes import NHWC, flatten_fc_inputs, plan_memory, prune
+from edgekit.targets.native.requant import quantize_multiplier
+
+ADD_LEFT_SHIFT = 20
+SOFTMAX_SCALE, SOFTMAX_ZP = 1.0 / 256.0, -128
+FLOAT_CONST_MAX = 1 << 22  # elements: larger constant folds are not worth it
+
+
+class LoweringError(ModelError):
+    """A node ekrt cannot run; the message names it."""
+
+
+@dataclass(frozen=True)
+class QParams:
+    scale: float
+    zp: int
+
+
+@dataclass
+class QT:
+    """An int8 tensor of the runtime: its index in the .ekm, its logical (ONNX) shape, its params."""
+
+    index: int
+    shape: tuple[int, ...]
+    q: QParams
+
+
+@dataclass
+class QConst:
+    """A constant that reaches a node through DequantizeLinear: integer values + params."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zp: np.ndarray
+    axis: int | None
+
+    def dequantized(self) -> np.ndarray:
+        axis = self.axis if self.scale.ndim == 1 and self.q.ndim > 0 else None
+        if axis is not None and axis < 0:
+            axis += self.q.ndim
+        return qmath.dequantize(self.q, self.scale, self.zp, axis)
+
+
+@dataclass
+class LowerReport:
+    ops: dict[str, int] = field(default_factory=dict)  # ekm op name -> count
+    arena_bytes: int = 0
+    const_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return {"ops": self.ops, "arena_bytes": self.arena_bytes, "const_bytes": self.const_bytes}
+
+
+def stored(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """How the runtime stores a logical shape: 4-D as NHWC, the rest as is."""
+    return tuple(shape[i] for i in NHWC) if len(shape) == 4 else tuple(shape)
+
+
+def attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def where(node: onnx.NodeProto) -> str:
+    return f"{node.op_type} node '{node.name}'"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+# An op's lowering: (lowerer, node, wanted output params or None, clamp or None) -> its int8 tensor
+Lowering = Callable[["Lowerer", onnx.NodeProto, "QParams | None", "tuple | None"], "QT"]
+
+
+class Lowerer:
+    """One lowering of one QDQ model; ``run()`` returns the EkmModel."""
+
+    def __init__(self, model: onnx.ModelProto, lowerings: dict[str, Lowering]) -> None:
+        try:
+            model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception as exc:  # shape inference raises several types; name the problem
+            raise LoweringError(f"ONNX shape inference failed on the quantized model: {exc}", "check the model with onnx.checker") from None
+        self.model = model
+        self.lowerings = lowerings
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        g = model.graph
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for vi in list(g.input) + list(g.value_info) + list(g.output):
+            dims = vi.type.tensor_type.shape.dim
+            if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+                self.shapes[vi.name] = tuple(d.dim_value for d in dims)
+        self.consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+        self.qconsts: dict[str, QConst] = {}
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in g.node:
+            for o in node.output:
+                self.producer[o] = node
+            for i in node.input:
+                self.consumers.setdefault(i, []).append(node)
+        self.graph_inputs = {i.name for i in g.input if i.name not in self.consts}
+        self.m = ekm.EkmModel()
+        self.alias: dict[str, QT] = {}  # ONNX tensor -> runtime int8 tensor holding it exactly
+        self.io: dict[str, int] = {}
+        self.memo: dict[tuple, QT] = {}
+        self.report = LowerReport()
+
+    # -- tensors --------------------------------------------------------------------------
+
+    def shape(self, name: str, node: onnx.NodeProto | None = None) -> tuple[int, ...]:
+        if name in self.consts:
+            return tuple(self.consts[name].shape)
+        if name in self.alias:
+            return self.alias[name].shape
+        if name not in self.shapes and name in self.producer:
+            self._infer_shape(self.producer[name])
+        if name not in self.shapes:
+            at = f" ({where(node)})" if node is not None else ""
+            raise LoweringError(f"tensor '{name}'{at} has no static shape", "give the model's input shapes (--shape NAME=1,3,224,224)")
+        return self.shapes[name]
+
+    def _infer_shape(self, node: onnx.NodeProto) -> None:
+        """ONNX shape inference on one node, its constant inputs given by value (after folding)."""
+        inits, ins = [], []
+        for i in node.input:
+            if not i:
+                continue
+            if self.is_const(i):
+                v = self.consts[i] if i in self.consts else self.float_const(i)
+                inits.append(numpy_helper.from_array(np.asarray(v), i))
+            else:
+                elem = onnx.TensorProto.INT8 if self.producer.get(i) is not None and self.producer[i].op_type == "QuantizeLinear" else onnx.TensorProto.FLOAT
+                ins.append(helper.make_tensor_value_info(i, elem, self.shape(i, node)))
+        outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o]
+        m = helper.make_model(helper.make_graph([node], "one", ins, outs, inits), opset_imports=self.model.opset_import)
+        m.ir_version = self.model.ir_version
+        try:
+            inferred = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+        except Exception:  # nothing more to learn; the caller names the tensor
+            return
+        for vi in list(inferred.graph.output) + list(inferred.graph.value_info):
+            dims = vi.type.tensor_type.shape.dim
+            if dims and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+                self.shapes[vi.name] = tuple(d.dim_value for d in dims)
+
+    def new_i8(self, shape: tuple[int, ...], q: QParams) -> QT:
+        idx = self.m.add_tensor(ekm.Tensor(ekm.I8, ekm.ARENA, stored(shape), q.scale, q.zp))
+        return QT(idx, tuple(shape), q)
+
+    def const(self, dtype: int, data: np.ndarray, name: str = "") -> int:
+        data = np.ascontiguousarray(data, dtype=ekm.DTYPE_NUMPY[dtype])
+        self.report.const_bytes += data.nbytes
+        dims = data.shape if data.ndim else (1,)
+        return self.m.add_tensor(ekm.Tensor(dtype, ekm.CONST, tuple(dims), data=data.reshape(dims), name=name))
+
+    def is_const(self, name: str) -> bool:
+        return name in self.consts or name in self.qconsts
+
+    def float_const(self, name: str) -> np.ndarray:
+        if name in self.consts:
+            return self.consts[name].astype(np.float32)
+        return self.qconsts[name].dequantized()
+
+    def op(self, type_: int, inputs: list[int], output: int, params=None, name: str = "") -> None:
+        self.m.add_op(type_, inputs, [output], params, name)
+        key = ekm.OP_NAMES[type_]
+        self.report.ops[key] = self.report.ops.get(key, 0) + 1
+
+    # -- the walk ---------------------------------------------------------------------------
+
+    def run(self) -> ekm.EkmModel:
+        g = self.model.graph
+        for node in g.node:
+            if node.op_type == "Constant":
+                self.consts[node.output[0]] = numpy_helper.to_array(attrs(node)["value"])
+            elif node.op_type == "DequantizeLinear":
+                self._dequantize(node)
+            elif node.op_type == "QuantizeLinear":
+                self._quantize(node)
+            elif node.input and all((not i) or self.is_const(i) for i in node.input) and node.op_type != "Shape":
+                self._fold(node)
+            elif node.op_type == "Shape":
+                self._fold_shape(node)
+        for i, inp in enumerate(g.input):
+            if inp.name in self.graph_inputs and inp.name not in self.io:
+                raise LoweringError(
+                    f"graph input '{inp.name}' does not go through a QuantizeLinear",
+                    "quantize the model with edgekit (the native scheme) so every input is quantized",
+                ) if any(True for _ in self.consumers.get(inp.name, [])) else LoweringError(
+                    f"graph input {i} '{inp.name}' is unused", "remove it from the model")
+        for out in g.output:
+            qt = self.alias.get(out.name) or self.materialize(out.name, None)
+            shape = self.shape(out.name)
+            if len(shape) > ekm.MAX_RANK:
+                raise LoweringError(f"graph output '{out.name}' has rank {len(shape)}", "ekrt tensors have rank <= 4")
+            io = self.m.add_tensor(ekm.Tensor(ekm.F32, ekm.IO, shape, name=out.name))
+            self.op(ekm.DEQUANTIZE, [qt.index], io, {0: int(len(shape) == 4)}, name=f"{out.name}__DQ")
+            self.m.outputs.append((io, out.name))
+        self.m.inputs.sort(key=lambda io_name: [i.name for i in g.input].index(io_name[1]))
+        remap = prune(self.m)
+        self.alias = {k: QT(remap[v.index], v.shape, v.q) for k, v in self.alias.items() if v.index in remap}
+        self.report.ops = dict(Counter(op.type_name for op in self.m.ops))
+        flatten_fc_inputs(self.m)
+        self.report.arena_bytes = plan_memory(self.m)
+        return self.m
+
+    def _fold(self, node: onnx.NodeProto) -> None:
+        from onnx.reference import ReferenceEvaluator
+
+        feeds = {i: self.float_const(i) if i in self.qconsts else self.consts[i] for i in node.input if i}
+        inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in feeds.items()]
+        outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output]
+        gm = helper.make_graph([node], "fold", [], outs, inits)
+        mm = helper.make_model(gm, opset_imports=self.model.opset_import)
+        try:
+            results = ReferenceEvaluator(mm).run(None, {})
+        except Exception as exc:
+            raise LoweringError(f"cannot fold the constant {where(node)}: {exc}", "simplify the model (onnxsim) first") from None
+        for o, r in zip(node.output, results):
+            r = np.asarray(r)
+            if r.size > FLOAT_CONST_MAX:
+                raise LoweringError(f"{where(node)} makes a constant of {r.size} elements", "simplify the model first")
+            self.consts[o] = r
+
+    def _fold_shape(self, node: onnx.NodeProto) -> None:
+        shape = np.array(self.shape(node.input[0], node), dtype=np.int64)
+        a = attrs(node)
+        start, end = a.get("start", 0), a.get("end", None)
+        self.consts[node.output[0]] = shape[start:end]
+
+    def _dequantize(self, node: onnx.NodeProto) -> None:
+        x = node.input[0]
+        if x in self.consts:
+            scale = self.consts[node.input[1]].astype(np.float32)
+            zp = self.consts[node.input[2]] if len(node.input) > 2 and node.input[2] else np.zeros_like(self.consts[x], shape=scale.shape)
+            self.qconsts[node.output[0]] = QConst(self.consts[x], scale, np.asarray(zp), attrs(node).get("axis", 1))
+            return
+        if x not in self.alias:
+            raise LoweringError(f"{where(node)} reads '{x}', which is not an int8 tensor of this graph", "int8 graph inputs are not supported")
+        self.alias[node.output[0]] = self.alias[x]
+
+    def _quantize(self, node: onnx.NodeProto) -> None:
+        x = node.input[0]
+        q = self.qparams(node)
+        if x in self.consts:
+            self.consts[node.output[0]] = qmath.quantize(self.consts[x], q.scale, q.zp, "int8")
+            return
+        if x in self.graph_inputs:
+            if x not in self.io:
+                shape = self.shape(x, node)
+                if len(shape) > ekm.MAX_RANK:
+                    raise LoweringError(f"graph input '{x}' has rank {len(shape)}", "ekrt tensors have rank <= 4")
+                self.io[x] = self.m.add_tensor(ekm.Tensor(ekm.F32, ekm.IO, shape, name=x))
+                self.m.inputs.append((self.io[x], x))
+            out = self.new_i8(self.shape(x), q)
+            self.op(ekm.QUANTIZE, [self.io[x]], out.index, {0: int(len(out.shape) == 4)}, name=node.name)
+            self.alias[node.output[0]] = out
+            return
+        self.alias[node.output[0]] = self.materialize(x, q)
+
+    def qparams(self, node: onnx.NodeProto) -> QParams:
+        scale = self.consts.get(node.input[1])
+        zp = self.consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros((), np.uint8)
+        if scale is None or zp is None or scale.size != 1 or zp.size != 1:
+            raise LoweringError(f"{where(node)} is not per-tensor with constant scale and zero point", "quantize with edgekit (per-tensor activations)")
+        if zp.dtype != np.int8:
+            raise LoweringError(f"{where(node)} quantizes to {zp.dtype}, ekrt runs int8 activations", "quantize with the native scheme (int8 activations)")
+        s = float(np.float32(scale.reshape(())))
+        if not (s > 0 and math.isfinite(s)):
+            raise LoweringError(f"{where(node)} has scale {s}", "scales must be positive")
+        return QParams(s, int(zp.reshape(())))
+
+    # -- float tensors become int8 on demand ---------------------------------------------------
+
+    def materialize(self, name: str, want: QParams | None, act: tuple[float, float] | None = None) -> QT:
+        """The int8 tensor holding float tensor ``name`` quantized with ``want`` (None: the op's
+        natural params), clamped to the real range ``act``."""
+        key = (name, want, act)
+        if key in self.memo:
+            return self.memo[key]
+        if name in self.alias:
+            qt = self.requant(self.alias[name], want, act, name)
+        else:
+            node = self.producer.get(name)
+            if node is None:
+                raise LoweringError(f"tensor '{name}' is neither produced by a node nor an int8 tensor", "check the model")
+            fn = self.lowerings.get(node.op_type)
+            if fn is None:
+                raise LoweringError(f"{where(node)}: ekrt has no {node.op_type}", f"ekrt runs: {', '.join(sorted(self.lowerings))}; deploy with another backend (--backend onnxruntime)")
+            qt = fn(self, node, want, act)
+        self.memo[key] = qt
+        return qt
+
+    def input_i8(self, node: onnx.NodeProto, i: int) -> QT:
+        """Input ``i`` of an integer op: an int8 tensor (a DequantizeLinear output)."""
+        name = node.input[i]
+        if name in self.alias:
+            return self.alias[name]
+        if self.is_const(name):
+            raise LoweringError(f"{where(node)}: input {i} is a constant where ekrt wants an int8 activation", "keep that input an activation")
+        return self.materialize(name, None)
+
+    def act_range(self, q: QParams, act: tuple[float, float] | None) -> tuple[int, int]:
+        if act is None:
+            return -128, 127
+        lo, hi = act
+        qlo = -128 if lo == -math.inf else int(qmath.quantize(np.float32(lo), q.scale, q.zp, "int8"))
+        qhi = 127 if hi == math.inf else int(qmath.quantize(np.float32(hi), q.scale, q.zp, "int8"))
+        return qlo, qhi
+
+    def requant(self, x: QT, want: QParams | None, act, name: str) -> QT:
+        """``x`` itself when params and clamp change nothing, else a LUT that requantizes."""
+        if (want is None or want == x.q) and (act is None or self.act_range(x.q, act) == (-128, 127)):
+            return x
+        out_q = want or x.q
+        grid = np.arange(-128, 128, dtype=np.int32)
+        f = (grid - x.q.zp).astype(np.float32) * np.float32(x.q.scale)
+        if act is not None:
+            f = np.clip(f, np.float32(act[0]) if act[0] != -math.inf else f.min(), np.float32(act[1]) if act[1] != math.inf else f.max())
+        return self.lut(x, f, out_q, f"{name}__requant")
+
+    def lut(self, x: QT, values: np.ndarray, q: QParams, name: str) -> QT:
+        return self.table(x, qmath.quantize(np.nan_to_num(values.astype(np.float32)), q.scale, q.zp, "int8"), q, name)
+
+    def table(self, x: QT, table: np.ndarray, q: QParams, name: str) -> QT:
+        out = self.new_i8(x.shape, q)
+        self.op(ekm.LUT, [x.index, self.const(ekm.I8, table, f"{name}__table")], out.index, name=name)
+        return out
+
+    def natural(self, values: np.ndarray) -> QParams:
+        finite = values[np.isfinite(values)]
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+        s, z = qmath.scale_zero_point(lo, hi, "int8", False)
+        return QParams(float(s), int(z))
+
+    def requant_params(self, real: np.ndarray) -> tuple[int, int]:
+        mults, shifts = zip(*(quantize_multiplier(float(r)) for r in np.atleast_1d(real)))
+        return self.const(ekm.I32, np.array(mults, np.int32)), self.const(ekm.I32, np.array(shifts, np.int32))
+
+    def want_or_fail(self, node: onnx.NodeProto, want: QParams | None) -> QParams:
+        if want is None:
+            raise LoweringError(
+                f"{where(node)}: its output '{node.output[0]}' stays float (no QuantizeLinear after it)",
+                "quantize the model with edgekit's native scheme, or deploy with another backend",
+            )
+        return want
+
+
