@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from edgekit.errors import ModelError, UsageError
 from edgekit.fsutil import sha256_file
+from edgekit.tensorspec import IOSpec
 
 FORMAT = "tflite"
 SUFFIX = ".tflite"
@@ -39,17 +41,18 @@ _COMPUTE_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CO
 
 @dataclass
 class TfliteModel:
-    """A loaded ``.tflite``: the same fields the planner and deploy read from an ONNX LoadedModel."""
+    """A loaded ``.tflite`` (a ``modelio.Model``, like the ONNX ``LoadedModel``)."""
+
+    format: ClassVar[str] = FORMAT
 
     path: Path
     sha256: str
-    inputs: tuple  # tuple[IOSpec, ...], concrete shapes
-    outputs: tuple  # tuple[IOSpec, ...], -1 where dynamic
+    inputs: tuple[IOSpec, ...]  # concrete shapes
+    outputs: tuple[IOSpec, ...]  # -1 where dynamic
     sidecar: object  # modelio.Sidecar
     precision: str  # "int8" | "fp32"
     ops: dict  # builtin op name -> count
     weights_dtype: str | None = None  # "float16" for fp16-stored weights (dequantized at load)
-    format: str = FORMAT
     opset: int = 0
     model: None = None  # no ONNX graph: nothing can quantize or analyze it
 
@@ -80,10 +83,9 @@ def _schema():
     return schema_py_generated
 
 
-def load_tflite(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = None) -> TfliteModel:
-    """Read and check a TFLite flatbuffer. Every failure is a ModelError (or UsageError) with a hint."""
-    from edgekit.modelio import IOSpec, read_sidecar
-
+def load_tflite(path: Path | str, shapes: dict[str, tuple[int, ...]] | None, sidecar) -> TfliteModel:
+    """Read and check a TFLite flatbuffer; ``sidecar``: its ``modelio.Sidecar``. Every failure is
+    a ModelError (or UsageError) with a hint."""
     path = Path(path)
     if not path.exists():
         raise ModelError(f"model file not found: {path}", "check the path; edgekit takes an .onnx or .tflite file")
@@ -132,7 +134,6 @@ def load_tflite(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = No
     if not specs_in:
         raise ModelError(f"TFLite model {path} has no inputs", "re-export the model with its input tensors")
 
-    sidecar = read_sidecar(path)
     wanted = dict(sidecar.shapes)
     wanted.update(shapes or {})
     known = [name for name, *_ in specs_in]

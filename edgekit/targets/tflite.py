@@ -23,7 +23,7 @@ class TfliteBackend(Backend):
     runtimes = ("ai_edge_litert", "tflite_runtime")
 
     def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
-        fmt = getattr(model, "format", "onnx")
+        fmt = model.format
         if fmt not in self.formats:
             return Verdict(False, (f"tflite runs .tflite models, not {fmt} (edgekit does not convert ONNX to TFLite)",))
         verdict = super().supports(model, profile, facts)
