@@ -36,6 +36,7 @@ from edgekit.quantize import (
 )
 from edgekit.quantize.calib import collect_ranges
 from edgekit.quantize.prepare import prepare
+from edgekit.quantize.report import compare
 from edgekit.quantize.rewrite import analyze, rewrite, tensor_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -786,11 +787,26 @@ def test_quantize_model_result_and_save(tmp_path):
     assert set(outs) == {"logits", "prob"}
     assert outs["logits"]["top1"] is not None and outs["logits"]["cosine"] > 0.99
     assert doc["agreement"]["samples"] == 6 and doc["agreement"]["accuracy_fp32"] is not None
+    assert doc["agreement"]["estimate"] is True and doc["agreement"]["measured_on"] == "host (Q/DQ reference semantics)"
     assert set(doc["seconds"]) == {"prepare", "calibrate", "rewrite", "evaluate"}
     out = tmp_path / "mixed.int8.onnx"
     save_model(result.model, out)
     assert onnx.load(str(out)) == result.model
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def test_agreement_is_a_pure_comparison_of_outputs_from_anywhere():
+    fp32 = {"logits": [np.array([[3.0, 1.0, 0.0]]), np.array([[0.0, 2.0, 1.0]]), np.array([[0.0, 1.0, 5.0]])],
+            "score": [np.float32(1.0), np.float32(2.0), np.float32(3.0)]}
+    int8 = {"logits": [np.array([[2.9, 1.1, 0.0]]), np.array([[0.0, 1.0, 2.0]]), np.array([[0.0, 1.0, 5.0]])],
+            "score": [np.float32(1.0), np.float32(2.0), np.float32(3.5)]}
+    rep = compare(fp32, int8, np.array([0, 1, 1]), source="board", measured_on="device (native)", estimate=False)
+    logits, score = rep.outputs
+    assert rep.samples == 3 and (rep.measured_on, rep.estimate) == ("device (native)", False)
+    assert logits.top1 == pytest.approx(2 / 3) and score.top1 is None
+    assert (rep.accuracy_fp32, rep.accuracy_int8) == (pytest.approx(2 / 3), pytest.approx(1 / 3))
+    assert score.max_abs_err == pytest.approx(0.5) and logits.max_abs_err == pytest.approx(1.0)
+    assert compare({"y": [np.ones((1, 2))]}, {"y": [np.ones((1, 2))]}, source="same").to_dict()["outputs"][0]["snr_db"] is None
 
 
 def test_quantize_model_with_nothing_to_quantize(tmp_path):

@@ -1,13 +1,17 @@
-"""fp32 vs int8 agreement, measured on held-out samples with ONNX Runtime."""
+"""fp32 vs int8 agreement: one pure comparison of outputs, and the host's estimate of it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
 from edgekit.quantize import qmath
 from edgekit.quantize.calib import FeedSet
+
+HOST_ESTIMATE = "host (Q/DQ reference semantics)"
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ class AgreementReport:
     outputs: tuple[OutputAgreement, ...]
     accuracy_fp32: float | None = None  # against labels, when given
     accuracy_int8: float | None = None
+    measured_on: str = HOST_ESTIMATE
+    estimate: bool = True  # False only when the outputs came from the device's own backend
 
     @property
     def accuracy_drop(self) -> float | None:
@@ -43,38 +49,48 @@ class AgreementReport:
         return d
 
 
-def session(model_bytes: bytes, threads: int | None = None):
+def session(model: bytes | str | Path, *, reference: bool):
+    """An ONNX Runtime CPU session; ``reference=True`` runs a QDQ model with Q/DQ reference semantics.
+
+    With graph optimizations on, ORT fuses Q/DQ pairs into its int8 kernels, whose results depend
+    on the host CPU: on x86 without VNNI the u8s8 path (VPMADDUBSW) saturates its 16-bit
+    intermediate and differs from the model's meaning by many steps. ORT_DISABLE_ALL executes the
+    Q/DQ nodes as written (float math between them): the same numbers on every machine.
+    """
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    if threads:
-        opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    if reference:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model if isinstance(model, bytes) else str(model), opts, providers=["CPUExecutionProvider"])
 
 
-def _is_class_vector(arrays: list[np.ndarray]) -> bool:
-    a = arrays[0]
-    return a.ndim == 2 and a.shape[1] > 1
+def _stack(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.reshape(a, (1, -1)) if np.ndim(a) == 0 else np.asarray(a) for a in arrays]).astype(np.float64)
 
 
-def measure_agreement(float_model: bytes, quant_model: bytes, heldout: FeedSet) -> AgreementReport:
-    fs, qs = session(float_model), session(quant_model)
-    names = [o.name for o in fs.get_outputs()]
-    ref: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    got: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for feed in heldout.feeds:
-        for n, v in zip(names, fs.run(names, feed)):
-            ref[n].append(np.asarray(v))
-        for n, v in zip(names, qs.run(names, feed)):
-            got[n].append(np.asarray(v))
+def compare(
+    fp32: Mapping[str, Sequence[np.ndarray]],
+    int8: Mapping[str, Sequence[np.ndarray]],
+    labels: np.ndarray | None = None,
+    *,
+    source: str,
+    measured_on: str = HOST_ESTIMATE,
+    estimate: bool = True,
+) -> AgreementReport:
+    """Agreement of int8 outputs with fp32 outputs (name -> one array per sample), wherever they ran.
+
+    Accuracy against ``labels`` is computed on the first class-vector output.
+    """
     outputs = []
     class_output = None
-    for n in names:
-        r = np.concatenate([a.reshape(1, -1) if a.ndim == 0 else a for a in ref[n]]).astype(np.float64)
-        q = np.concatenate([a.reshape(1, -1) if a.ndim == 0 else a for a in got[n]]).astype(np.float64)
+    stacked = {}
+    for n, ref in fp32.items():
+        r, q = _stack(ref), _stack(int8[n])
+        stacked[n] = r, q
         top1 = None
-        if np.issubdtype(r.dtype, np.floating) and _is_class_vector(ref[n]):
+        if r.ndim == 2 and r.shape[1] > 1:
             top1 = float(np.mean(r.argmax(axis=1) == q.argmax(axis=1)))
             class_output = class_output or n
         outputs.append(
@@ -87,11 +103,27 @@ def measure_agreement(float_model: bytes, quant_model: bytes, heldout: FeedSet) 
             )
         )
     acc_f = acc_q = None
-    if heldout.labels is not None and class_output is not None:
-        r = np.concatenate(ref[class_output])
-        q = np.concatenate(got[class_output])
-        labels = heldout.labels
+    if labels is not None and class_output is not None:
+        r, q = stacked[class_output]
         if r.shape[0] == labels.shape[0]:
             acc_f = float(np.mean(r.argmax(axis=1) == labels))
             acc_q = float(np.mean(q.argmax(axis=1) == labels))
-    return AgreementReport(len(heldout.feeds), heldout.source, tuple(outputs), acc_f, acc_q)
+    samples = len(next(iter(fp32.values()), ()))
+    return AgreementReport(samples, source, tuple(outputs), acc_f, acc_q, measured_on, estimate)
+
+
+def run_outputs(sess, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    """Every output of ``sess`` on each feed: name -> one array per feed."""
+    names = [o.name for o in sess.get_outputs()]
+    got: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for feed in feeds:
+        for n, v in zip(names, sess.run(names, feed)):
+            got[n].append(np.asarray(v))
+    return got
+
+
+def measure_agreement(float_model: bytes, quant_model: bytes, heldout: FeedSet) -> AgreementReport:
+    """The host's estimate: fp32 by ORT as usual, int8 by ORT with Q/DQ reference semantics."""
+    fp32 = run_outputs(session(float_model, reference=False), heldout.feeds)
+    int8 = run_outputs(session(quant_model, reference=True), heldout.feeds)
+    return compare(fp32, int8, heldout.labels, source=heldout.source)
