@@ -1,9 +1,16 @@
-"""The pipeline that executes a plan: quantize -> bundle -> push -> bench -> store -> summary."""
+"""Execute a plan: walk its typed steps, nothing decided here.
+
+``open_job`` loads what a request names, once: the model, the profile, the device entry and
+(on first use) the data. ``deploy`` plans on paper, connects, checks the device (preflight),
+re-plans with its facts and ``execute``s the plan under the device's lock. ``execute`` runs
+each step with the handler for its type and returns what happened, including the list of
+steps it ran (the very objects ``deploy --dry-run`` prints).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,18 +18,29 @@ from typing import Any
 import numpy as np
 
 from edgekit.bench.record import make_record
-from edgekit.bench.run import BenchConfig, bench_variant
-from edgekit.bench.stats import Stats
+from edgekit.agentclient import bench_variant
 from edgekit.bench.store import ResultsStore
 from edgekit.bundle import Bundle, TensorSpec, Variant, write_bundle
-from edgekit.devices import connect
+from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 from edgekit.devices.lock import device_lock
 from edgekit.devices.preflight import ensure_ready
 from edgekit.errors import OutputPathError
+from edgekit.events import Events
 from edgekit.modelio import LoadedModel, load_model
-from edgekit.plan import Plan, make_plan
-from edgekit.profiles import CpuSpec, Profile, load_profile, resolve
+from edgekit.plan import (
+    Bench,
+    Compile,
+    Plan,
+    Push,
+    Quantize,
+    Store,
+    WriteBundle,
+    make_plan,
+    replan,
+    step_dict,
+)
+from edgekit.profiles import Profile, load_profile
 from edgekit.quantize import (
     FeedSet,
     Preprocess,
@@ -33,41 +51,23 @@ from edgekit.quantize import (
     save_model,
 )
 from edgekit.targets import get_backend
+from edgekit.transport.base import Transport
 from edgekit.transport.push import PushResult, progress_reporter, push_bundle
 
 HELD_OUT_FRACTION = 0.2
 RANDOM_SAMPLES = 32
 
 
-class Events:
-    """What the pipeline tells its caller; the CLI passes its Output (same methods)."""
-
-    def info(self, message: str) -> None:
-        pass
-
-    def warn(self, message: str) -> None:
-        pass
-
-    @contextlib.contextmanager
-    def progress(self, description: str, total: int | None = None):
-        class _P:
-            def advance(self, n: int = 1) -> None:
-                pass
-
-            def update(self, description: str) -> None:
-                pass
-
-        yield _P()
-
-
 @dataclass(frozen=True)
 class DeployRequest:
+    """The typed arguments of quantize / plan / bench / deploy (the CLI and the Python API build one)."""
+
     model: Path
     target: str = "local"
-    device: str | None = None
+    device: str | DeviceEntry | None = None
     backend: str | None = None
     quantize: bool = True
-    bench: bool = True
+    goal: str = "deploy"  # "quantize", "bundle" (no device) or "deploy"
     calib: Path | None = None
     eval: Path | None = None
     labels: Path | None = None
@@ -87,113 +87,125 @@ class DeployRequest:
     password: str | None = field(default=None, repr=False)  # SSH password login, only when given
 
 
-@dataclass
-class Prepared:
-    """Everything decided before any work: the model, the profile, the data, the plan."""
+class _Once:
+    """A value computed on first use, once, whichever thread asks first."""
 
-    loaded: LoadedModel
+    def __init__(self) -> None:
+        self._lock, self._value, self._done = threading.Lock(), None, False
+
+    def get(self, make: Any) -> Any:
+        with self._lock:
+            if not self._done:
+                self._value, self._done = make(), True
+            return self._value
+
+
+@dataclass
+class Job:
+    """What a request names, loaded once: the model, its profile, the device, the data."""
+
+    request: DeployRequest
+    model: LoadedModel
     profile: Profile
-    plan: Plan
+    device: DeviceEntry
     calib: Path | None
     eval: Path | None
     labels: Path | None
     output: Path
-    facts: dict | None = None  # the probed device's (None: planned on paper)
+    _data: _Once = field(default_factory=lambda: _Once(), repr=False)  # shared by a fleet's per-device copies
+
+    def feeds(self, events: Events) -> tuple[FeedSet, FeedSet]:
+        """The calibration and held-out sets, read on first use (random only with a loud warning)."""
+        return self._data.get(lambda: _load_feeds(self, events))
+
+    @property
+    def has_data(self) -> bool:
+        return self.calib is not None or self.eval is not None
+
+    def plan(self) -> Plan:
+        """The plan on paper (no device facts yet)."""
+        req = self.request
+        return make_plan(
+            self.model,
+            self.profile,
+            device=self.device.name,
+            backend=req.backend,
+            quantize=req.quantize,
+            method=req.method,
+            exclude=req.exclude,
+            calibration=str(self.calib) if self.calib else "random",
+            evaluation=str(self.eval) if self.eval else (f"last {int(HELD_OUT_FRACTION * 100)}% of the calibration data" if self.calib else "random"),
+            goal=req.goal,
+            warmup=req.warmup,
+            iterations=req.iterations,
+            duration_s=req.duration_s,
+            threads=req.threads,
+            output=str(self.output),
+        )
 
 
-def prepare_deploy(req: DeployRequest, facts: dict | None = None) -> Prepared:
-    """Load and check everything, then plan; ``facts`` of the probed device make the plan real."""
+def open_job(req: DeployRequest, device: DeviceEntry | None = None) -> Job:
+    """Load the model, the profile and the device entry of ``req``; check the output path."""
     loaded = load_model(req.model, req.shapes)
-    profile = resolve(load_profile(req.target), cpu=cpu_from_facts(facts))
+    if device is None:
+        device = req.device if isinstance(req.device, DeviceEntry) else resolve_devices([req.device or "local"], req.inventory)[0]
+    profile = load_profile(req.target)
     sc = loaded.sidecar
     calib = req.calib or sc.calibration
     evaluation = req.eval or (sc.evaluation if req.eval is None else None)
     labels = req.labels or (sc.labels if evaluation is not None and evaluation == sc.evaluation else None)
     output = req.output or Path("edgekit-out") / f"{loaded.name}-{profile.name}"
-    if not output.parent.exists() and req.output is not None:
+    if req.output is not None and not output.parent.exists():
         raise OutputPathError(f"output directory does not exist: {output.parent}", f"create it first (mkdir -p {output.parent})")
-    plan = make_plan(
-        loaded,
-        profile,
-        device=req.device or "local",
-        backend=req.backend,
-        quantize=req.quantize,
-        method=req.method,
-        exclude=req.exclude,
-        calibration=str(calib) if calib else "random",
-        evaluation=str(evaluation) if evaluation else (f"last {int(HELD_OUT_FRACTION * 100)}% of the calibration data" if calib else "random"),
-        bench=req.bench,
-        warmup=req.warmup,
-        iterations=req.iterations,
-        threads=req.threads,
-        output=output,
-        facts=facts,
-    )
-    return Prepared(loaded, profile, plan, calib, evaluation, labels, output, facts)
+    if req.output is not None and output.exists() and not output.is_dir():
+        raise OutputPathError(f"bundle output {output} is a file", "choose another output directory")
+    return Job(req, loaded, profile, device, calib, evaluation, labels, output)
 
 
-def cpu_from_facts(facts: dict | None) -> CpuSpec | None:
-    """The CPU facts of a probed device in the profiles' vocabulary (None: not probed)."""
-    if not facts:
-        return None
-    d = facts.get("device") or {}
-    if not d.get("arch"):
-        return None
-    return CpuSpec(arch=d["arch"], core=d.get("cpu_model"), isa=tuple(d.get("isa") or ()), cores=d.get("cores"))
+def deploy(req: DeployRequest, events: Events | None = None) -> DeployResult:
+    """Load, plan, connect, check the device, re-plan with its facts, execute under its lock."""
+    job = open_job(req)
+    return run(job, job.plan(), events or Events())
 
 
-def load_data(
-    loaded: LoadedModel,
-    calib: Path | None,
-    evaluation: Path | None,
-    labels: Path | None,
-    preprocess: Preprocess | None,
-    events: Events,
-) -> tuple[FeedSet, FeedSet]:
-    """Calibration and held-out sets; random data only with a loud warning."""
-    if calib is None:
-        events.warn(
-            f"no calibration data: calibrating on {RANDOM_SAMPLES} RANDOM samples. The int8 ranges and the "
-            "agreement figures below are not representative of real inputs; give --calib DATA "
-            "(a .npz/.npy, a folder of .npz, or a folder of images with --preprocess)"
-        )
-        calibration = random_feeds(loaded.inputs, RANDOM_SAMPLES, seed=0)
-    else:
-        calibration = load_feeds(calib, loaded.inputs, preprocess=preprocess)
-    if evaluation is not None:
-        heldout = load_feeds(evaluation, loaded.inputs, preprocess=preprocess, labels=labels)
-    elif not calibration.random and len(calibration.feeds) > 1:
-        calibration, heldout = calibration.split(HELD_OUT_FRACTION)
-    else:
-        heldout = random_feeds(loaded.inputs, max(4, RANDOM_SAMPLES // 4), seed=1)
-    return calibration, heldout
-
-
-def run_quantize(prep: Prepared, req: DeployRequest, events: Events) -> QuantizeResult:
-    scheme = prep.plan.scheme
-    assert scheme is not None
-    calibration, heldout = load_data(prep.loaded, prep.calib, prep.eval, prep.labels, req.preprocess, events)
-    passes = 1 if req.method == "minmax" else 2
-    with events.progress(f"calibrating on {len(calibration.feeds)} samples ({req.method})", total=passes * len(calibration.feeds)) as prog:
-        return quantize_model(prep.loaded, scheme, calibration, heldout, method=req.method, exclude=req.exclude, progress=prog)
+def run(job: Job, plan: Plan, events: Events) -> DeployResult:
+    """Execute ``plan``; one that reaches a device connects, runs preflight and is re-planned first."""
+    if not plan.needs_device:
+        for note in plan.notes:
+            events.info(f"note: {note}")
+        return execute(plan, job, None, events)
+    req = job.request
+    transport = connect(job.device, job.profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)
+    try:
+        # Preflight reads the device's facts (its runtimes, its CPU) and stops here, before any
+        # push, when the device cannot run the plan; the real plan is made with those facts.
+        ready = ensure_ready(transport, job.profile, plan, device=job.device.name, provision=req.provision, events=events)
+        plan = replan(plan, job.model, job.profile, ready.facts)
+        for note in plan.notes:
+            events.info(f"note: {note}")
+        with device_lock(transport, wait=req.lock_wait, on_wait=events.info):  # no other job benches it meanwhile
+            return execute(plan, job, transport, events, facts=ready.facts)
+    finally:
+        transport.close()
 
 
 @dataclass
 class DeployResult:
     plan: Plan
     quantize: QuantizeResult | None
-    bundle: Bundle
+    bundle: Bundle | None
     push: PushResult | None
     records: list[dict]
     run_ids: list[int]
     sizes: dict[str, int]
+    executed: list[Any] = field(default_factory=list)  # the plan's steps, as they ran
 
     def summary(self) -> dict[str, Any]:
-        by_variant = {r["agent"]["variant"]: r for r in self.records}
+        by_variant = {r["agent"]["variant"]: (r, rid) for r, rid in zip(self.records, self.run_ids)}
         variants: dict[str, dict] = {}
         agreement = self.quantize.agreement if self.quantize else None
-        for v in self.bundle.manifest.variants:
-            rec = by_variant.get(v.name)
+        for v in self.plan.variants:
+            rec, rid = by_variant.get(v.name, (None, None))
             entry: dict[str, Any] = {
                 "backend": v.backend,
                 "precision": v.precision,
@@ -202,7 +214,7 @@ class DeployResult:
                 "p99_ms": rec["stats"]["p99"] if rec else None,
                 "mean_ms": rec["stats"]["mean"] if rec else None,
                 "peak_rss_bytes": rec["agent"].get("peak_rss_bytes") if rec else None,
-                "run_id": self.run_ids[self.records.index(rec)] if rec else None,
+                "run_id": rid,
             }
             if agreement is not None:
                 entry["accuracy"] = agreement.accuracy_int8 if v.precision == "int8" else agreement.accuracy_fp32
@@ -231,8 +243,9 @@ class DeployResult:
             "backend": self.plan.backend,
             "precision": self.plan.precision,
             "plan": self.plan.to_dict(),
+            "executed_steps": [step_dict(s) for s in self.executed],
             "quantize": self.quantize.to_dict() if self.quantize else None,
-            "bundle": {
+            "bundle": None if self.bundle is None else {
                 "path": str(self.bundle.root),
                 "hash": self.bundle.manifest.bundle_hash,
                 "files": [f.to_dict() for f in self.bundle.manifest.files],
@@ -242,7 +255,10 @@ class DeployResult:
                 {
                     "id": rid,
                     "variant": r["agent"]["variant"],
+                    "backend": r["agent"]["backend"],
+                    "precision": r["agent"]["precision"],
                     "stats": r["stats"],
+                    "peak_rss_bytes": r["agent"].get("peak_rss_bytes"),
                     "run_uuid": r["run_uuid"],
                     # what the backend told about loading and executing (e.g. OpenVINO's cached load)
                     "backend_info": r["agent"].get("backend_info") or {},
@@ -254,157 +270,164 @@ class DeployResult:
         }
 
 
-def _specs(model_path: Path, inputs) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    import onnx
+def execute(
+    plan: Plan,
+    job: Job | None,
+    transport: Transport | None = None,
+    events: Events | None = None,
+    *,
+    facts: dict | None = None,
+    bundle: Bundle | None = None,
+) -> DeployResult:
+    """Run each step of ``plan`` in order. ``job``: the loaded model and data (None for a plan of an
+    existing ``bundle``); ``transport``: the device, for Push and Bench; ``facts``: the device's."""
+    walk = _Walk(plan, job, transport, events or Events(), facts, bundle)
+    with tempfile.TemporaryDirectory(prefix="edgekit-deploy-") as tmp:
+        walk.tmp = Path(tmp)
+        for step in plan.steps:
+            _HANDLERS[type(step)](walk, step)
+            walk.executed.append(step)
+    return DeployResult(plan, walk.qresult, walk.bundle, walk.push, walk.records, walk.run_ids, walk.sizes, walk.executed)
 
-    from edgekit.modelio import np_dtype
 
-    m = onnx.load(str(model_path), load_external_data=False)
-    outs = []
-    for o in m.graph.output:
-        dims = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in o.type.tensor_type.shape.dim)
-        outs.append(TensorSpec(o.name, dims, np_dtype(o.type.tensor_type.elem_type)))
-    ins = tuple(TensorSpec(i.name, tuple(i.shape), i.dtype) for i in inputs)
-    return ins, tuple(outs)
+@dataclass
+class _Walk:
+    """The state the steps hand each other."""
+
+    plan: Plan
+    job: Job | None
+    transport: Transport | None
+    events: Events
+    facts: dict | None
+    bundle: Bundle | None
+    tmp: Path = Path()
+    qresult: QuantizeResult | None = None
+    sources: dict[str, Path] = field(default_factory=dict)  # variant name -> the ONNX (or .tflite) it starts from
+    files: dict[str, Path] = field(default_factory=dict)  # bundle path -> local file
+    variants: list[Variant] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)
+    push: PushResult | None = None
+    records: list[dict] = field(default_factory=list)
+    run_ids: list[int] = field(default_factory=list)
+    executed: list[Any] = field(default_factory=list)
+
+    def source(self, name: str) -> Path:
+        if name not in self.sources:
+            self.sources[name] = self.job.model.path  # unquantized: the model as it is
+        return self.sources[name]
+
+    def device(self) -> Transport:
+        if self.transport is None:
+            raise AssertionError("a plan with device steps was executed without a transport")
+        return self.transport
 
 
-def _loaded_specs(loaded) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """Input and output specs of a model that is not ONNX, as its loader read them."""
-    return (
-        tuple(TensorSpec(i.name, tuple(i.shape), i.dtype) for i in loaded.inputs),
-        tuple(TensorSpec(o.name, tuple(o.shape), o.dtype) for o in loaded.outputs),
+def _quantize(w: _Walk, step: Quantize) -> None:
+    job = w.job
+    calibration, heldout = job.feeds(w.events)
+    w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
+    passes = 1 if step.method == "minmax" else 2
+    with w.events.progress(f"calibrating on {len(calibration.feeds)} samples ({step.method})", total=passes * len(calibration.feeds)) as prog:
+        w.qresult = quantize_model(job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog)
+    get_backend(w.plan.backend).check_quantized(w.qresult.model)  # e.g. TensorRT's Q/DQ rules
+    w.sources["int8"] = w.tmp / "model.int8.onnx"
+    save_model(w.qresult.model, w.sources["int8"])
+
+
+def _compile(w: _Walk, step: Compile) -> None:
+    v, model = step.variant, w.job.model
+    rel = f"{v.name}/model.{model.format}"
+    compiled = get_backend(v.backend).compile(w.source(v.name), w.tmp / v.name)  # None: the device runs the file as it is
+    if compiled:
+        w.files.update({f"{v.name}/{p.name}": p for p in compiled})
+        rel = f"{v.name}/{compiled[0].name}"
+    else:
+        w.files[rel] = w.source(v.name)
+    sample = _sample_file(w)
+    if sample is not None:
+        w.files[f"{v.name}/inputs.npz"] = sample
+    ins = tuple(TensorSpec(i.name, tuple(i.shape), i.dtype) for i in model.inputs)
+    outs = tuple(TensorSpec(o.name, tuple(o.shape), o.dtype) for o in model.outputs)
+    w.variants.append(Variant(v.name, v.backend, v.precision, rel, ins, outs, v.options))
+    w.sizes[v.name] = sum(p.stat().st_size for p in compiled) if compiled else w.files[rel].stat().st_size
+
+
+def _sample_file(w: _Walk) -> Path | None:
+    """One real held-out sample (when there is real data): what the device times."""
+    path = w.tmp / "inputs.npz"
+    if not path.exists() and w.job.has_data:
+        _, heldout = w.job.feeds(w.events)
+        np.savez(path, **heldout.feeds[0])
+    return path if path.exists() else None
+
+
+def _write_bundle(w: _Walk, step: WriteBundle) -> None:
+    job, plan = w.job, w.plan
+    w.files.update(get_backend(plan.backend).runtime_files(job.profile, w.facts, w.tmp / "runtime"))
+    out = Path(step.output)
+    if job.request.output is None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    w.bundle = write_bundle(
+        out,
+        files=w.files,
+        model_name=job.model.name,
+        model_sha256=job.model.sha256,
+        profile=plan.profile,
+        backend=plan.backend,
+        precision=plan.precision,
+        variants=w.variants,
+        plan=plan.to_dict(),
+        overwrite=True,
     )
+    w.events.info(f"bundle written to {w.bundle.root} ({len(w.bundle.manifest.files)} files)")
 
 
-def deploy(req: DeployRequest, events: Events | None = None, prep: Prepared | None = None) -> DeployResult:
-    events = events or Events()
-    prep = prep or prepare_deploy(req)
-    transport = None
-    try:
-        if req.bench:
-            # The real plan needs the device's facts: which runtimes it has, its CPU. Preflight reads
-            # them and stops here, before any push, when the device cannot run the plan.
-            transport = connect(
-                req.device, prep.profile, inventory=req.inventory,
-                trust_new_host=req.trust_new_host, password=req.password, log=events.info,
-            )  # fmt: skip
-            ready = ensure_ready(transport, prep.profile, prep.plan, device=req.device or "local", provision=req.provision, events=events)
-            prep = prepare_deploy(req, ready.facts)
-            for note in prep.plan.notes:
-                events.info(f"note: {note}")
-        if transport is None:
-            return _execute(req, prep, events, transport)
-        with device_lock(transport, wait=req.lock_wait, on_wait=events.info):  # no other job benches it meanwhile
-            return _execute(req, prep, events, transport)
-    finally:
-        if transport is not None:
-            transport.close()
+def _push(w: _Walk, step: Push) -> None:
+    transport = w.device()
+    with w.events.progress(f"pushing bundle {w.bundle.manifest.bundle_hash[:12]} to {transport.name}") as bar:
+        w.push = push_bundle(transport, w.bundle, progress=progress_reporter(bar))
+    p = w.push
+    if p.files_sent:
+        w.events.info(f"pushed to {transport.name}: {p.files_sent} file(s) sent ({p.bytes_sent} bytes), {p.files_skipped} unchanged")
+    else:
+        w.events.info(f"bundle already on {transport.name}: nothing to push")
 
 
-def _execute(req: DeployRequest, prep: Prepared, events: Events, transport) -> DeployResult:
-    plan = prep.plan
-    qresult = None
-    with tempfile.TemporaryDirectory(prefix="edgekit-deploy-") as tmpdir:
-        tmp = Path(tmpdir)
-        files: dict[str, Path] = {}
-        variants: list[Variant] = []
-        sizes: dict[str, int] = {}
-        # Unquantized, the model is bundled as it is, as one variant named after the precision the
-        # device runs it at (fp16 on a Myriad VPU, int8 for an int8 .tflite).
-        fmt = getattr(prep.loaded, "format", "onnx")
-        source = "fp32" if plan.quantize else plan.precision
-        fp32 = tmp / f"model.{source}.{fmt}"
-        fp32.write_bytes(prep.loaded.path.read_bytes())
-        sample = None
-        if plan.quantize:
-            events.info(f"quantizing {prep.loaded.path.name} for {plan.backend} ({plan.scheme.name} scheme)")
-            qresult = run_quantize(prep, req, events)
-            get_backend(plan.backend).check_quantized(qresult.model)  # e.g. TensorRT's Q/DQ rules
-            int8 = tmp / "model.int8.onnx"
-            save_model(qresult.model, int8)
-        # One real sample (when there is real data) is what the device times.
-        if prep.eval is not None or prep.calib is not None:
-            calibration, heldout = load_data(prep.loaded, prep.calib, prep.eval, prep.labels, req.preprocess, Events())
-            sample = heldout.feeds[0]
-        if sample is not None:
-            np.savez(tmp / "inputs.npz", **sample)
-        ins, outs = _specs(fp32, prep.loaded.inputs) if fmt == "onnx" else _loaded_specs(prep.loaded)
-        chosen = ["fp32", "int8"] if plan.quantize else [source]
-        for name in chosen:
-            rel = f"{name}/model.{fmt}"
-            files[rel] = tmp / f"model.{name}.{fmt}"
-            if sample is not None:
-                files[f"{name}/inputs.npz"] = tmp / "inputs.npz"
-            # e.g. native runs the int8 variant and leaves the fp32 reference to ONNX Runtime
-            impl = get_backend(get_backend(plan.backend).variant_backend(name, prep.facts))
-            compiled = impl.compile(files[rel], tmp / name)  # None: the device runs the ONNX file
-            if compiled:
-                del files[rel]
-                files.update({f"{name}/{p.name}": p for p in compiled})
-                rel = f"{name}/{compiled[0].name}"
-            options = impl.variant_options(prep.profile.backend(impl.name), name)
-            variants.append(Variant(name, impl.name, name, rel, ins, outs, options))
-            sizes[name] = sum(p.stat().st_size for p in compiled) if compiled else files[rel].stat().st_size
-        files.update(get_backend(plan.backend).runtime_files(prep.profile, prep.facts, tmp / "runtime"))
-        if req.output is None:
-            prep.output.parent.mkdir(parents=True, exist_ok=True)
-        bundle = write_bundle(
-            prep.output,
-            files=files,
-            model_name=prep.loaded.name,
-            model_sha256=prep.loaded.sha256,
-            profile=plan.profile,
-            backend=plan.backend,
-            precision=plan.precision,
-            variants=variants,
-            plan=plan.to_dict(),
-            overwrite=True,
+def _bench(w: _Walk, step: Bench) -> None:
+    transport, c = w.device(), step.config
+    how = f"{c.duration_s:g}s" if c.duration_s is not None else f"{c.iterations} iterations"
+    with w.events.progress(f"benchmarking {step.variant.name} on {transport.name} ({how})"):
+        doc = bench_variant(transport, w.push.remote_dir, step.variant.name, c)
+    w.records.append(make_record(doc, model_name=w.plan.model, target=w.plan.profile, device=w.plan.device))
+
+
+def _store(w: _Walk, step: Store) -> None:
+    with ResultsStore() as store:
+        w.run_ids = [store.add(r) for r in w.records]
+
+
+_HANDLERS = {Quantize: _quantize, Compile: _compile, WriteBundle: _write_bundle, Push: _push, Bench: _bench, Store: _store}
+
+
+def _load_feeds(job: Job, events: Events) -> tuple[FeedSet, FeedSet]:
+    """Calibration and held-out sets; random data only with a loud warning."""
+    inputs, pre = job.model.inputs, job.request.preprocess
+    if job.calib is None:
+        events.warn(
+            f"no calibration data: calibrating on {RANDOM_SAMPLES} RANDOM samples. The int8 ranges and the "
+            "agreement figures below are not representative of real inputs; give --calib DATA "
+            "(a .npz/.npy, a folder of .npz, or a folder of images with --preprocess)"
         )
-    events.info(f"bundle written to {bundle.root} ({len(bundle.manifest.files)} files)")
-    push = None
-    records: list[dict] = []
-    run_ids: list[int] = []
-    if transport is not None:
-        with events.progress(f"pushing bundle to {transport.name}") as prog:
-            push = push_bundle(transport, bundle, progress=progress_reporter(prog))
-        events.info(
-            f"pushed to {transport.name}: {push.files_sent} file(s) sent ({push.bytes_sent} bytes), {push.files_skipped} unchanged"
-        )
-        config = BenchConfig(
-            warmup=req.warmup if req.warmup is not None else prep.profile.bench.warmup,
-            iterations=req.iterations if req.iterations is not None else prep.profile.bench.iterations,
-            duration_s=req.duration_s,
-            threads=req.threads if req.threads is not None else prep.profile.bench.threads,
-        )
-        store = ResultsStore()
-        try:
-            for v in variants:
-                with events.progress(f"benchmarking {v.name} on {transport.name}"):
-                    doc = bench_variant(transport, push.remote_dir, v.name, config)
-                record = make_record(doc, model_name=prep.loaded.name, target=plan.profile, device=plan.device)
-                run_ids.append(store.add(record))
-                records.append(record)
-        finally:
-            store.close()
-    return DeployResult(plan, qresult, bundle, push, records, run_ids, sizes)
+        calibration = random_feeds(inputs, RANDOM_SAMPLES, seed=0)
+    else:
+        calibration = load_feeds(job.calib, inputs, preprocess=pre)
+    if job.eval is not None:
+        heldout = load_feeds(job.eval, inputs, preprocess=pre, labels=job.labels)
+    elif not calibration.random and len(calibration.feeds) > 1:
+        calibration, heldout = calibration.split(HELD_OUT_FRACTION)
+    else:
+        heldout = random_feeds(inputs, max(4, RANDOM_SAMPLES // 4), seed=1)
+    return calibration, heldout
 
 
-def speed_sentence(summary: dict, float_nodes: int = 0) -> str | None:
-    """The plain-language verdict on int8 vs fp32 speed on this device."""
-    if "speedup_p50" not in summary:
-        return None
-    s = summary["speedup_p50"]
-    if summary["int8_faster"]:
-        return f"int8 is {s:.2f}x faster than fp32 at p50 on this device."
-    why = []
-    fp_p50 = summary["variants"]["fp32"]["p50_ms"]
-    if fp_p50 is not None and fp_p50 < 0.1:
-        why.append(f"the model runs in {fp_p50 * 1000:.0f} us, where per-call overhead outweighs the arithmetic")
-    if float_nodes:
-        why.append(f"{float_nodes} node(s) stay float, and each int8/float boundary costs a Q/DQ conversion")
-    if not why:
-        why.append("this runtime's int8 kernels are not faster than its fp32 ones on this CPU")
-    return f"int8 is NOT faster than fp32 on this device ({s:.2f}x fp32's speed at p50): " + "; ".join(why) + "."
-
-
-__all__ = ["DeployRequest", "DeployResult", "Events", "Prepared", "deploy", "prepare_deploy", "speed_sentence", "Stats"]
+__all__ = ["DeployRequest", "DeployResult", "Job", "deploy", "execute", "open_job", "run"]

@@ -1,33 +1,160 @@
-"""The planner: given a model and a profile, decide everything once; deploy only executes.
+"""The planner: the one place that decides. ``deploy.execute`` walks what it decided.
 
-A plan says which backend runs the model (first in the profile's order that supports it, and
-why the others were skipped), at which precision, with which quantization scheme, which nodes
-stay float and why, and the steps a deploy will run.
+``make_plan(model, profile, ...)`` picks the backend (the first in the profile's order that
+supports the model on that device, and why the others were skipped), the precision, the
+quantization scheme, which nodes stay float and why, the variants (backend, precision and
+runtime options of each), the bench configuration, and the typed steps a deploy runs.
+``replan(plan, model, profile, facts)`` decides again with the probed device's facts.
+``plan_bundle`` is the plan of an existing bundle (push, bench, store). ``quantize``,
+``plan``, ``bench`` and ``deploy`` are the same plan truncated (``goal``) or derived.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from edgekit.agentclient import BenchConfig
 from edgekit.errors import PlanError, UsageError
 from edgekit.modelio import IOSpec, LoadedModel
-from edgekit.profiles import Profile
+from edgekit.profiles import CpuSpec, Profile, resolve
 from edgekit.quantize import analyze_model
 from edgekit.quantize.rewrite import NodeDecision
 from edgekit.quantize.scheme import QuantScheme
 from edgekit.targets import KNOWN_BACKENDS, available_backends, get_backend
+from edgekit.targets.base import DeviceStep
 
-PLAN_SCHEMA = 1
+PLAN_SCHEMA = 2
+GOALS = ("quantize", "bundle", "deploy")  # how far a plan goes: stop after quantize, after the bundle, or run it all
 
 
 @dataclass(frozen=True)
-class Step:
-    name: str
-    detail: str
+class VariantPlan:
+    """One runnable model of the bundle: its name, the backend that runs it, its options."""
 
-    def to_dict(self) -> dict:
-        return {"name": self.name, "detail": self.detail}
+    name: str  # "fp32", "int8", "fp16"
+    backend: str
+    precision: str
+    options: dict[str, Any] = field(default_factory=dict)  # what the agent passes to the runtime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "backend": self.backend, "precision": self.precision, "options": dict(self.options)}
+
+
+# -- the steps: typed, frozen, executed by deploy.execute in this order ---------------------
+
+
+@dataclass(frozen=True)
+class Quantize:
+    scheme: QuantScheme
+    method: str
+    calibration: str
+    evaluation: str
+
+    name = "quantize"
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"QDQ int8 ({self.scheme.name} scheme, {self.method} calibration on {self.calibration}); "
+            f"agreement on {self.evaluation or 'held-out samples'}"
+        )
+
+
+@dataclass(frozen=True)
+class Compile:
+    variant: VariantPlan
+
+    name = "compile"
+
+    @property
+    def detail(self) -> str:
+        v = self.variant
+        return f"{v.name} variant for {v.backend}"
+
+
+@dataclass(frozen=True)
+class WriteBundle:
+    output: str
+    variants: tuple[str, ...]
+
+    name = "bundle"
+
+    @property
+    def detail(self) -> str:
+        return f"{', '.join(self.variants)} model(s) + manifest -> {self.output}"
+
+
+@dataclass(frozen=True)
+class Push:
+    device: str
+
+    name = "push"
+
+    @property
+    def detail(self) -> str:
+        return f"to {self.device} (content-addressed: unchanged files are not sent)"
+
+
+@dataclass(frozen=True)
+class Bench:
+    variant: VariantPlan
+    config: BenchConfig
+    device_steps: tuple[DeviceStep, ...] = ()  # done by the agent before timing (e.g. an engine build)
+
+    name = "bench"
+
+    @property
+    def detail(self) -> str:
+        c, v = self.config, self.variant
+        how = f"{c.duration_s:g} s" if c.duration_s is not None else f"{c.iterations} timed runs"
+        before = "".join(f"{s.detail}; then " for s in self.device_steps)
+        return f"{v.name} on {v.backend}: {before}{c.warmup} warm-up + {how}, threads={c.threads or 'all'}"
+
+
+@dataclass(frozen=True)
+class Store:
+    name = "store"
+
+    @property
+    def detail(self) -> str:
+        return "results into the local results database (edgekit results list)"
+
+
+Step = Quantize | Compile | WriteBundle | Push | Bench | Store
+
+
+def step_dict(step: Step) -> dict[str, Any]:
+    """A step as JSON: its name, a one-line detail, and its typed fields."""
+    doc: dict[str, Any] = {"name": step.name, "detail": step.detail}
+    if isinstance(step, (Compile, Bench)):
+        doc["variant"] = step.variant.to_dict()
+    if isinstance(step, Bench):
+        doc["config"] = asdict(step.config)
+    return doc
+
+
+# -- the plan -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the caller asked for; the plan keeps it so ``replan`` decides from the same asks."""
+
+    device: str = "local"
+    backend: str | None = None
+    quantize: bool = True
+    method: str = "minmax"
+    exclude: tuple[str, ...] = ()
+    calibration: str = "random"  # where calibration data comes from ("random" when none was given)
+    evaluation: str = ""
+    goal: str = "deploy"
+    warmup: int | None = None
+    iterations: int | None = None
+    duration_s: float | None = None
+    threads: int | None = None
+    output: str = ""
 
 
 @dataclass(frozen=True)
@@ -35,26 +162,38 @@ class Plan:
     model: str
     model_path: str
     model_sha256: str
+    model_format: str
     inputs: tuple[IOSpec, ...]
     profile: str
     profile_description: str
     device: str
     backend: str
     precision: str
-    quantize: bool
     scheme: QuantScheme | None
     method: str
-    calibration: str  # where calibration data comes from ("random" when none was given)
+    calibration: str
     evaluation: str
     node_counts: dict[str, int]
     float_nodes: tuple[NodeDecision, ...]
     skipped: tuple[tuple[str, str], ...]  # (backend, why it was not chosen)
     notes: tuple[str, ...]
-    steps: tuple[Step, ...] = field(default_factory=tuple)
-    options: dict = field(default_factory=dict)  # backend options for the variants (agent side)
+    variants: tuple[VariantPlan, ...]
+    steps: tuple[Step, ...]
+    options: Options
     probed: bool = False  # True: decided with the device's facts; False: on paper
 
-    def to_dict(self) -> dict:
+    @property
+    def quantize(self) -> bool:
+        return self.scheme is not None
+
+    def variant(self, name: str) -> VariantPlan:
+        return next(v for v in self.variants if v.name == name)
+
+    @property
+    def needs_device(self) -> bool:
+        return any(isinstance(s, (Push, Bench)) for s in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
         return {
             "schema": PLAN_SCHEMA,
             "model": self.model,
@@ -75,8 +214,8 @@ class Plan:
             "float_nodes": [d.to_dict() for d in self.float_nodes],
             "skipped_backends": [{"backend": b, "reason": r} for b, r in self.skipped],
             "notes": list(self.notes),
-            "steps": [s.to_dict() for s in self.steps],
-            "options": self.options,
+            "variants": [v.to_dict() for v in self.variants],
+            "steps": [step_dict(s) for s in self.steps],
             "probed": self.probed,
         }
 
@@ -84,6 +223,7 @@ class Plan:
 def choose_backend(
     model: LoadedModel, profile: Profile, forced: str | None, facts: dict | None = None, quantize: bool = True
 ) -> tuple[str, list[tuple[str, str]], list[str]]:
+    """The backend that runs ``model`` on ``profile``'s device, the ones skipped (and why), notes."""
     skipped: list[tuple[str, str]] = []
     notes: list[str] = []
     if forced:
@@ -108,14 +248,13 @@ def choose_backend(
             notes.extend(verdict.reasons)
             return spec.name, skipped, notes
         skipped.append((spec.name, "; ".join(verdict.reasons)))
-    fmt = getattr(model, "format", "onnx")
-    if fmt != "onnx":
+    if model.format != "onnx":
         # A model in another format runs on the one backend that reads it, listed or not.
         for name in available_backends():
-            if profile.backend(name) is None and fmt in get_backend(name).formats:
+            if profile.backend(name) is None and model.format in get_backend(name).formats:
                 verdict = get_backend(name).supports(model, profile, facts)
                 if verdict.ok:
-                    notes.append(f"the {profile.name} profile lists no backend for {fmt} models: using {name}, which runs them")
+                    notes.append(f"the {profile.name} profile lists no backend for {model.format} models: using {name}, which runs them")
                     notes.extend(verdict.reasons)
                     return name, skipped, notes
                 skipped.append((name, "; ".join(verdict.reasons)))
@@ -126,90 +265,150 @@ def choose_backend(
     )
 
 
-def make_plan(
-    model: LoadedModel,
-    profile: Profile,
-    *,
-    device: str = "local",
-    backend: str | None = None,
-    quantize: bool = True,
-    method: str = "minmax",
-    exclude: tuple[str, ...] = (),
-    calibration: str = "random",
-    evaluation: str = "",
-    bench: bool = True,
-    warmup: int | None = None,
-    iterations: int | None = None,
-    threads: int | None = None,
-    output: Path | None = None,
-    facts: dict | None = None,
-) -> Plan:
-    """Decide backend, precision, scheme and steps; ``facts``: the probed device, or None (on paper)."""
-    name, skipped, notes = choose_backend(model, profile, backend, facts, quantize)
+def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None, **asks: Any) -> Plan:
+    """Decide backend, precision, scheme, variants, bench config and steps.
+
+    ``asks``: the fields of ``Options`` (device, backend, quantize, method, exclude,
+    calibration, evaluation, goal, warmup, iterations, duration_s, threads, output);
+    ``facts``: the probed device's, or None (planned on paper).
+
+    >>> plan = make_plan(load_model("examples/digits/digits_cnn.onnx"), load_profile("rpi5"))  # doctest: +SKIP
+    >>> plan.backend, [s.name for s in plan.steps]  # doctest: +SKIP
+    ('native', ['quantize', 'compile', 'compile', 'bundle', 'push', 'bench', 'bench', 'store'])
+    """
+    try:
+        options = Options(**asks)
+    except TypeError as exc:
+        raise UsageError(f"make_plan: {exc}", f"known options: {', '.join(Options.__dataclass_fields__)}") from None
+    if options.goal not in GOALS:
+        raise UsageError(f"unknown plan goal '{options.goal}'", f"choose one of: {', '.join(GOALS)}")
+    name, skipped, notes = choose_backend(model, profile, options.backend, facts, options.quantize)
     impl = get_backend(name)
     spec = profile.backend(name)
     precisions = spec.precisions if spec else (("int8", "fp32") if impl.scheme else ("fp32",))
     if spec and spec.notes:
         notes.append(f"{name} on {profile.name}: {spec.notes}")
-    onnx_model = getattr(model, "format", "onnx") == "onnx"
-    if not onnx_model:
+    if model.format != "onnx":
         # Not ONNX (a .tflite): it runs as it is, at the precision it was built with.
         precision = model.precision
         notes.append(f"a {model.format} model runs as it is ({precision}); edgekit quantizes ONNX models only")
-    elif quantize and "int8" in precisions and impl.scheme is not None:
+    elif options.quantize and "int8" in precisions and impl.scheme is not None:
         precision = "int8"
     else:
         precision = next((p for p in precisions if p != "int8"), "fp32")
-        if quantize and "int8" not in precisions:
+        if options.quantize and "int8" not in precisions:
             notes.append(f"{name} on {profile.name} has no int8 path: running {precision}")
-    scheme: QuantScheme | None = impl.scheme if precision == "int8" and onnx_model else None
+    scheme = impl.scheme if precision == "int8" and model.format == "onnx" else None
     counts: dict[str, int] = {}
     float_nodes: tuple[NodeDecision, ...] = ()
     if scheme is not None:
-        prepared, analysis = analyze_model(model, scheme, exclude)
+        prepared, analysis = analyze_model(model, scheme, options.exclude)
         counts = analysis.summary()
         float_nodes = tuple(analysis.float_nodes)
         notes.extend(impl.check_plan(prepared, analysis))
-    if scheme is not None and calibration == "random":
-        notes.append("no calibration data: int8 ranges will come from random inputs (give --calib)")
+        if options.calibration == "random":
+            notes.append("no calibration data: int8 ranges will come from random inputs (give --calib)")
 
-    warmup = profile.bench.warmup if warmup is None else warmup
-    iterations = profile.bench.iterations if iterations is None else iterations
-    threads = threads if threads is not None else profile.bench.threads
+    # Unquantized, the model is one variant named after the precision the device runs it at
+    # (fp16 on a Myriad VPU, int8 for an int8 .tflite); quantized, the float model is the reference.
+    names = ("fp32", "int8") if scheme is not None else (precision,)
+    variants = []
+    for vname in names:
+        runner = get_backend(impl.variant_backend(vname, facts))  # native leaves fp32 to ORT or numpy
+        variants.append(VariantPlan(vname, runner.name, vname, runner.variant_options(profile.backend(runner.name), vname)))
+    config = BenchConfig(
+        warmup=profile.bench.warmup if options.warmup is None else options.warmup,
+        iterations=profile.bench.iterations if options.iterations is None else options.iterations,
+        duration_s=options.duration_s,
+        threads=profile.bench.threads if options.threads is None else options.threads,
+    )
+
     steps: list[Step] = []
     if scheme is not None:
-        steps.append(Step("quantize", f"QDQ int8 ({scheme.name} scheme, {method} calibration on {calibration}); agreement on {evaluation or 'held-out samples'}"))
-    variants = ["fp32", "int8"] if scheme is not None else [precision]
-    steps.append(Step("bundle", f"{', '.join(variants)} model(s) + manifest -> {output or 'edgekit-out/'}"))
-    steps.append(Step("push", f"to {device} (content-addressed: unchanged files are not sent)"))
-    for ds in impl.device_steps(spec, precision):
-        steps.append(Step(ds.name, ds.detail))
-    if bench:
+        steps.append(Quantize(scheme, options.method, options.calibration, options.evaluation))
+    if options.goal != "quantize":
+        steps += [Compile(v) for v in variants]
+        steps.append(WriteBundle(options.output or "edgekit-out/", tuple(v.name for v in variants)))
+    if options.goal == "deploy":
+        steps.append(Push(options.device))
         for v in variants:
-            steps.append(
-                Step("bench", f"{v} on {name}: {warmup} warm-up + {iterations} timed runs, threads={threads or 'all'}")
-            )
-        steps.append(Step("store", "results into the local results database (edgekit results list)"))
+            runner = get_backend(v.backend)
+            steps.append(Bench(v, config, tuple(runner.device_steps(profile.backend(runner.name), v.precision))))
+        steps.append(Store())
     return Plan(
         model=model.name,
         model_path=str(model.path),
         model_sha256=model.sha256,
-        inputs=model.inputs,
+        model_format=model.format,
+        inputs=tuple(model.inputs),
         profile=profile.name,
         profile_description=profile.description,
-        device=device,
+        device=options.device,
         backend=name,
         precision=precision,
-        quantize=scheme is not None,
         scheme=scheme,
-        method=method,
-        calibration=calibration,
-        evaluation=evaluation,
+        method=options.method,
+        calibration=options.calibration,
+        evaluation=options.evaluation,
         node_counts=counts,
         float_nodes=float_nodes,
         skipped=tuple(skipped),
         notes=tuple(notes),
+        variants=tuple(variants),
         steps=tuple(steps),
-        options=impl.variant_options(spec, precision),
+        options=options,
         probed=facts is not None,
     )
+
+
+def replan(plan: Plan, model: LoadedModel, profile: Profile, facts: dict) -> Plan:
+    """The same asks decided again with the probed device's facts (its CPU, its runtimes)."""
+    return make_plan(model, resolve(profile, cpu=cpu_from_facts(facts)), facts=facts, **vars(plan.options))
+
+
+def cpu_from_facts(facts: dict | None) -> CpuSpec | None:
+    """The CPU facts of a probed device in the profiles' vocabulary (None: not probed)."""
+    d = (facts or {}).get("device") or {}
+    if not d.get("arch"):
+        return None
+    return CpuSpec(arch=d["arch"], core=d.get("cpu_model"), isa=tuple(d.get("isa") or ()), cores=d.get("cores"))
+
+
+def plan_bundle(manifest: Any, profile: Profile, *, device: str, variants: list[str], config: BenchConfig) -> Plan:
+    """The plan of bundle that exists already: push it, bench ``variants``, store the runs."""
+    chosen = tuple(VariantPlan(v.name, v.backend, v.precision, dict(v.options)) for v in manifest.variants if v.name in variants)
+    steps: list[Step] = [Push(device)]
+    for v in chosen:
+        runner = get_backend(v.backend)
+        steps.append(Bench(v, config, tuple(runner.device_steps(profile.backend(runner.name), v.precision))))
+    steps.append(Store())
+    recorded = manifest.plan or {}
+    return Plan(
+        model=manifest.model_name,
+        model_path=str(recorded.get("model_path", "")),
+        model_sha256=manifest.model_sha256,
+        model_format=str(recorded.get("model_format", "onnx")),
+        inputs=(),
+        profile=profile.name,
+        profile_description=profile.description,
+        device=device,
+        backend=manifest.backend,
+        precision=manifest.precision,
+        scheme=None,
+        method=str(recorded.get("method", "")),
+        calibration=str(recorded.get("calibration", "")),
+        evaluation=str(recorded.get("evaluation", "")),
+        node_counts=dict(recorded.get("nodes") or {}),
+        float_nodes=(),
+        skipped=(),
+        notes=(),
+        variants=chosen,
+        steps=tuple(steps),
+        options=Options(device=device, backend=manifest.backend),
+    )
+
+
+def with_output(plan: Plan, output: Path) -> Plan:
+    """The plan writing its bundle to ``output`` (a fleet gives each device its own)."""
+    steps = tuple(replace(s, output=str(output)) if isinstance(s, WriteBundle) else s for s in plan.steps)
+    return replace(plan, steps=steps, options=replace(plan.options, output=str(output)))

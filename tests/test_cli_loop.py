@@ -132,7 +132,7 @@ def test_plan_targets(cli):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["backend"] == "native" and doc["precision"] == "int8"  # the runner cross-builds for aarch64
-    assert [s["name"] for s in doc["steps"]][:2] == ["quantize", "bundle"]
+    assert [s["name"] for s in doc["steps"]][:4] == ["quantize", "compile", "compile", "bundle"]
     human = cli("plan", DIGITS, "--target", "local")
     assert "backend   native" in human.stdout and "precision int8" in human.stdout
 

@@ -142,3 +142,120 @@ def test_the_checker_sees_violations(tmp_path, monkeypatch):
         ("onnxruntime", False),
         ("edgekit.agent.backends.onnxruntime", False),
     } <= found
+
+
+# -- the layer order and no cycles ----------------------------------------------------------------
+# Lower layers never import higher ones (at module level or inside a function). The agent runs on
+# the device and imports nothing from the host (checked above), so any host layer may read it.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("edgekit", "edgekit.errors", "edgekit.fsutil", "edgekit.events", "edgekit.agent", "edgekit._ekrt"),
+    ("edgekit.profiles",),
+    ("edgekit.tensorspec", "edgekit.modelio", "edgekit.modelio_tflite"),
+    ("edgekit.quantize",),
+    ("edgekit.targets",),
+    ("edgekit.bundle",),
+    ("edgekit.transport",),
+    ("edgekit.transport.push", "edgekit.transport.agentzip"),
+    ("edgekit.agentclient", "edgekit.bench"),
+    ("edgekit.devices",),
+    ("edgekit.plan",),
+    ("edgekit.deploy", "edgekit.api"),
+    ("edgekit.cli", "edgekit.__main__"),
+)
+
+
+def _layer(module: str) -> int | None:
+    """The layer of ``module``: the most specific prefix listed wins (edgekit.transport.push over edgekit.transport)."""
+    best, best_len = None, -1
+    for i, names in enumerate(LAYERS):
+        for name in names:
+            if _is_under(module, name) and len(name) > best_len:
+                best, best_len = i, len(name)
+    return best
+
+
+def _host_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in _py_files(PACKAGE)}
+
+
+def _edges() -> dict[str, set[tuple[str, int]]]:
+    """module -> {(imported edgekit module, line)}, resolving `from pkg import name` to pkg.name when that is a module."""
+    modules = _host_modules()
+    edges: dict[str, set[tuple[str, int]]] = {}
+    for module, path in modules.items():
+        out: set[tuple[str, int]] = set()
+        for imported, _, line in _imports(path):
+            if imported.split(".")[0] != "edgekit":
+                continue
+            if imported in modules:
+                out.add((imported, line))
+            elif imported.rpartition(".")[0] in modules:  # `from edgekit.x import function`
+                out.add((imported.rpartition(".")[0], line))
+        out.discard((module, 0))
+        edges[module] = {(m, line) for m, line in out if m != module}
+    return edges
+
+
+def test_every_host_module_has_a_layer():
+    missing = [m for m in _host_modules() if _layer(m) is None]
+    assert not missing, "add these modules to LAYERS in tests/test_layering.py: " + ", ".join(missing)
+
+
+def test_no_module_imports_a_higher_layer():
+    modules = _host_modules()
+    bad = []
+    for module, targets in _edges().items():
+        for imported, line in sorted(targets):
+            if _layer(imported) > _layer(module):
+                bad.append(f"{_rel(modules[module])}:{line} ({LAYERS[_layer(module)][0]}) imports {imported} ({LAYERS[_layer(imported)][0]})")
+    assert not bad, "imports against the layer order:\n" + "\n".join(bad)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    # A package's __init__ re-exporting its submodules is not a cycle of modules; leave those edges out.
+    graph = {
+        m: {t for t, _ in targets if not (m.startswith(t + ".") and _host_modules()[t].name == "__init__.py")}
+        for m, targets in _edges().items()
+    }
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles (lazy imports count):\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

@@ -1,4 +1,4 @@
-"""Options shared by several commands, declared once."""
+"""Options shared by several commands, declared once (no noun imports another noun)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,41 @@ PreprocessOpt = Annotated[
     typer.Option("--preprocess", help="Image preprocessing, e.g. 'scale=1/255,mean=0.485/0.456/0.406,std=0.229/0.224/0.225,color=rgb'."),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout.")]
-Backend = Annotated[str | None, typer.Option("--backend", help="Force a backend (onnxruntime, native, openvino, tensorrt, tflite).")]
+Backend = Annotated[str | None, typer.Option("--backend", help="Force a backend (onnxruntime, native, openvino, tensorrt, tflite, numpy).")]
+
+# -- devices ------------------------------------------------------------------------------------
+Devices = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--device", "-d", metavar="DEVICE",
+        help="Device: an inventory name, @GROUP, user@host[:port], an ~/.ssh/config alias, or local. "
+        "Repeat it for several devices (run in parallel). Default: this machine.",
+    ),
+]  # fmt: skip
+Inventory = Annotated[
+    Path | None,
+    typer.Option("--inventory", "-i", metavar="FILE", help="devices.toml, or an Ansible INI/YAML inventory. Default: ./devices.toml, then the config dir's."),
+]
+Jobs = Annotated[int, typer.Option("--jobs", "-j", min=1, metavar="N", help="With several devices: how many to work on at once.")]
+LockWait = Annotated[
+    float,
+    typer.Option("--lock-wait", min=0, metavar="SECONDS", help="Queue this long behind another job holding the device's lock."),
+]
+TrustNewHost = Annotated[
+    bool,
+    typer.Option(
+        "--trust-new-host",
+        help="Accept an SSH device whose host key is not in ~/.ssh/known_hosts yet, and save its key (a changed key is always refused).",
+    ),
+]
+Password = Annotated[
+    bool,
+    typer.Option("--password", help="Allow SSH password login; the password comes from $EDGEKIT_SSH_PASSWORD, else it is asked on the terminal."),
+]
+Warmup = Annotated[int | None, typer.Option("--warmup", min=0, metavar="N", help="Untimed runs first (default: the profile's).")]
+Iterations = Annotated[int | None, typer.Option("--iterations", "-n", min=1, metavar="N", help="Timed runs (default: the profile's).")]
+Duration = Annotated[float | None, typer.Option("--duration", min=0.001, metavar="SECONDS", help="Time for this many seconds instead of a count.")]
+Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else all cores).")]
 
 
 def output(json_mode: bool) -> Output:
@@ -47,19 +81,35 @@ def check_method(method: str) -> str:
     return method
 
 
-def fmt_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
+    from edgekit.modelio import parse_shape_overrides
+
+    return parse_shape_overrides(items)
 
 
-def fmt_pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.2f}%"
+def is_fleet(entries: list, inventory: Path | None) -> bool:
+    """Several devices, or an inventory: the per-device table (a JSON list) instead of one result."""
+    return inventory is not None or len(entries) > 1
 
 
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+def ssh_password(enabled: bool, entry) -> str | None:
+    """The SSH password when --password was given: $EDGEKIT_SSH_PASSWORD, else asked on the TTY."""
+    import getpass
+    import os
+    import sys
+
+    from edgekit.errors import UsageError
+
+    if not enabled:
+        return None
+    if entry is None or entry.is_local:
+        raise UsageError("--password is for SSH devices", "drop --password, or pass --device user@host")
+    password = os.environ.get("EDGEKIT_SSH_PASSWORD")
+    if password:
+        return password
+    if not sys.stdin.isatty():
+        raise UsageError(
+            "--password needs the password, and there is no terminal to ask on",
+            "set EDGEKIT_SSH_PASSWORD for this command, or better, install an SSH key on the device (ssh-copy-id)",
+        )
+    return getpass.getpass(f"SSH password for {entry.address}: ")

@@ -15,28 +15,17 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-InventoryOpt = Annotated[
-    Path | None,
-    typer.Option("--inventory", "-i", metavar="FILE", help="devices.toml, or an Ansible INI/YAML inventory. Default: ./devices.toml, then the config dir's."),
-]
 DeviceArg = Annotated[str, typer.Argument(metavar="DEVICE", help="An inventory name, user@host[:port], an ~/.ssh/config alias, or local.", show_default=False)]
 TargetOpt = Annotated[
     str | None,
     typer.Option("--target", "-t", metavar="PROFILE", help="Target profile. Default: the device's inventory profile, else local / linux-cpu."),
 ]
-# The same flags as deploy/bench (declared there too: cli.deploy imports this module).
-TrustOpt = Annotated[
-    bool,
-    typer.Option("--trust-new-host", help="Accept an SSH device whose host key is not in ~/.ssh/known_hosts yet, and save its key."),
-]
-PasswordOpt = Annotated[bool, typer.Option("--password", help="Allow SSH password login ($EDGEKIT_SSH_PASSWORD, else asked on the terminal).")]
 
 
 def _connect(entry, profile, trust_new_host: bool, password: bool, o):
-    from edgekit.cli.deploy import ssh_password
     from edgekit.devices import connect
 
-    return connect(entry, profile, trust_new_host=trust_new_host, password=ssh_password(password, None if entry.is_local else entry.address), log=o.info)
+    return connect(entry, profile, trust_new_host=trust_new_host, password=common.ssh_password(password, entry), log=o.info)
 
 
 def _entry_and_profile(device: str, target: str | None, inventory: Path | None):
@@ -49,7 +38,7 @@ def _entry_and_profile(device: str, target: str | None, inventory: Path | None):
 
 
 @app.command("list")
-def list_devices(inventory: InventoryOpt = None, json_out: common.Json = False) -> None:
+def list_devices(inventory: common.Inventory = None, json_out: common.Json = False) -> None:
     """List the devices of an inventory: name, SSH target, profile, tags.
 
     \b
@@ -78,9 +67,9 @@ def list_devices(inventory: InventoryOpt = None, json_out: common.Json = False) 
 def check(
     device: DeviceArg,
     target: TargetOpt = None,
-    inventory: InventoryOpt = None,
-    trust_new_host: TrustOpt = False,
-    password: PasswordOpt = False,
+    inventory: common.Inventory = None,
+    trust_new_host: common.TrustNewHost = False,
+    password: common.Password = False,
     json_out: common.Json = False,
 ) -> None:
     """Probe DEVICE and check it against a profile: arch, ISA, runtimes, memory, disk.
@@ -127,11 +116,11 @@ def provision(
         typer.Option("--runtime", "-r", metavar="NAME", help="onnxruntime, openvino, tflite or numpy. Default: what the profile's plan needs."),
     ] = None,
     target: TargetOpt = None,
-    inventory: InventoryOpt = None,
+    inventory: common.Inventory = None,
     offline: Annotated[bool, typer.Option("--offline", help="Don't let the device try the registry: download wheels here and push them.")] = False,
     lock_wait: Annotated[float, typer.Option("--lock-wait", min=0, metavar="SECONDS", help="Wait this long for another job's lock on the device.")] = 0.0,
-    trust_new_host: TrustOpt = False,
-    password: PasswordOpt = False,
+    trust_new_host: common.TrustNewHost = False,
+    password: common.Password = False,
     json_out: common.Json = False,
 ) -> None:
     """Install a runtime into edgekit's own venv on DEVICE (<workdir>/venv).
@@ -179,9 +168,9 @@ def provision(
 def unlock(
     device: DeviceArg,
     target: TargetOpt = None,
-    inventory: InventoryOpt = None,
-    trust_new_host: TrustOpt = False,
-    password: PasswordOpt = False,
+    inventory: common.Inventory = None,
+    trust_new_host: common.TrustNewHost = False,
+    password: common.Password = False,
     json_out: common.Json = False,
 ) -> None:
     """Remove DEVICE's lock, whoever holds it: for a job that died (a lock also expires by itself).
@@ -205,63 +194,3 @@ def unlock(
         o.line(f"removed the lock on {entry.name} held by {describe_holder(holder)}")
     else:
         o.line(f"{entry.name} was not locked")
-
-
-# -- shared by deploy and bench for many devices ------------------------------------------------
-
-DevicesOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--device", "-d", metavar="DEVICE",
-        help="Device: an inventory name, @GROUP, user@host[:port], an ~/.ssh/config alias, or local. "
-        "Repeat it for several devices (run in parallel). Default: this machine.",
-    ),
-]  # fmt: skip
-JobsOpt = Annotated[int, typer.Option("--jobs", "-j", min=1, metavar="N", help="With several devices: how many to work on at once.")]
-LockWaitOpt = Annotated[
-    float,
-    typer.Option("--lock-wait", min=0, metavar="SECONDS", help="Queue this long behind another job holding the device's lock."),
-]
-
-
-def is_fleet(entries: list, inventory: Path | None) -> bool:
-    """Several devices, or an inventory: the per-device table (a JSON list) instead of one result."""
-    return inventory is not None or len(entries) > 1
-
-
-def report_fleet(o, fleet, *, title: str, columns: list[str], row, json_out: bool, to_json=None) -> None:
-    """One row per device (or a JSON list of outcomes); then an error naming the failed devices.
-
-    ``row(value) -> list[str]`` gives the ``columns`` of a device that succeeded.
-    """
-    import os
-
-    from edgekit.devices.fleet import exit_now, workers_alive
-    from edgekit.errors import DeviceError
-
-    if json_out:
-        o.json([out.to_dict(to_json) for out in fleet.outcomes])
-    else:
-        rows = []
-        for out in fleet.outcomes:
-            cells = row(out.value) if out.succeeded else ["-"] * len(columns)
-            rows.append([out.device, out.status, *cells, f"{out.duration_s:.1f}s", out.error or ""])
-        o.table(["device", "status", *columns, "time", "error"], rows, title=title)
-        o.line(fleet.summary())
-    for out in fleet.failed:
-        if out.hint:
-            o.info(f"[{out.device}] hint: {out.hint}")
-        if out.traceback and os.environ.get("EDGEKIT_DEBUG") == "1":
-            o.info(f"[{out.device}] {out.traceback}")
-    if fleet.interrupted:
-        busy = "; devices still busy finish their current command on their own" if workers_alive() else ""
-        o.info(f"error: interrupted: {fleet.summary()}{busy}")
-        exit_now(fleet.exit_code)  # worker threads may still wait on a device: don't join them
-    if not fleet.ok:
-        failed = ", ".join(out.device for out in fleet.failed)
-        err = DeviceError(
-            f"{len(fleet.failed)} of {len(fleet.outcomes)} device(s) failed: {failed}",
-            "each device's error is in the table above; `edgekit devices check DEVICE` shows what a device lacks",
-        )
-        err.exit_code = fleet.exit_code  # the first failed device's: 4 for a device, 3 for the model...
-        raise err

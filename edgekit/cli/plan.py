@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from edgekit.cli import common
-from edgekit.cli.output import Output
+from edgekit.cli import common, render
 
 
 def register(app: typer.Typer) -> None:
@@ -33,51 +32,14 @@ def plan(
 
         edgekit plan examples/digits/digits_cnn.onnx --target rpi5
     """
-    from edgekit.deploy import DeployRequest, prepare_deploy
-    from edgekit.modelio import parse_shape_overrides
+    from edgekit import api
 
     o = common.output(json_out)
-    req = DeployRequest(
-        model=model,
-        target=target,
-        device=device,
-        backend=backend,
-        quantize=not no_quantize,
-        calib=calib,
-        method=common.check_method(method),
-        exclude=tuple(exclude or ()),
-        shapes=parse_shape_overrides(shape),
-    )
-    prep = prepare_deploy(req)
-    doc = prep.plan.to_dict()
+    doc = api.plan(
+        model, target=target, device=device, backend=backend, quantize=not no_quantize, calib=calib,
+        method=common.check_method(method), exclude=exclude, shapes=common.shapes(shape),
+    ).to_dict()  # fmt: skip
     if json_out:
         o.json(doc)
         return
-    print_plan(o, doc)
-
-
-def print_plan(o: Output, doc: dict) -> None:
-    o.line(f"model     {doc['model']}  ({doc['model_path']})")
-    o.line("inputs    " + ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in doc["inputs"]))
-    o.line(f"target    {doc['profile']}: {doc['profile_description']}")
-    o.line(f"device    {doc['device']}")
-    o.line(f"backend   {doc['backend']}")
-    o.line(f"precision {doc['precision']}")
-    if doc["scheme"]:
-        s = doc["scheme"]
-        o.line(
-            f"scheme    {s['name']}: activations {s['activation_dtype']} "
-            f"{'symmetric' if s['activation_symmetric'] else 'asymmetric'}, weights int8 symmetric "
-            f"{'per-channel' if s['per_channel'] else 'per-tensor'}; {doc['method']} calibration on {doc['calibration']}"
-        )
-        n = doc["nodes"]
-        o.line(
-            f"nodes     {n.get('int8', 0)} int8, {n.get('fused', 0)} fused, {n.get('passthrough', 0)} pass-through, {n.get('float', 0)} float"
-        )
-    for b in doc["skipped_backends"]:
-        o.line(f"skipped   {b['backend']}: {b['reason']}")
-    for note in doc["notes"]:
-        o.line(f"note      {note}")
-    if doc["float_nodes"]:
-        o.table(["node", "op", "stays float because"], [[f["name"], f["op"], f["reason"]] for f in doc["float_nodes"]])
-    o.table(["#", "step", "detail"], [[i + 1, s["name"], s["detail"]] for i, s in enumerate(doc["steps"])])
+    render.print_plan(o, doc)

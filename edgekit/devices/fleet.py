@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -180,33 +180,3 @@ def exit_now(code: int) -> None:
 def safe_name(device: str) -> str:
     """A device name as one path component (for per-device output directories)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", device).strip("._") or "device"
-
-
-class DeviceEvents:
-    """Events for one device of a fleet: every line prefixed ``[name]``, no live progress bars.
-
-    Wraps the CLI's Output (or deploy's Events); rich allows one live display at a time, and
-    several devices' bars would fight over the terminal anyway.
-    """
-
-    def __init__(self, sink: Any, name: str) -> None:
-        self.sink, self.name = sink, name
-
-    def info(self, message: str) -> None:
-        self.sink.info(f"[{self.name}] {message}")
-
-    def warn(self, message: str) -> None:
-        self.sink.warn(f"[{self.name}] {message}")
-
-    @contextlib.contextmanager
-    def progress(self, description: str, total: int | None = None) -> Iterator[Any]:
-        self.sink.info(f"[{self.name}] {description} ...")
-        yield _Quiet()
-
-
-class _Quiet:
-    def advance(self, n: int = 1) -> None:
-        pass
-
-    def update(self, description: str) -> None:
-        pass

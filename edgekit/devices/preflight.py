@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.bench.run import device_facts
+from edgekit.agentclient import device_facts
 from edgekit.errors import DeviceError, EdgekitError, ProfileError
 from edgekit.profiles import Profile, list_profiles
 from edgekit.targets import get_backend
@@ -289,32 +289,8 @@ def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tup
 def _backend_problem(profile: Profile, name: str, facts: dict) -> tuple[str | None, str]:
     """Why backend ``name`` cannot run on the probed device (None: it can), and the kind of
     problem: arch, missing (the runtime), version, device (e.g. no NPU plugin/driver)."""
-    impl = get_backend(name)
-    d = facts.get("device") or {}
-    arch = d.get("arch")
-    if arch and arch not in impl.archs:
-        return f"does not run on {arch}", "arch"
-    if not impl.runtimes:
-        return None, ""
-    version = runtime_version(facts, *impl.runtimes)
-    if version is None:
-        return f"{' or '.join(impl.runtimes)} is not installed", "missing"
-    spec = profile.backend(name)
-    if spec is not None:
-        try:
-            inside = spec.version_ok(version)
-        except ValueError:
-            inside = True  # a custom build's version string: don't guess
-        if not inside:
-            bounds = " and ".join(b for b in (f">= {spec.min_version}" if spec.min_version else "", f"<= {spec.max_version}" if spec.max_version else "") if b)
-            return f"{impl.runtimes[0]} {version} is installed; {profile.name} needs {bounds}", "version"
-    devices = (facts.get("probe") or {}).get("openvino_devices")
-    if name == "openvino" and spec is not None and spec.device and isinstance(devices, list):
-        wanted = [p for p in spec.device.replace("HETERO:", "").replace("AUTO:", "").split(",") if p]
-        absent = [p for p in wanted if not any(str(x).split(".")[0] == p for x in devices)]
-        if absent:
-            return f"OpenVINO sees devices {', '.join(map(str, devices)) or 'none'}, not {', '.join(absent)} (driver or plugin missing)", "device"
-    return None, ""
+    verdict = get_backend(name).runs_on(profile, facts)
+    return (None, "") if verdict.ok else ("; ".join(verdict.reasons), verdict.kind)
 
 
 def _memory_check(d: dict, probe: dict, bundle_bytes: int | None) -> Check:

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 class Verdict:
     ok: bool
     reasons: tuple[str, ...] = ()
+    # Why not, for a device that can't: arch, missing (the runtime), version, device (e.g. no
+    # NPU plugin or driver), model. Preflight's hint (provision? upgrade?) depends on it.
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -58,17 +61,41 @@ class Backend:
 
     def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
         """Can this backend run ``model`` on ``profile``'s device? ``facts``: the probed device."""
+        if model.format not in self.formats:
+            return Verdict(False, (f"{self.name} does not run {model.format} models",), "model")
+        return self.runs_on(profile, facts)
+
+    def runs_on(self, profile: Profile, facts: dict | None = None) -> Verdict:
+        """Can this backend run on ``profile``'s device at all (arch, runtime and its version)?
+        The one answer the planner and preflight share; ``facts``: the probed device, or None."""
         if not self.implemented:
-            return Verdict(False, (f"the {self.name} backend is not available in this edgekit version",))
-        fmt = getattr(model, "format", "onnx")
-        if fmt not in self.formats:
-            return Verdict(False, (f"{self.name} does not run {fmt} models",))
-        arch = (facts or {}).get("device", {}).get("arch") or profile.cpu.arch
+            return Verdict(False, (f"the {self.name} backend is not available in this edgekit version",), "unavailable")
+        arch = ((facts or {}).get("device") or {}).get("arch") or profile.cpu.arch
         if arch and arch not in self.archs:
-            return Verdict(False, (f"{self.name} does not run on {arch}",))
-        if facts is not None and self.runtimes and runtime_version(facts, *self.runtimes) is None:
-            return Verdict(False, (f"{' or '.join(self.runtimes)} is not installed on the device",))
+            return Verdict(False, (f"{self.name} does not run on {arch}",), "arch")
+        if facts is None or not self.runtimes:
+            return Verdict(True)
+        version = runtime_version(facts, *self.runtimes)
+        if version is None:
+            return Verdict(False, (f"{' or '.join(self.runtimes)} is not installed on the device",), "missing")
+        problem = self.version_problem(profile, version)
+        if problem:
+            return Verdict(False, (problem,), "version")
         return Verdict(True)
+
+    def version_problem(self, profile: Profile, version: str) -> str | None:
+        """Why the device's runtime ``version`` is outside what ``profile`` allows (None: inside)."""
+        spec = profile.backend(self.name)
+        if spec is None:
+            return None
+        try:
+            inside = spec.version_ok(version)
+        except ValueError:
+            return None  # a custom build's version string: don't guess
+        if inside:
+            return None
+        bounds = " and ".join(b for b in (f">= {spec.min_version}" if spec.min_version else "", f"<= {spec.max_version}" if spec.max_version else "") if b)
+        return f"{self.runtimes[0]} {version} is installed; {profile.name} needs {bounds}"
 
     def variant_options(self, spec: BackendSpec | None, precision: str) -> dict[str, Any]:
         """Options the agent passes to the runtime for a variant (JSON values)."""

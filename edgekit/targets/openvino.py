@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgekit.modelio import LoadedModel
 from edgekit.profiles import BackendSpec, Profile
 from edgekit.profiles.model import version_tuple
 from edgekit.quantize.scheme import OPENVINO
@@ -49,11 +48,11 @@ class OpenVinoBackend(Backend):
     scheme = OPENVINO
     runtimes = ("openvino",)
 
-    def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
-        verdict = super().supports(model, profile, facts)
+    def runs_on(self, profile: Profile, facts: dict | None = None) -> Verdict:
+        verdict = super().runs_on(profile, facts)
+        if verdict.kind == "missing":
+            return Verdict(False, ("openvino is not installed on the device (python3 -m pip install openvino)",), "missing")
         if not verdict.ok:
-            if facts is not None and runtime_version(facts, *self.runtimes) is None:
-                return Verdict(False, ("openvino is not installed on the device (python3 -m pip install openvino)",))
             return verdict
         spec = profile.backend(self.name)
         device = device_of(spec)
@@ -66,10 +65,13 @@ class OpenVinoBackend(Backend):
             if needs:
                 reasons.append(f"the device's OpenVINO must be {needs} (planned on paper: not checked yet)")
             return Verdict(True, tuple(reasons))
-        if _older(version, MIN_VERSION):
-            return Verdict(False, (f"the device has OpenVINO {version}; the edgekit agent needs {MIN_VERSION} or newer (API 2.0)",))
-        if needs and not _within(version, spec, device):
-            return Verdict(False, (f"the device has OpenVINO {version}; {device} on {profile.name} needs OpenVINO {needs}",))
+        seen = ((facts or {}).get("probe") or {}).get("openvino_devices")
+        if spec is not None and spec.device and isinstance(seen, list):
+            wanted = [p for p in spec.device.replace("HETERO:", "").replace("AUTO:", "").split(",") if p]
+            absent = [p for p in wanted if not any(str(x).split(".")[0] == p for x in seen)]
+            if absent:
+                why = f"OpenVINO sees devices {', '.join(map(str, seen)) or 'none'}, not {', '.join(absent)} (driver or plugin missing)"
+                return Verdict(False, (why,), "device")
         if needs:
             reasons.append(f"the device has OpenVINO {version} ({device} needs {needs})")
         host = _host_version()
@@ -79,6 +81,16 @@ class OpenVinoBackend(Backend):
                 "model for the device's own ONNX frontend, not IR (IR from a newer OpenVINO may not load in an older one)"
             )
         return Verdict(True, tuple(reasons))
+
+    def version_problem(self, profile: Profile, version: str) -> str | None:
+        if _older(version, MIN_VERSION):
+            return f"the device has OpenVINO {version}; the edgekit agent needs {MIN_VERSION} or newer (API 2.0)"
+        spec = profile.backend(self.name)
+        device = device_of(spec)
+        needs = _bounds(spec, device)
+        if needs and not _within(version, spec, device):
+            return f"the device has OpenVINO {version}; {device} on {profile.name} needs OpenVINO {needs}"
+        return None
 
     def variant_options(self, spec: BackendSpec | None, precision: str) -> dict[str, Any]:
         device = device_of(spec)

@@ -1,0 +1,172 @@
+"""edgekit's Python API: what the CLI does, as functions with typed arguments and results.
+
+>>> from edgekit import api as ek
+>>> plan = ek.plan("examples/digits/digits_cnn.onnx", target="rpi5")  # doctest: +SKIP
+>>> result = ek.deploy("examples/digits/digits_cnn.onnx", target="local")  # doctest: +SKIP
+>>> result.summary()["speedup_p50"]  # doctest: +SKIP
+
+Every function takes the model (or bundle) path first and keyword options after: the fields of
+``edgekit.deploy.DeployRequest`` (target, device, backend, calib, eval, labels, method,
+exclude, shapes, preprocess, warmup, iterations, duration_s, threads, output, inventory,
+provision, lock_wait, trust_new_host, password). ``events`` (an ``edgekit.events.Events``)
+receives progress and warnings; by default the library is silent. Errors are
+``edgekit.errors.EdgekitError`` subclasses with ``message`` and ``hint``.
+
+(The functions live here, not on the package root, because ``edgekit.quantize``,
+``edgekit.plan``, ``edgekit.deploy`` and ``edgekit.bench`` are the modules that implement them.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from edgekit.agentclient import BenchConfig
+from edgekit.bench.store import ResultsStore
+from edgekit.bundle import load_bundle
+from edgekit.deploy import DeployRequest, DeployResult, Job, execute, open_job, run
+from edgekit.devices import DeviceEntry, connect, resolve_devices
+from edgekit.devices.lock import device_lock
+from edgekit.errors import ModelError, PlanError, UsageError
+from edgekit.events import Events
+from edgekit.fsutil import check_output_path
+from edgekit.plan import Plan, plan_bundle
+from edgekit.profiles import Profile, load_profile
+from edgekit.quantize import QuantizeResult, save_model
+
+MODEL_SUFFIXES = (".onnx", ".tflite")
+
+
+def request(model: str | Path, **options: Any) -> DeployRequest:
+    """A ``DeployRequest`` for ``model``; an unknown option is a UsageError naming it."""
+    known = {f.name for f in dataclasses.fields(DeployRequest)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise UsageError(f"unknown option(s): {', '.join(unknown)}", f"known options: {', '.join(sorted(known - {'model'}))}")
+    if "exclude" in options:
+        options["exclude"] = tuple(options["exclude"] or ())
+    for key in ("calib", "eval", "labels", "output", "inventory"):
+        if options.get(key) is not None:
+            options[key] = Path(options[key])
+    return DeployRequest(model=Path(model), **options)
+
+
+def plan(model: str | Path, **options: Any) -> Plan:
+    """What ``deploy`` would do, decided on paper (no device contacted).
+
+    >>> ek.plan("examples/digits/digits_cnn.onnx", target="jetson-nano").precision  # doctest: +SKIP
+    'fp16'
+    """
+    return open_job(request(model, **options)).plan()
+
+
+def quantize(model: str | Path, output: str | Path, *, events: Events | None = None, **options: Any) -> QuantizeResult:
+    """Quantize ``model`` to QDQ int8 ONNX at ``output`` for the target's backend; the result
+    carries the fp32-vs-int8 agreement on held-out samples.
+
+    >>> r = ek.quantize("examples/digits/digits_cnn.onnx", "digits.int8.onnx", calib="examples/digits/calib.npz")  # doctest: +SKIP
+    >>> r.agreement.accuracy_int8  # doctest: +SKIP
+    """
+    output = Path(output)
+    check_output_path(output)
+    job = open_job(request(model, goal="quantize", **options))
+    if job.model.format != "onnx":
+        raise ModelError(
+            f"edgekit quantizes ONNX models; {model} is a {job.model.format} model ({job.model.precision})",
+            f"quantize the float ONNX model it came from, or bench it as it is: edgekit bench {model}",
+        )
+    planned = job.plan()
+    if not planned.quantize:
+        raise PlanError(
+            f"{planned.backend} on {planned.profile} runs {planned.precision}: there is nothing to quantize",
+            "pick a target (or --backend) with an int8 path, e.g. --target local",
+        )
+    result = execute(planned, job, events=events).quantize
+    save_model(result.model, output)
+    return result
+
+
+def deploy(model: str | Path, *, events: Events | None = None, **options: Any) -> DeployResult:
+    """Quantize, bundle, push to the device, bench each variant there and store the runs.
+
+    ``goal="bundle"`` stops after writing the bundle (no device).
+
+    >>> r = ek.deploy("examples/digits/digits_cnn.onnx", target="local")  # doctest: +SKIP
+    >>> r.to_dict()["summary"]["variants"]["int8"]["p50_ms"]  # doctest: +SKIP
+    """
+    job = open_job(request(model, **options))
+    return run(job, job.plan(), events or Events())
+
+
+def deploy_job(job: Job, device: DeviceEntry, events: Events, **changes: Any) -> DeployResult:
+    """``job`` deployed to one ``device`` (a fleet runs this per device, sharing the loaded model and data)."""
+    profile = load_profile(changes.pop("target")) if "target" in changes else job.profile
+    one = dataclasses.replace(job, device=device, profile=profile, **changes)
+    return run(one, one.plan(), events)
+
+
+def bench(
+    path: str | Path,
+    *,
+    variants: Sequence[str] | None = None,
+    events: Events | None = None,
+    **options: Any,
+) -> DeployResult:
+    """Bench a bundle directory (push it, time ``variants`` on the device, store the runs), or a
+    model file as it is (unquantized, through the same pipeline as ``deploy``).
+
+    >>> runs = ek.bench("edgekit-out/digits_cnn-local", variants=["int8"], iterations=500)  # doctest: +SKIP
+    """
+    path = Path(path)
+    events = events or Events()
+    if path.is_file() or path.suffix.lower() in MODEL_SUFFIXES:
+        if variants:
+            raise UsageError("variants select parts of a bundle; a model file has one", "drop the variant selection, or bench a bundle directory")
+        return deploy(path, events=events, quantize=False, **options)
+    if options.get("backend") or options.get("shapes"):
+        raise UsageError("--backend and --shape apply to a model file; a bundle was built for its backend", "pass a model file, or drop them")
+    bundle = load_bundle(path)
+    target = options.pop("target", None)
+    req = request(path, **options)
+    entry = req.device if isinstance(req.device, DeviceEntry) else resolve_devices([req.device or "local"], req.inventory)[0]
+    return bench_bundle(bundle, entry, load_profile(target or bundle.manifest.profile), req, variants, events)
+
+
+def bench_bundle(
+    bundle: Any, device: DeviceEntry, profile: Profile, req: DeployRequest, variants: Sequence[str] | None, events: Events
+) -> DeployResult:
+    """Push ``bundle`` to ``device`` and bench its ``variants`` (default: all) there, under the device's lock."""
+    manifest = bundle.manifest
+    known = [v.name for v in manifest.variants]
+    selected = list(dict.fromkeys(variants or known))
+    for name in selected:
+        if name not in known:
+            raise UsageError(f"the bundle has no variant '{name}'", f"pass one of: {', '.join(known)}")
+    d = profile.bench
+    config = BenchConfig(
+        warmup=d.warmup if req.warmup is None else req.warmup,
+        iterations=d.iterations if req.iterations is None else req.iterations,
+        duration_s=req.duration_s,
+        threads=d.threads if req.threads is None else req.threads,
+    )
+    planned = plan_bundle(manifest, profile, device=device.name, variants=selected, config=config)
+    transport = connect(device, profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)
+    try:
+        with device_lock(transport, wait=req.lock_wait, on_wait=events.info):
+            return execute(planned, None, transport, events, bundle=bundle)
+    finally:
+        transport.close()
+
+
+def results(path: str | Path | None = None) -> ResultsStore:
+    """The results store (default: the user data dir's); use it as a context manager.
+
+    >>> with ek.results() as store:  # doctest: +SKIP
+    ...     latest = store.list(limit=1)
+    """
+    return ResultsStore(Path(path) if path is not None else None)
+
+
+__all__ = ["bench", "deploy", "plan", "quantize", "request", "results"]

@@ -1,0 +1,229 @@
+"""Rendering shared by the CLI's nouns: the sentences and tables users read (the library returns data)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from edgekit.cli.output import Output
+
+TOP_LAYERS = 5
+# Short headers: the bench table fits 80 columns (a pipe or CI log) for typical values.
+RUN_COLUMNS = ["variant", "backend", "prec", "p50 ms", "p90", "p99", "mean", "inf/s", "RSS MB"]
+
+
+def fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.2f}%"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def print_plan(o: Output, doc: dict) -> None:
+    o.line(f"model     {doc['model']}  ({doc['model_path']})")
+    o.line("inputs    " + ", ".join(f"{i['name']} {i['dtype']}{i['shape']}" for i in doc["inputs"]))
+    o.line(f"target    {doc['profile']}: {doc['profile_description']}")
+    o.line(f"device    {doc['device']}")
+    o.line(f"backend   {doc['backend']}")
+    o.line(f"precision {doc['precision']}")
+    if doc["scheme"]:
+        s = doc["scheme"]
+        o.line(
+            f"scheme    {s['name']}: activations {s['activation_dtype']} "
+            f"{'symmetric' if s['activation_symmetric'] else 'asymmetric'}, weights int8 symmetric "
+            f"{'per-channel' if s['per_channel'] else 'per-tensor'}; {doc['method']} calibration on {doc['calibration']}"
+        )
+        n = doc["nodes"]
+        o.line(
+            f"nodes     {n.get('int8', 0)} int8, {n.get('fused', 0)} fused, {n.get('passthrough', 0)} pass-through, {n.get('float', 0)} float"
+        )
+    for b in doc["skipped_backends"]:
+        o.line(f"skipped   {b['backend']}: {b['reason']}")
+    for note in doc["notes"]:
+        o.line(f"note      {note}")
+    if doc["float_nodes"]:
+        o.table(["node", "op", "stays float because"], [[f["name"], f["op"], f["reason"]] for f in doc["float_nodes"]])
+    o.table(["#", "step", "detail"], [[i + 1, s["name"], s["detail"]] for i, s in enumerate(doc["steps"])])
+
+
+def speed_sentence(summary: dict, float_nodes: int = 0) -> str | None:
+    """The plain-language verdict on int8 vs fp32 speed on this device."""
+    if "speedup_p50" not in summary:
+        return None
+    s = summary["speedup_p50"]
+    if summary["int8_faster"]:
+        return f"int8 is {s:.2f}x faster than fp32 at p50 on this device."
+    why = []
+    fp_p50 = summary["variants"]["fp32"]["p50_ms"]
+    if fp_p50 is not None and fp_p50 < 0.1:
+        why.append(f"the model runs in {fp_p50 * 1000:.0f} us, where per-call overhead outweighs the arithmetic")
+    if float_nodes:
+        why.append(f"{float_nodes} node(s) stay float, and each int8/float boundary costs a Q/DQ conversion")
+    if not why:
+        why.append("this runtime's int8 kernels are not faster than its fp32 ones on this CPU")
+    return f"int8 is NOT faster than fp32 on this device ({s:.2f}x fp32's speed at p50): " + "; ".join(why) + "."
+
+
+def print_summary(o: Output, doc: dict) -> None:
+    """A deploy's result: one row per variant, the agreement, the verdict, where things went."""
+    s = doc["summary"]
+    variants = s["variants"]
+    fp = variants.get("fp32", {})
+    agreement = s.get("agreement")
+    top1 = None
+    if agreement:
+        top1 = next((x["top1"] for x in agreement["outputs"] if x["top1"] is not None), None)
+    rows = []
+    for name, v in variants.items():
+        speed = "-"
+        if v.get("p50_ms") and fp.get("p50_ms"):
+            speed = f"{fp['p50_ms'] / v['p50_ms']:.2f}x"
+        agree = "-"
+        if name != "fp32" and agreement:
+            first = agreement["outputs"][0]
+            agree = f"cos {first['cosine']:.4f}" + (f", top-1 {top1 * 100:.1f}%" if top1 is not None else "")
+        rows.append([
+            name, v["backend"], fmt_ms(v.get("p50_ms")), fmt_ms(v.get("p99_ms")), speed,
+            fmt_bytes(v.get("size_bytes")), fmt_pct(v.get("accuracy")), agree,
+        ])  # fmt: skip
+    title = f"{doc['model']} on {doc['target']} ({doc['device']}), backend {doc['backend']}"
+    o.table(["variant", "backend", "p50 ms", "p99 ms", "speed-up", "size", "accuracy", "agreement vs fp32"], rows, title=title)
+    if agreement:
+        drop = s.get("accuracy_drop")
+        o.line(
+            f"agreement measured on {agreement['samples']} held-out samples ({agreement['source']})"
+            + (f"; accuracy drop {drop * 100:+.2f} points" if drop is not None else "")
+        )
+    sentence = speed_sentence(s, len(doc["plan"]["float_nodes"]))
+    if sentence:
+        o.line(sentence)
+    print_backend_details(o, doc["runs"])
+    if doc["runs"]:
+        o.info(f"results stored as run(s) {', '.join(str(r['id']) for r in doc['runs'])}: edgekit results show ID")
+    if doc["bundle"]:
+        o.info(f"bundle: {doc['bundle']['path']}")
+
+
+def print_runs(o: Output, doc: dict, title: str) -> None:
+    """A bench's stored runs: one row per variant, then what the backend told."""
+    rows = []
+    for r in doc["runs"]:
+        st, rss = r["stats"], r.get("peak_rss_bytes")
+        rows.append([
+            r["variant"], r["backend"], r["precision"], fmt_latency(st["p50"]), fmt_latency(st["p90"]), fmt_latency(st["p99"]), fmt_latency(st["mean"]),
+            _rate(st["throughput"]), "" if rss is None else f"{rss / 2**20:.1f}",
+        ])  # fmt: skip
+    o.table(RUN_COLUMNS, rows, title=title)
+    print_backend_details(o, doc["runs"])
+
+
+def print_backend_details(o: Output, runs: list[dict]) -> None:
+    """Load times, the devices that really ran, and the slowest layers, where the backend told them."""
+    for run in runs:
+        info = run.get("backend_info") or {}
+        if info.get("first_load_ns") is not None:
+            text = f"{run['variant']}: first load {info['first_load_ns'] / 1e6:.1f} ms"
+            if info.get("cached_load_ns"):
+                text += f", cached load {info['cached_load_ns'] / 1e6:.1f} ms ({info['first_load_ns'] / info['cached_load_ns']:.1f}x faster)"
+            if info.get("execution_devices"):
+                text += f"; executed on {', '.join(info['execution_devices'])}"
+            o.line(text)
+        if info.get("fallback"):
+            o.warn(f"{run['variant']}: asked for {info.get('device')}, but {', '.join(info['execution_devices'])} ran it (fallback)")
+        layers = [x for x in run.get("layers") or [] if x.get("ns")]
+        if layers:
+            total = sum(x["ns"] for x in layers)
+            top = sorted(layers, key=lambda x: -x["ns"])[:TOP_LAYERS]
+            o.table(
+                ["layer", "op", "kernel", "us", "share"],
+                [[x["name"], x["op"], x.get("exec_type", ""), f"{x['ns'] / 1e3:.1f}", f"{x['ns'] / total * 100:.0f}%"] for x in top],
+                title=f"{run['variant']}: slowest {len(top)} of {len(layers)} timed layers",
+            )
+
+
+def print_quantize_report(o: Output, doc: dict) -> None:
+    cal = doc["calibration"]
+    o.line(
+        f"scheme {doc['scheme']['name']}, {doc['method']} calibration on {cal['samples']} samples from {cal['source']}"
+        + (" (RANDOM: not representative)" if cal["random"] else "")
+    )
+    nodes = doc["nodes"]
+    o.line(
+        f"nodes: {nodes.get('int8', 0)} int8, {nodes.get('fused', 0)} fused activations, "
+        f"{nodes.get('passthrough', 0)} int8 pass-through, {nodes.get('float', 0)} float"
+    )
+    agr = doc["agreement"]
+    rows = [
+        [out["name"], f"{out['cosine']:.5f}", "inf" if out["snr_db"] is None else f"{out['snr_db']:.1f}", f"{out['max_abs_err']:.4g}", fmt_pct(out["top1"])]
+        for out in agr["outputs"]
+    ]
+    o.table(["output", "cosine", "SNR dB", "max abs err", "top-1 agree"], rows, title=f"fp32 vs int8 on {agr['samples']} held-out samples ({agr['source']})")
+    if agr.get("accuracy_fp32") is not None:
+        o.line(
+            f"accuracy on labels: fp32 {fmt_pct(agr['accuracy_fp32'])}, int8 {fmt_pct(agr['accuracy_int8'])} "
+            f"(drop {agr['accuracy_drop'] * 100:+.2f} points)"
+        )
+    floats = doc.get("float_nodes", [])
+    if floats:
+        reasons: dict[str, list[str]] = {}
+        for f in floats:
+            reasons.setdefault(f"{f['op']}: {f['reason']}", []).append(f["name"])
+        o.table(
+            ["stays float", "nodes", "examples"],
+            [[r, len(names), ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")] for r, names in reasons.items()],
+        )
+
+
+def report_fleet(o: Output, fleet: Any, *, title: str, columns: list[str], row, json_out: bool, to_json=None) -> None:
+    """One row per device (or a JSON list of outcomes); then an error naming the failed devices.
+
+    ``row(value) -> list[str]`` gives the ``columns`` of a device that succeeded.
+    """
+    from edgekit.devices.fleet import exit_now, workers_alive
+    from edgekit.errors import DeviceError
+
+    if json_out:
+        o.json([out.to_dict(to_json) for out in fleet.outcomes])
+    else:
+        rows = []
+        for out in fleet.outcomes:
+            cells = row(out.value) if out.succeeded else ["-"] * len(columns)
+            rows.append([out.device, out.status, *cells, f"{out.duration_s:.1f}s", out.error or ""])
+        o.table(["device", "status", *columns, "time", "error"], rows, title=title)
+        o.line(fleet.summary())
+    for out in fleet.failed:
+        if out.hint:
+            o.info(f"[{out.device}] hint: {out.hint}")
+        if out.traceback and os.environ.get("EDGEKIT_DEBUG") == "1":
+            o.info(f"[{out.device}] {out.traceback}")
+    if fleet.interrupted:
+        busy = "; devices still busy finish their current command on their own" if workers_alive() else ""
+        o.info(f"error: interrupted: {fleet.summary()}{busy}")
+        exit_now(fleet.exit_code)  # worker threads may still wait on a device: don't join them
+    if not fleet.ok:
+        failed = ", ".join(out.device for out in fleet.failed)
+        err = DeviceError(
+            f"{len(fleet.failed)} of {len(fleet.outcomes)} device(s) failed: {failed}",
+            "each device's error is in the table above; `edgekit devices check DEVICE` shows what a device lacks",
+        )
+        err.exit_code = fleet.exit_code  # the first failed device's: 4 for a device, 3 for the model...
+        raise err
+
+
+def fmt_latency(value: float) -> str:
+    return f"{value:.3f}" if value < 10 else f"{value:.2f}" if value < 1000 else f"{value:.0f}"
+
+
+def _rate(value: float) -> str:
+    return f"{value:.1f}" if value < 1000 else f"{value:.0f}"

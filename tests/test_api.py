@@ -1,0 +1,89 @@
+"""The Python API (edgekit.api) drives the whole local loop without the CLI, and the plan is what runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgekit import api
+from edgekit.errors import UsageError
+from edgekit.plan import Bench, Compile, Push, Quantize, Store, WriteBundle
+from tests.conftest import EXAMPLES
+
+DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
+# What differs between two runs of the same deploy: timings, ids, paths, clocks.
+VOLATILE = {"stats", "p50_ms", "p99_ms", "mean_ms", "run_id", "id", "run_uuid", "seconds", "path", "push", "backend_info",
+            "layers", "peak_rss_bytes", "speedup_p50", "int8_faster", "duration_s"}  # fmt: skip
+
+
+def _stable(doc):
+    """``doc`` without the fields that change from run to run (timings, ids, paths)."""
+    if isinstance(doc, dict):
+        return {k: _stable(v) for k, v in doc.items() if k not in VOLATILE}
+    if isinstance(doc, list):
+        return [_stable(v) for v in doc]
+    return doc
+
+
+@pytest.mark.slow
+def test_api_deploy_gives_the_same_document_as_the_cli(cli, tmp_path):
+    result = api.deploy(DIGITS, target="local", iterations=20, warmup=2, output=tmp_path / "b")
+    doc = result.to_dict()
+    assert [r["variant"] for r in doc["runs"]] == ["fp32", "int8"]
+    assert result.run_ids and all(isinstance(i, int) for i in result.run_ids)
+    with api.results() as store:
+        assert {store.get(i)["run_uuid"] for i in result.run_ids} == {r["run_uuid"] for r in doc["runs"]}
+
+    r = cli("deploy", DIGITS, "--target", "local", "--json", "--iterations", "20", "--warmup", "2", "-o", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    from_cli = json.loads(r.stdout)
+    assert _stable(from_cli) == _stable(json.loads(json.dumps(doc)))
+    assert from_cli["bundle"]["hash"] == doc["bundle"]["hash"]  # the same artifact
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_steps_that_deploy_executes(cli, tmp_path):
+    dry = cli("deploy", DIGITS, "--dry-run", "--json", "--iterations", "10", "-o", tmp_path / "b")
+    assert dry.returncode == 0, dry.stderr
+    planned = json.loads(dry.stdout)["plan"]["steps"]
+    real = cli("deploy", DIGITS, "--json", "--iterations", "10", "-o", tmp_path / "b")
+    assert real.returncode == 0, real.stderr
+    executed = json.loads(real.stdout)["executed_steps"]
+    assert executed == planned
+    assert [s["name"] for s in executed] == ["quantize", "compile", "compile", "bundle", "push", "bench", "bench", "store"]
+    # the fp32 reference and the int8 variant each name the backend that ran them
+    assert [s["variant"]["backend"] for s in executed if s["name"] == "bench"] == ["onnxruntime", "native"]
+
+
+def test_truncated_plans():
+    deploy = api.plan(DIGITS, target="local")
+    assert [type(s) for s in deploy.steps] == [Quantize, Compile, Compile, WriteBundle, Push, Bench, Bench, Store]
+    bundle = api.plan(DIGITS, target="local", goal="bundle")
+    assert [type(s) for s in bundle.steps] == [Quantize, Compile, Compile, WriteBundle]
+    quantize = api.plan(DIGITS, target="local", goal="quantize")
+    assert [type(s) for s in quantize.steps] == [Quantize]
+    float_only = api.plan(DIGITS, target="local", quantize=False)
+    assert [s.variant.name for s in float_only.steps if isinstance(s, Bench)] == ["fp32"]
+    assert not float_only.quantize
+
+
+def test_plan_json_is_the_serialisation_of_the_steps():
+    plan = api.plan(DIGITS, target="rpi5", iterations=7)
+    doc = plan.to_dict()
+    benches = [s for s in doc["steps"] if s["name"] == "bench"]
+    assert [b["config"]["iterations"] for b in benches] == [7, 7]
+    assert [v["name"] for v in doc["variants"]] == ["fp32", "int8"]
+    assert doc["variants"][1]["backend"] == "native"
+
+
+def test_api_quantize_writes_the_model(tmp_path):
+    out = tmp_path / "digits.int8.onnx"
+    result = api.quantize(DIGITS, out, target="local")
+    assert out.is_file() and out.stat().st_size > 1000
+    assert result.agreement.samples > 0
+
+
+def test_unknown_option_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown option"):
+        api.plan(DIGITS, tagret="local")
