@@ -43,7 +43,7 @@ def agent_doc(samples: list[int], **overrides) -> dict:
             "arch": "aarch64",
             "cpu_model": "Cortex-A76",
             "cores": 4,
-            "isa": ["neon", "dotprod"],
+            "isa": ["neon", "asimddp"],
             "memory_bytes": 8 * 2**30,
             "os": "Debian GNU/Linux 12",
             "kernel": "6.6.31",
@@ -148,7 +148,7 @@ def test_show_human(cli, populated):
         "p50 ms", "12.500", "throughput /s",  # stats
         "onnxruntime 1.31.1", "0123456789abcdef" * 4,  # backend, bundle
         "123.400 ms", "9.870 ms", "85.0 MiB",  # load, first inference, peak RSS
-        "rpi5-lab-1", "Cortex-A76", "neon dotprod", "8.00 GiB",  # device facts
+        "rpi5-lab-1", "Cortex-A76", "neon asimddp", "8.00 GiB",  # device facts
         "48.5 C -> 55.0 C", "warmup", "threads",  # device state, config
     ):  # fmt: skip
         assert needle in out, needle

@@ -43,7 +43,7 @@ def agent_doc(samples=None, **overrides) -> dict:
             "arch": "aarch64",
             "cpu_model": "Cortex-A76",
             "cores": 4,
-            "isa": ["neon", "dotprod"],
+            "isa": ["neon", "asimddp"],
             "memory_bytes": 8 * 2**30,
             "os": "Debian GNU/Linux 12",
             "kernel": "6.6.31+rpt-rpi-2712",
