@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from edgekit.agent.facts import parse_cpuinfo
-from edgekit.bench.run import device_facts
+from edgekit.agentclient import device_facts
 from edgekit.devices.preflight import PreflightError, preflight
 from edgekit.devices.provision import platform_args, provision, use_provisioned_python, venv_python
 from edgekit.errors import UsageError
@@ -186,6 +186,34 @@ def test_deploy_stops_at_preflight_before_any_push(cli, tmp_path, bare_python, o
     assert_one_line_error(r, 4, "preflight failed on edge7 (profile ort-only): runtime: no runtime for this profile")
     assert "hint: install it into edgekit's own venv on the device: edgekit devices provision edge7 --runtime onnxruntime" in r.stderr
     assert not (tmp_path / "edge7" / "bundles").exists()
+
+
+@pytest.fixture(scope="module")
+def numpy_python(tmp_path_factory) -> str:
+    """A Python with numpy and nothing else (a board with python3-numpy from its OS packages)."""
+    import numpy
+
+    root = tmp_path_factory.mktemp("numpy-only")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, capture_output=True)
+    (root / "lib").mkdir()
+    src = Path(numpy.__file__).parent
+    for path in (src, src.parent / "numpy.libs", *src.parent.glob("numpy-*.dist-info")):
+        if path.exists():
+            (root / "lib" / path.name).symlink_to(path)
+    site = next((root / "venv" / "lib").glob("python3*/site-packages"))
+    (site / "numpy-only.pth").write_text(str(root / "lib") + "\n")
+    return str(root / "venv" / "bin" / "python")
+
+
+def test_a_forced_backend_missing_on_the_device_is_a_device_problem(cli, tmp_path, numpy_python):
+    # --backend onnxruntime on a board with numpy only: preflight must not settle for the numpy
+    # backend (the plan then refused the forced one as an input error, exit 3); it fails as a
+    # device problem (exit 4) naming what to provision.
+    (tmp_path / "devices.toml").write_text(f'[devices.edge8]\nssh = "local"\nworkdir = "{tmp_path / "edge8"}"\npython = "{numpy_python}"\n')
+    r = cli("deploy", DIGITS, "--device", "edge8", "--target", "linux-cpu", "--backend", "onnxruntime", "--iterations", "5")
+    assert_one_line_error(r, 4, "preflight failed on edge8 (profile linux-cpu): runtime:")
+    assert "--runtime onnxruntime (or add --provision to deploy)" in r.stderr
+    assert not (tmp_path / "edge8" / "bundles").exists()
 
 
 # -- provisioning ------------------------------------------------------------------------------

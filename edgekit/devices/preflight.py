@@ -167,7 +167,7 @@ def estimate_bundle_bytes(plan: Any) -> int | None:
         size = Path(plan.model_path).stat().st_size
     except (OSError, AttributeError, TypeError):
         return None
-    return int(size * (1.3 if getattr(plan, "precision", None) == "int8" and getattr(plan, "scheme", None) else 1.0))
+    return int(size * (1.3 if plan.quantize else 1.0))
 
 
 # -- the checks ------------------------------------------------------------------------------
@@ -239,11 +239,11 @@ def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tup
     """A runtime for the backend(s) that can run: ok, warn (not the paper plan's, another) or fail."""
     from edgekit.devices.provision import provisionable
 
-    fmt = "tflite" if plan is not None and str(getattr(plan, "model_path", "")).endswith(".tflite") else None
+    fmt = plan.model_format if plan is not None else None
     if plan is None:
         names = [b.name for b in profile.backends]
-    elif getattr(plan, "probed", False):
-        names = [plan.backend]
+    elif plan.probed or plan.options.backend:
+        names = [plan.backend]  # decided with the facts already, or forced with --backend: no other will do
     else:
         # On paper the planner took the first backend that could run; with the device's facts it
         # takes the first whose runtime is there, from the same point of the profile's order on.
