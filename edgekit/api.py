@@ -154,8 +154,8 @@ def bench_bundle(
     planned = plan_bundle(manifest, profile, device=device.name, variants=selected, config=config)
     transport = connect(device, profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)
     try:
-        with device_lock(transport, wait=req.lock_wait, on_wait=events.info):
-            return execute(planned, None, transport, events, bundle=bundle)
+        with device_lock(transport, wait=req.lock_wait, on_wait=events.info) as lock:
+            return execute(planned, None, transport, events, bundle=bundle, lock=lock)
     finally:
         transport.close()
 

@@ -183,8 +183,8 @@ def run(job: Job, plan: Plan, events: Events) -> DeployResult:
         plan = replan(plan, job.model, job.profile, ready.facts)
         for note in plan.notes:
             events.info(f"note: {note}")
-        with device_lock(transport, wait=req.lock_wait, on_wait=events.info):  # no other job benches it meanwhile
-            return execute(plan, job, transport, events, facts=ready.facts)
+        with device_lock(transport, wait=req.lock_wait, on_wait=events.info) as lock:  # no other job benches it meanwhile
+            return execute(plan, job, transport, events, facts=ready.facts, lock=lock)
     finally:
         transport.close()
 
@@ -278,10 +278,12 @@ def execute(
     *,
     facts: dict | None = None,
     bundle: Bundle | None = None,
+    lock: Any = None,
 ) -> DeployResult:
     """Run each step of ``plan`` in order. ``job``: the loaded model and data (None for a plan of an
-    existing ``bundle``); ``transport``: the device, for Push and Bench; ``facts``: the device's."""
-    walk = _Walk(plan, job, transport, events or Events(), facts, bundle)
+    existing ``bundle``); ``transport``: the device, for Push and Bench; ``facts``: the device's;
+    ``lock``: the device lock held meanwhile (runs measured after losing it are not stored)."""
+    walk = _Walk(plan, job, transport, events or Events(), facts, bundle, lock)
     with tempfile.TemporaryDirectory(prefix="edgekit-deploy-") as tmp:
         walk.tmp = Path(tmp)
         for step in plan.steps:
@@ -300,6 +302,7 @@ class _Walk:
     events: Events
     facts: dict | None
     bundle: Bundle | None
+    lock: Any = None
     tmp: Path = Path()
     qresult: QuantizeResult | None = None
     sources: dict[str, Path] = field(default_factory=dict)  # variant name -> the ONNX (or .tflite) it starts from
@@ -402,6 +405,8 @@ def _bench(w: _Walk, step: Bench) -> None:
 
 
 def _store(w: _Walk, step: Store) -> None:
+    if w.lock is not None:
+        w.lock.ensure_held()  # runs measured while another job had the board are worthless
     with ResultsStore() as store:
         w.run_ids = [store.add(r) for r in w.records]
 

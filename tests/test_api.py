@@ -87,3 +87,31 @@ def test_api_quantize_writes_the_model(tmp_path):
 def test_unknown_option_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown option"):
         api.plan(DIGITS, tagret="local")
+
+
+@pytest.mark.slow
+def test_runs_measured_after_the_lock_was_lost_are_not_stored(tmp_path):
+    import contextlib
+
+    from edgekit.deploy import execute, open_job
+    from edgekit.devices.lock import DeviceLock, LockLostError, break_lock, device_lock
+    from edgekit.events import Events, QuietProgress
+    from edgekit.transport.local import LocalTransport
+
+    job = open_job(api.request(DIGITS, target="local", iterations=5, warmup=1, output=tmp_path / "b"))
+    device = LocalTransport(tmp_path / "device")
+
+    class Thief(Events):
+        """Another job breaks the lock (as after our TTL ran out) while int8 is being timed."""
+
+        @contextlib.contextmanager
+        def progress(self, description, total=None):
+            yield QuietProgress()
+            if description.startswith("benchmarking int8"):
+                break_lock(device)
+                DeviceLock(device, owner="the other job", heartbeat=False).acquire()
+
+    with pytest.raises(LockLostError), device_lock(device, heartbeat=False) as lock:
+        execute(job.plan(), job, device, Thief(), lock=lock)
+    with api.results() as store:
+        assert store.list() == []

@@ -19,13 +19,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from edgekit.errors import EdgekitError
+from edgekit.events import Events, QuietProgress
 
 
 def _plain() -> bool:
     return bool(os.environ.get("CI")) or not sys.stderr.isatty()
 
 
-class Output:
+class Output(Events):
+    """The terminal: an ``Events`` for the library, plus the data channels (json, table, line)."""
+
     def __init__(self, mode: str = "human") -> None:
         if mode not in ("human", "json", "quiet"):
             raise ValueError(mode)
@@ -53,11 +56,11 @@ class Output:
     def progress(self, description: str, total: int | None = None) -> Iterator[Any]:
         """A progress reporter with ``advance(n=1)`` and ``update(description)``."""
         if self.mode == "quiet":
-            yield _NullProgress()
+            yield QuietProgress()
             return
         if _plain():
             self.err.print(f"{description} ...")
-            yield _NullProgress()
+            yield QuietProgress()
             return
         columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}")]
         if total is None:
@@ -82,14 +85,6 @@ class Output:
 
     def line(self, text: str = "") -> None:
         self.out.print(text)
-
-
-class _NullProgress:
-    def advance(self, n: int = 1) -> None:
-        pass
-
-    def update(self, description: str) -> None:
-        pass
 
 
 class _RichProgress:
