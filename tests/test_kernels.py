@@ -104,12 +104,13 @@ def build(
 
 
 def parse(stdout: str) -> tuple[set[str], dict[str, str]]:
-    """(CPU features the binary saw, kernel function -> PASS/FAIL/SKIP)."""
+    """(kernel ISAs the CPU features the binary saw allow, kernel function -> PASS/FAIL/SKIP)."""
     features: set[str] | None = None
     status: dict[str, str] = {}
     for line in stdout.splitlines():
         if line.startswith("cpu features:"):
-            features = set(line.split(":", 1)[1].split())
+            isa_of = {f: isa for isa, f in sources.ISA_FEATURE.items()}
+            features = {isa_of[f] for f in line.split(":", 1)[1].split()}
         m = LINE.match(line)
         if m:
             status[m.group(3)] = m.group(1)

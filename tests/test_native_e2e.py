@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import pytest
 
-from edgekit.targets.native import build, ekm, ekm_reference
+from edgekit.targets.native import build, ekm, ekm_reference, sources
 from edgekit.targets.native.lower import lower
 from tests.conftest import EXAMPLES
 from tests.test_native_lower import quantize_native, random_feeds, resnet_shaped
@@ -119,7 +119,7 @@ def _outputs_equal_reference(prefix: list[str], model: Path, feeds: list[dict], 
 
 def _host_isas(runner: Path) -> list[str]:
     info = json.loads(_run_ekrt([str(runner), "info", "--json"]).stdout)
-    return [isa for isa in info["built_isas"] if isa == "scalar" or isa in info["features"]]
+    return [isa for isa in info["built_isas"] if isa == "scalar" or sources.ISA_FEATURE[isa] in info["features"]]
 
 
 @pytest.mark.parametrize("name", ["digits", "mobilenetv2", "resnet_shaped"])

@@ -11,51 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "edgekit/cpu.h"
 #include "edgekit/kernels.h"
-
-#if defined(__aarch64__) && defined(__linux__)
-#include <sys/auxv.h>
-#endif
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
-static uint32_t cpu_features(void) {
-  uint32_t f = 0;
-#if defined(__aarch64__)
-#if defined(__linux__)
-  const unsigned long hw = getauxval(AT_HWCAP);
-  if (hw & (1ul << 1)) f |= EK_ISA_NEON;
-  if (hw & (1ul << 20)) f |= EK_ISA_NEONDOT;
-#else
-  f |= EK_ISA_NEON;
-#endif
-#elif defined(__x86_64__)
-  unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-  if (!((c >> 27) & 1) || !((c >> 28) & 1)) return 0;
-  unsigned xlo, xhi;
-  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
-  (void)xhi;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-  if ((xlo & 0x6u) == 0x6u && ((b >> 5) & 1)) f |= EK_ISA_AVX2;
-  if ((xlo & 0xE6u) == 0xE6u && ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1) && ((c >> 11) & 1) &&
-      (f & EK_ISA_AVX2))
-    f |= EK_ISA_AVX512VNNI;
-#endif
-  return f;
-}
-
-static const char* isa_name(uint32_t isa) {
-  switch (isa) {
-    case EK_ISA_SCALAR: return "scalar";
-    case EK_ISA_NEON: return "neon";
-    case EK_ISA_NEONDOT: return "neondot";
-    case EK_ISA_AVX2: return "avx2";
-    case EK_ISA_AVX512VNNI: return "avx512vnni";
-    default: return "?";
-  }
-}
 
 struct gemm_entry { uint32_t isa; const char* name; ek_qs8_gemm_fn fn; size_t mr, nr, kr; };
 static const struct gemm_entry gemm_list[] = {
@@ -113,15 +70,15 @@ static void report(const char* family, const char* name, uint32_t isa, const cha
                    double value) {
   if (json) {
     printf("%s\n    {\"family\": \"%s\", \"kernel\": \"%s\", \"isa\": \"%s\", \"shape\": \"%s\", \"%s\": %.3f}",
-           first_json ? "" : ",", family, name, isa_name(isa), shape, unit, value);
+           first_json ? "" : ",", family, name, ek_isa_name(isa), shape, unit, value);
     first_json = 0;
   } else {
-    printf("%-10s %-44s %-10s %-26s %8.2f %s\n", family, name, isa_name(isa), shape, value, unit);
+    printf("%-10s %-44s %-10s %-26s %8.2f %s\n", family, name, ek_isa_name(isa), shape, value, unit);
   }
 }
 
 static void report_skip(const char* family, const char* name, uint32_t isa) {
-  if (!json) printf("%-10s %-44s %-10s skipped: the CPU lacks %s\n", family, name, isa_name(isa), isa_name(isa));
+  if (!json) printf("%-10s %-44s %-10s skipped: the CPU lacks %s\n", family, name, ek_isa_name(isa), ek_cpu_feature_name(isa));
 }
 
 /* Runs body once to warm up, then repeatedly for >= min_time (and >= min_iters times); best = the
@@ -287,10 +244,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const uint32_t f = cpu_features();
+  const uint32_t f = ek_cpu_detect();
   if (json) printf("{\"results\": [");
-  else printf("one thread; cpu features:%s%s%s%s\n", f & EK_ISA_NEON ? " neon" : "", f & EK_ISA_NEONDOT ? " neondot" : "",
-              f & EK_ISA_AVX2 ? " avx2" : "", f & EK_ISA_AVX512VNNI ? " avx512vnni" : "");
+  else {
+    char names[128];
+    printf("one thread; cpu features: %s\n", ek_cpu_feature_list(f, names, sizeof names, " "));
+  }
   if (!only || strcmp(only, "qs8-gemm") == 0) bench_gemm(f);
   if (!only || strcmp(only, "qs8-dwconv") == 0) bench_dwconv(f);
   if (!only || strcmp(only, "elementwise") == 0) bench_elementwise(f);

@@ -1,4 +1,4 @@
-/* CPU features and kernel dispatch: once per process, the last kernel of each family's list
+/* Kernel dispatch: once per process (CPU features from edgekit/cpu.h), the last kernel of each family's list
  * (csrc/kernels/<family>/<family>.inc) whose ISA bits the CPU has. EKRT_ISA=<isa> caps the
  * features at that ISA (scalar, neon, neondot, avx2, avx512vnni). */
 #define _POSIX_C_SOURCE 200809L
@@ -6,47 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edgekit/cpu.h"
 #include "internal.h"
-
-#if defined(__aarch64__) && defined(__linux__)
-#include <sys/auxv.h>
-#ifndef HWCAP_ASIMD
-#define HWCAP_ASIMD (1 << 1)
-#endif
-#ifndef HWCAP_ASIMDDP
-#define HWCAP_ASIMDDP (1 << 20)
-#endif
-#endif
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#endif
-
-uint64_t ek_detect_cpu(void) {
-  uint64_t f = 0;
-#if defined(__aarch64__)
-#if defined(__linux__)
-  unsigned long hw = getauxval(AT_HWCAP);
-  if (hw & HWCAP_ASIMD) f |= EKRT_CPU_NEON;
-  if ((hw & HWCAP_ASIMD) && (hw & HWCAP_ASIMDDP)) f |= EKRT_CPU_NEONDOT;
-#else
-  f |= EKRT_CPU_NEON; /* Advanced SIMD is part of every AArch64 core */
-#endif
-#elif defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-  int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
-  if (!osxsave || !avx) return 0;
-  unsigned xlo, xhi;
-  __asm__ __volatile__("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
-  (void)xhi;
-  int ymm = (xlo & 0x6) == 0x6, zmm = (xlo & 0xE6) == 0xE6;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-  if (ymm && ((b >> 5) & 1)) f |= EKRT_CPU_AVX2;
-  int avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1); /* F, BW, VL */
-  if (zmm && avx512 && ((c >> 11) & 1) && (f & EKRT_CPU_AVX2)) f |= EKRT_CPU_AVX512VNNI;
-#endif
-  return f;
-}
 
 static const struct {
   const char* name;
@@ -58,16 +19,6 @@ static const struct {
     {"avx2", EKRT_CPU_AVX2},
     {"avx512vnni", EKRT_CPU_AVX2 | EKRT_CPU_AVX512VNNI},
 };
-
-static const char* isa_of(uint32_t isa) {
-  switch (isa) {
-    case EK_ISA_NEON: return "neon";
-    case EK_ISA_NEONDOT: return "neondot";
-    case EK_ISA_AVX2: return "avx2";
-    case EK_ISA_AVX512VNNI: return "avx512vnni";
-    default: return "scalar";
-  }
-}
 
 struct gemm_entry {
   uint32_t isa;
@@ -132,7 +83,7 @@ static size_t pick_last(const uint32_t* isas, size_t n, uint64_t feats) {
   } while (0)
 
 static void init(void) {
-  cpu_features = ek_detect_cpu();
+  cpu_features = ek_cpu_detect();
   uint64_t feats = cpu_features;
   const char* want = getenv("EKRT_ISA");
   if (want && *want) {
@@ -158,7 +109,7 @@ static void init(void) {
   chosen.vadd_name = VADD[a].name;
   chosen.vmul = VMUL[mu].fn;
   chosen.vmul_name = VMUL[mu].name;
-  chosen.isa = isa_of(GEMM[g].isa);
+  chosen.isa = ek_isa_name(GEMM[g].isa);
   /* the ISAs this build has kernels for */
   uint32_t seen = 0;
   size_t at = 0;
@@ -169,7 +120,7 @@ static void init(void) {
   static const uint32_t order[] = {0x80000000u, EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI};
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
     if (!(seen & order[i])) continue;
-    const char* nm = isa_of(order[i] == 0x80000000u ? 0 : order[i]);
+    const char* nm = ek_isa_name(order[i] == 0x80000000u ? 0 : order[i]);
     size_t l = strlen(nm);
     if (at + l + 2 >= sizeof built) break;
     if (at) built[at++] = ',';

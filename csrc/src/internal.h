@@ -113,7 +113,6 @@ struct ek_kernels {
   const char* isa; /* the gemm kernel's ISA */
 };
 const struct ek_kernels* ek_kernels(void);
-uint64_t ek_detect_cpu(void);
 
 /* loader.c */
 int ek_fail(char* err, size_t err_len, const char* fmt, ...)

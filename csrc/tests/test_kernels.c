@@ -17,55 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "edgekit/cpu.h"
 #include "edgekit/kernels.h"
 #include "edgekit/requant.h"
-
-#if defined(__aarch64__) && defined(__linux__)
-#include <sys/auxv.h>
-#endif
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
-/* ---- CPU features (the same rules as the runtime's dispatch) ------------------------------ */
-
-static uint32_t cpu_features(void) {
-  uint32_t f = 0;
-#if defined(__aarch64__)
-#if defined(__linux__)
-  const unsigned long hw = getauxval(AT_HWCAP);
-  if (hw & (1ul << 1)) f |= EK_ISA_NEON;     /* HWCAP_ASIMD */
-  if (hw & (1ul << 20)) f |= EK_ISA_NEONDOT; /* HWCAP_ASIMDDP */
-#else
-  f |= EK_ISA_NEON;
-#endif
-#elif defined(__x86_64__)
-  unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-  const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
-  if (!osxsave || !avx) return 0;
-  unsigned xcr0_lo, xcr0_hi;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  (void)xcr0_hi;
-  const int ymm = (xcr0_lo & 0x6u) == 0x6u, zmm = (xcr0_lo & 0xE6u) == 0xE6u;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-  if (ymm && ((b >> 5) & 1)) f |= EK_ISA_AVX2;
-  const int avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1) && ((c >> 11) & 1); /* F BW VL VNNI */
-  if (zmm && avx512 && (f & EK_ISA_AVX2)) f |= EK_ISA_AVX512VNNI;
-#endif
-  return f;
-}
-
-static const char* isa_name(uint32_t isa) {
-  switch (isa) {
-    case EK_ISA_SCALAR: return "scalar";
-    case EK_ISA_NEON: return "neon";
-    case EK_ISA_NEONDOT: return "neondot";
-    case EK_ISA_AVX2: return "avx2";
-    case EK_ISA_AVX512VNNI: return "avx512vnni";
-    default: return "?";
-  }
-}
 
 /* ---- the tables, from the lists ------------------------------------------------------------ */
 
@@ -329,12 +283,12 @@ static void test_gemm(uint32_t features, int quick) {
   for (size_t e = 0; e < COUNT(gemm_list); e++) {
     const struct gemm_entry* en = &gemm_list[e];
     if ((features & en->isa) != en->isa) {
-      printf("SKIP qs8-gemm %s isa=%s: the CPU lacks %s\n", en->name, isa_name(en->isa), isa_name(en->isa));
+      printf("SKIP qs8-gemm %s isa=%s: the CPU lacks %s\n", en->name, ek_isa_name(en->isa), ek_cpu_feature_name(en->isa));
     } else if (ok[e]) {
-      printf("PASS qs8-gemm %s isa=%s tile=%zux%zuc%zu cases=%zu\n", en->name, isa_name(en->isa), en->mr, en->nr,
+      printf("PASS qs8-gemm %s isa=%s tile=%zux%zuc%zu cases=%zu\n", en->name, ek_isa_name(en->isa), en->mr, en->nr,
              en->kr, ran[e]);
     } else {
-      printf("FAIL qs8-gemm %s isa=%s: %s\n", en->name, isa_name(en->isa), why[e]);
+      printf("FAIL qs8-gemm %s isa=%s: %s\n", en->name, ek_isa_name(en->isa), why[e]);
       n_fail++;
     }
   }
@@ -443,11 +397,11 @@ static void test_dwconv(uint32_t features, int quick) {
   for (size_t e = 0; e < COUNT(dwconv_list); e++) {
     const struct dwconv_entry* en = &dwconv_list[e];
     if ((features & en->isa) != en->isa)
-      printf("SKIP qs8-dwconv %s isa=%s: the CPU lacks %s\n", en->name, isa_name(en->isa), isa_name(en->isa));
+      printf("SKIP qs8-dwconv %s isa=%s: the CPU lacks %s\n", en->name, ek_isa_name(en->isa), ek_cpu_feature_name(en->isa));
     else if (ok[e])
-      printf("PASS qs8-dwconv %s isa=%s tile=c%zu cases=%zu\n", en->name, isa_name(en->isa), en->cr, ran[e]);
+      printf("PASS qs8-dwconv %s isa=%s tile=c%zu cases=%zu\n", en->name, ek_isa_name(en->isa), en->cr, ran[e]);
     else {
-      printf("FAIL qs8-dwconv %s isa=%s: %s\n", en->name, isa_name(en->isa), why[e]);
+      printf("FAIL qs8-dwconv %s isa=%s: %s\n", en->name, ek_isa_name(en->isa), why[e]);
       n_fail++;
     }
   }
@@ -568,12 +522,12 @@ static int8_t mul_ref(int8_t a, int8_t b, const struct ek_qs8_mul_params* p) {
     }                                                                                                            \
     for (size_t e = 0; e < COUNT(LIST); e++) {                                                                   \
       if ((features & LIST[e].isa) != LIST[e].isa)                                                               \
-        printf("SKIP " FAMILY " %s isa=%s: the CPU lacks %s\n", LIST[e].name, isa_name(LIST[e].isa),            \
-               isa_name(LIST[e].isa));                                                                           \
+        printf("SKIP " FAMILY " %s isa=%s: the CPU lacks %s\n", LIST[e].name, ek_isa_name(LIST[e].isa),            \
+               ek_cpu_feature_name(LIST[e].isa));                                                                   \
       else if (ok[e])                                                                                            \
-        printf("PASS " FAMILY " %s isa=%s cases=%zu\n", LIST[e].name, isa_name(LIST[e].isa), ran[e]);            \
+        printf("PASS " FAMILY " %s isa=%s cases=%zu\n", LIST[e].name, ek_isa_name(LIST[e].isa), ran[e]);            \
       else {                                                                                                     \
-        printf("FAIL " FAMILY " %s isa=%s: %s\n", LIST[e].name, isa_name(LIST[e].isa), why[e]);                  \
+        printf("FAIL " FAMILY " %s isa=%s: %s\n", LIST[e].name, ek_isa_name(LIST[e].isa), why[e]);                  \
         n_fail++;                                                                                                \
       }                                                                                                          \
     }                                                                                                            \
@@ -596,9 +550,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const uint32_t detected = cpu_features();
-  printf("cpu features:%s%s%s%s\n", detected & EK_ISA_NEON ? " neon" : "", detected & EK_ISA_NEONDOT ? " neondot" : "",
-         detected & EK_ISA_AVX2 ? " avx2" : "", detected & EK_ISA_AVX512VNNI ? " avx512vnni" : "");
+  const uint32_t detected = ek_cpu_detect();
+  char feats[128];
+  printf("cpu features: %s\n", ek_cpu_feature_list(detected, feats, sizeof feats, " "));
   fflush(stdout);
   /* --run-all: run every kernel whatever the CPU says (an unsupported one dies with SIGILL:
    * the test that shows the skip is needed and the ISA's instructions really are used) */

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.errors import EdgekitError
+from edgekit.fsutil import cache_dir
 from edgekit.targets.native import sources
 
 RUNNER_NAME = "ekrt"
@@ -55,9 +56,7 @@ def host_arch() -> str:
 
 def cache_root() -> Path:
     """Where runners are built into: ``$EDGEKIT_CACHE_DIR/ekrt-runner`` (else the user cache's)."""
-    import platformdirs
-
-    return Path(os.environ.get("EDGEKIT_CACHE_DIR") or platformdirs.user_cache_dir("edgekit")) / "ekrt-runner"
+    return cache_dir("ekrt-runner")
 
 
 def _shared_root() -> Path:
@@ -166,7 +165,7 @@ def _key(compiler: Compiler, ss: sources.SourceSet, extra: tuple[str, ...]) -> s
     h.update(repr((ss.cflags, ss.defines, ss.ldflags, ss.libraries, extra)).encode())
     csrc = sources.csrc_dir()
     files = sorted({s.path for s in ss.sources} | {p for d in ss.include_dirs for p in Path(d).rglob("*.h")}
-                   | set(csrc.glob("kernels/**/*.inc")) | set(csrc.glob("kernels/**/*.h")) | set(csrc.glob("src/*.h")))
+                   | set(csrc.glob("kernels/**/*.inc")) | set(csrc.glob("kernels/**/*.h")) | set(csrc.glob("*/*.h")))
     for f in files:
         h.update(str(Path(f).relative_to(csrc)).encode() + b"\0" + Path(f).read_bytes() + b"\0")
     for s in ss.sources:

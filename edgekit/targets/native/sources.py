@@ -24,6 +24,9 @@ else:  # pragma: no cover - Python 3.10
 
 ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8": "aarch64", "armv7": "armv7l"}
 TARGETS = ("extension", "runner", "fuzz")
+# kernel ISA -> the CPU feature it needs, in edgekit/profiles/model.py's words (what
+# `ekrt info`, _ekrt.features() and the kernel tests print; csrc/include/edgekit/cpu.h)
+ISA_FEATURE = {"neon": "neon", "neondot": "asimddp", "avx2": "avx2", "avx512vnni": "avx512_vnni"}
 
 
 def normalize_arch(arch: str) -> str:
