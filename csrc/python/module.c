@@ -14,6 +14,7 @@
 
 #include <string.h>
 
+#include "edgekit/cpu.h"
 #include "edgekit/ekrt.h"
 #include "edgekit/requant.h"
 
@@ -37,30 +38,37 @@ static PyObject* shape_tuple(int rank, const uint32_t dims[4]) {
   return t;
 }
 
+/* One-shot: a Model is loaded once (a second __init__ raises), and `busy` marks the load or a
+ * run in progress, during which the GIL is released: every other entry point that touches the
+ * model refuses then (RuntimeError), so no thread frees or mutates a model another uses. */
 static int Model_init(ModelObject* self, PyObject* args, PyObject* kwds) {
   static char* kwlist[] = {"source", NULL};
   PyObject* source;
   if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &source)) return -1;
-  if (self->model) {
-    ekrt_free(self->model);
-    self->model = NULL;
+  if (self->model || self->busy) {
+    PyErr_SetString(PyExc_RuntimeError, "Model() is already initialised; create a new Model to load another file");
+    return -1;
   }
   char err[512];
   int rc;
+  ekrt_model* model = NULL;
+  PyObject* path = NULL;
+  Py_buffer view;
+  memset(&view, 0, sizeof view);
   if (PyUnicode_Check(source) || PyObject_HasAttrString(source, "__fspath__")) {
-    PyObject* path = NULL;
     if (!PyUnicode_FSConverter(source, &path)) return -1;
-    Py_BEGIN_ALLOW_THREADS rc = ekrt_load_file(PyBytes_AS_STRING(path), &self->model, err, sizeof err);
-    Py_END_ALLOW_THREADS Py_DECREF(path);
-  } else {
-    Py_buffer view;
-    if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) != 0) {
-      PyErr_Format(PyExc_TypeError, "Model() takes the .ekm bytes or a path, not %.100s", Py_TYPE(source)->tp_name);
-      return -1;
-    }
-    Py_BEGIN_ALLOW_THREADS rc = ekrt_load(view.buf, (size_t)view.len, &self->model, err, sizeof err);
-    Py_END_ALLOW_THREADS PyBuffer_Release(&view);
+  } else if (PyObject_GetBuffer(source, &view, PyBUF_SIMPLE) != 0) {
+    PyErr_Format(PyExc_TypeError, "Model() takes the .ekm bytes or a path, not %.100s", Py_TYPE(source)->tp_name);
+    return -1;
   }
+  self->busy = 1;
+  Py_BEGIN_ALLOW_THREADS;
+  rc = path ? ekrt_load_file(PyBytes_AS_STRING(path), &model, err, sizeof err)
+            : ekrt_load(view.buf, (size_t)view.len, &model, err, sizeof err);
+  Py_END_ALLOW_THREADS;
+  self->busy = 0;
+  Py_XDECREF(path);
+  if (view.obj) PyBuffer_Release(&view);
   if (rc == EKRT_EIO) {
     PyErr_SetString(PyExc_OSError, err);
     return -1;
@@ -73,6 +81,7 @@ static int Model_init(ModelObject* self, PyObject* args, PyObject* kwds) {
     PyErr_SetString(FormatError, err[0] ? err : "not a valid .ekm file");
     return -1;
   }
+  self->model = model;
   return 0;
 }
 
@@ -83,7 +92,17 @@ static void Model_dealloc(ModelObject* self) {
 
 static int check_model(ModelObject* self) {
   if (!self->model) {
-    PyErr_SetString(PyExc_RuntimeError, "the model is not loaded");
+    PyErr_SetString(PyExc_RuntimeError, self->busy ? "the model is still loading in another thread" : "the model is not loaded");
+    return -1;
+  }
+  return 0;
+}
+
+/* the model, loaded and not in use by another thread (which runs with the GIL released) */
+static int check_idle(ModelObject* self) {
+  if (check_model(self)) return -1;
+  if (self->busy) {
+    PyErr_SetString(PyExc_RuntimeError, "the model is running in another thread (one call at a time per Model)");
     return -1;
   }
   return 0;
@@ -120,12 +139,12 @@ static PyObject* Model_get_outputs(ModelObject* self, void* c) {
 }
 static PyObject* Model_get_threads(ModelObject* self, void* c) {
   (void)c;
-  if (check_model(self)) return NULL;
+  if (check_idle(self)) return NULL;
   return PyLong_FromLong(ekrt_get_threads(self->model));
 }
 static PyObject* Model_get_memory(ModelObject* self, void* c) {
   (void)c;
-  if (check_model(self)) return NULL;
+  if (check_idle(self)) return NULL;
   return PyLong_FromSize_t(ekrt_memory_bytes(self->model));
 }
 
@@ -137,9 +156,11 @@ static int get_input(ModelObject* self, int i, PyObject* obj, PyObject** holder,
   uint32_t dims[4];
   ekrt_io_info(self->model, 0, i, &name, &len, &rank, dims);
   *holder = NULL;
+  memset(view, 0, sizeof *view); /* a failed GetBuffer leaves it as it was: never release garbage */
   if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0 ||
       !(view->format && strcmp(view->format, "f") == 0 && view->itemsize == 4)) {
     if (view->obj) PyBuffer_Release(view);
+    memset(view, 0, sizeof *view);
     PyErr_Clear();
     PyObject* np = numpy_module();
     if (!np) return -1;
@@ -166,12 +187,7 @@ static int get_input(ModelObject* self, int i, PyObject* obj, PyObject** holder,
   return 0;
 }
 
-static PyObject* Model_run(ModelObject* self, PyObject* arg) {
-  if (check_model(self)) return NULL;
-  if (self->busy) {
-    PyErr_SetString(PyExc_RuntimeError, "the model is already running in another thread");
-    return NULL;
-  }
+static PyObject* run_locked(ModelObject* self, PyObject* arg) {
   int n_in = ekrt_num_inputs(self->model), n_out = ekrt_num_outputs(self->model);
   PyObject* items[64];
   if (PyDict_Check(arg)) {
@@ -200,6 +216,8 @@ static PyObject* Model_run(ModelObject* self, PyObject* arg) {
     Py_DECREF(seq); /* items stay alive: arg holds them */
   }
   Py_buffer in_views[64], out_views[64];
+  memset(in_views, 0, sizeof in_views);
+  memset(out_views, 0, sizeof out_views);
   PyObject* holders[64] = {NULL};
   const float* inputs[64];
   float* outputs[64];
@@ -221,10 +239,10 @@ static PyObject* Model_run(ModelObject* self, PyObject* arg) {
     if (PyObject_GetBuffer(arr, &out_views[got_out], PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) goto fail;
     outputs[got_out] = out_views[got_out].buf;
   }
-  self->busy = 1;
   int rc;
-  Py_BEGIN_ALLOW_THREADS rc = ekrt_run(self->model, inputs, outputs);
-  Py_END_ALLOW_THREADS self->busy = 0;
+  Py_BEGIN_ALLOW_THREADS;
+  rc = ekrt_run(self->model, inputs, outputs);
+  Py_END_ALLOW_THREADS;
   if (rc) {
     PyErr_Format(PyExc_RuntimeError, "ekrt_run failed (code %d)", rc);
     goto fail;
@@ -245,14 +263,19 @@ fail:
   return NULL;
 }
 
+static PyObject* Model_run(ModelObject* self, PyObject* arg) {
+  if (check_idle(self)) return NULL;
+  /* busy from here: converting the inputs runs Python code, which may let another thread in */
+  self->busy = 1;
+  PyObject* result = run_locked(self, arg);
+  self->busy = 0;
+  return result;
+}
+
 static PyObject* Model_set_threads(ModelObject* self, PyObject* arg) {
-  if (check_model(self)) return NULL;
   long n = PyLong_AsLong(arg);
   if (n == -1 && PyErr_Occurred()) return NULL;
-  if (self->busy) {
-    PyErr_SetString(PyExc_RuntimeError, "the model is running");
-    return NULL;
-  }
+  if (check_idle(self)) return NULL;
   int rc = n < 1 || n > 256 ? EKRT_EARG : ekrt_set_threads(self->model, (int)n);
   if (rc == EKRT_EARG) {
     PyErr_Format(PyExc_ValueError, "threads must be 1..256, not %ld", n);
@@ -268,14 +291,14 @@ static PyObject* Model_set_threads(ModelObject* self, PyObject* arg) {
 static PyObject* Model_profile(ModelObject* self, PyObject* args) {
   int enable = 1;
   if (!PyArg_ParseTuple(args, "|p", &enable)) return NULL;
-  if (check_model(self)) return NULL;
+  if (check_idle(self)) return NULL;
   ekrt_profile(self->model, enable);
   Py_RETURN_NONE;
 }
 
 static PyObject* Model_op_times(ModelObject* self, PyObject* unused) {
   (void)unused;
-  if (check_model(self)) return NULL;
+  if (check_idle(self)) return NULL;
   int n = ekrt_num_ops(self->model);
   PyObject* list = PyList_New(n);
   if (!list) return NULL;
@@ -325,14 +348,10 @@ static PyObject* mod_features(PyObject* self, PyObject* unused) {
   (void)unused;
   uint64_t f = ekrt_cpu_features();
   PyObject* list = PyList_New(0);
-  static const struct {
-    uint64_t bit;
-    const char* name;
-  } names[] = {{EKRT_CPU_NEON, "neon"}, {EKRT_CPU_NEONDOT, "neondot"}, {EKRT_CPU_AVX2, "avx2"}, {EKRT_CPU_AVX512VNNI, "avx512vnni"}};
-  for (size_t i = 0; list && i < sizeof names / sizeof names[0]; i++)
-    if (f & names[i].bit) {
-      PyObject* s = PyUnicode_FromString(names[i].name);
-      PyList_Append(list, s);
+  for (int i = 0; list && i < EK_CPU_N_FEATURES; i++)
+    if (f & ek_cpu_feature_bit(i)) {
+      PyObject* s = PyUnicode_FromString(ek_cpu_feature_name(ek_cpu_feature_bit(i)));
+      if (!s || PyList_Append(list, s)) Py_CLEAR(list);
       Py_XDECREF(s);
     }
   return list;

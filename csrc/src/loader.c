@@ -3,11 +3,15 @@
  * caller's bytes with memcpy only (any alignment) and never past `size`; it is fuzzed
  * (csrc/fuzz/fuzz_ekm.c). */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "edgekit/requant.h"
 #include "internal.h"
@@ -524,37 +528,44 @@ int ekrt_load_file(const char* path, ekrt_model** out, char* err, size_t err_len
   if (err && err_len) err[0] = '\0';
   if (!path || !out) return EKRT_EARG;
   *out = NULL;
-  FILE* f = fopen(path, "rb");
-  if (!f) {
-    ek_fail(err, err_len, "cannot open %s", path);
+  /* O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    ek_fail(err, err_len, "cannot open %s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
     return EKRT_EIO;
   }
-  uint8_t* buf = NULL;
-  size_t len = 0, cap = 0;
-  for (;;) {
-    if (len == cap) {
-      size_t ncap = cap ? cap * 2 : (1u << 16);
-      uint8_t* nb = realloc(buf, ncap);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        ek_fail(err, err_len, "out of memory reading %s", path);
-        return EKRT_ENOMEM;
-      }
-      buf = nb;
-      cap = ncap;
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    ek_fail(err, err_len, "%s is not a regular file (a device, FIFO or directory); give the path of an .ekm file", path);
+    return EKRT_EIO;
+  }
+  if ((uint64_t)st.st_size > EKRT_MAX_FILE_BYTES) {
+    close(fd);
+    return ek_fail(err, err_len, "%s has %llu bytes, more than the %llu an .ekm file may have (EKRT_MAX_FILE_BYTES)", path,
+                   (unsigned long long)st.st_size, (unsigned long long)EKRT_MAX_FILE_BYTES);
+  }
+  size_t size = (size_t)st.st_size, len = 0;
+  uint8_t* buf = malloc(size ? size : 1);
+  if (!buf) {
+    close(fd);
+    ek_fail(err, err_len, "out of memory reading %s", path);
+    return EKRT_ENOMEM;
+  }
+  while (len < size) { /* a file that shrinks meanwhile is caught by the header's file_size */
+    ssize_t got = read(fd, buf + len, size - len);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      ek_fail(err, err_len, "cannot read %s: %s", path, strerror(errno));
+      free(buf);
+      close(fd);
+      return EKRT_EIO;
     }
-    size_t got = fread(buf + len, 1, cap - len, f);
-    len += got;
     if (got == 0) break;
+    len += (size_t)got;
   }
-  int bad = ferror(f);
-  fclose(f);
-  if (bad) {
-    free(buf);
-    ek_fail(err, err_len, "cannot read %s", path);
-    return EKRT_EIO;
-  }
+  close(fd);
   int rc = ekrt_load(buf, len, out, err, err_len);
   free(buf);
   return rc;

@@ -34,6 +34,9 @@ typedef struct ekrt_model ekrt_model;
 
 /* Load a model from bytes (copied: the caller may free data afterwards) or from a file. */
 int ekrt_load(const void* data, size_t size, ekrt_model** out, char* err, size_t err_len);
+/* a regular file of at most EKRT_MAX_FILE_BYTES (a device, FIFO or directory is EKRT_EIO; a
+ * larger file EKRT_EFORMAT), read whole, then ekrt_load */
+#define EKRT_MAX_FILE_BYTES ((uint64_t)1 << 30)
 int ekrt_load_file(const char* path, ekrt_model** out, char* err, size_t err_len);
 
 int ekrt_num_inputs(const ekrt_model* model);
