@@ -202,3 +202,34 @@ def test_runner_refuses_devices_fifos_and_huge_files(fifo, tmp_path):
         r = subprocess.run([str(runner), "info", str(path), "--json"], capture_output=True, text=True, timeout=60)
         doc = json.loads(r.stdout)
         assert r.returncode == 1 and doc["kind"] == "edgekit.error" and why in doc["error"], (path, r.stdout, r.stderr)
+
+
+# -- a corrupt .ekm on the device: the agent reports the loader's own reason ----------------------
+
+
+def test_agent_reports_the_loaders_reason_for_a_corrupt_model(tmp_path):
+    from edgekit.agent import AgentFailure
+    from edgekit.agent.runner import bench
+    from edgekit.bundle import TensorSpec, Variant, write_bundle
+    from edgekit.fsutil import sha256_file
+    from edgekit.targets.native.build import BuildError, build_runner
+
+    try:
+        runner = build_runner()
+    except BuildError as exc:
+        pytest.skip(str(exc))
+    b = every_op_model(size=8, channels=4)
+    blob = bytearray(b.finish())
+    blob[-1] ^= 0xFF  # inside the checksummed contents
+    model = tmp_path / "model.ekm"
+    model.write_bytes(bytes(blob))
+    (name, shape), = _ekrt.Model(b.finish()).inputs
+    variant = Variant("int8", "native", "int8", "int8/model.ekm", (TensorSpec(name, shape, "float32"),),
+                      (TensorSpec("y", (1,), "float32"),), {"runner": "bin/ekrt"})
+    bundle = write_bundle(tmp_path / "bundle", files={"int8/model.ekm": model, "bin/ekrt": runner}, model_name="m",
+                          model_sha256=sha256_file(model), profile="local", backend="native", precision="int8",
+                          variants=[variant], plan={})
+    with pytest.raises(AgentFailure) as info:
+        bench(str(bundle.root), "int8", warmup=0, iterations=1)
+    assert "checksum" in info.value.message and "corrupt file" in info.value.message, info.value.message
+    assert "exit code" not in info.value.message

@@ -38,15 +38,18 @@ def _run_json(argv: list, timeout: float = TIMEOUT_S) -> dict:
         sig = -proc.returncode
         why = "an instruction this CPU lacks (the runner's dispatch picked a wrong kernel)" if sig == 4 else "a crash in the runtime"
         raise AgentFailure(f"ekrt was killed by signal {sig}: {why}", "report it with `ekrt info --json` from the device: " + (err.splitlines()[-1] if err else ""))
-    if proc.returncode != 0:
-        last = err.splitlines()[-1] if err else f"exit code {proc.returncode}"
-        raise AgentFailure(f"ekrt failed: {last}", "check the bundle (edgekit deploy rebuilds it) and the runner's message")
     try:
         doc = json.loads(proc.stdout.decode("utf-8"))
     except ValueError:
-        raise AgentFailure("ekrt printed something that is not JSON", "update edgekit on the host: runner and agent come from the same version") from None
+        doc = None
+    if proc.returncode != 0:
+        # with --json the runner's reason (the loader's exact words) is an edgekit.error document on stdout
+        if isinstance(doc, dict) and doc.get("kind") == "edgekit.error" and doc.get("error"):
+            raise AgentFailure(f"ekrt failed: {doc['error']}", str(doc.get("hint") or "check the bundle (edgekit deploy rebuilds it)"))
+        last = err.splitlines()[-1] if err else f"exit code {proc.returncode}"
+        raise AgentFailure(f"ekrt failed: {last}", "check the bundle (edgekit deploy rebuilds it) and the runner's message")
     if not isinstance(doc, dict):
-        raise AgentFailure("ekrt printed JSON that is not an object", "update edgekit on the host")
+        raise AgentFailure("ekrt printed something that is not a JSON object", "update edgekit on the host: runner and agent come from the same version")
     return doc
 
 
