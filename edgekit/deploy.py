@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.bench.record import make_record
 from edgekit.agentclient import bench_variant
+from edgekit.bench.record import make_record
 from edgekit.bench.store import ResultsStore
 from edgekit.bundle import Bundle, TensorSpec, Variant, write_bundle
 from edgekit.devices import DeviceEntry, connect, resolve_devices
@@ -45,11 +45,13 @@ from edgekit.quantize import (
     FeedSet,
     Preprocess,
     QuantizeResult,
+    analyze_model,
     load_feeds,
     quantize_model,
     random_feeds,
     save_model,
 )
+from edgekit.quantize import cache as qcache
 from edgekit.targets import get_backend
 from edgekit.transport.base import Transport
 from edgekit.transport.push import PushResult, progress_reporter, push_bundle
@@ -87,17 +89,21 @@ class DeployRequest:
     password: str | None = field(default=None, repr=False)  # SSH password login, only when given
 
 
-class _Once:
-    """A value computed on first use, once, whichever thread asks first."""
+class _Memo:
+    """Values computed once per key, whichever thread asks first (a fleet's devices share one)."""
 
     def __init__(self) -> None:
-        self._lock, self._value, self._done = threading.Lock(), None, False
+        self._lock = threading.Lock()
+        self._keys: dict[Any, threading.Lock] = {}
+        self._values: dict[Any, Any] = {}
 
-    def get(self, make: Any) -> Any:
+    def get(self, key: Any, make: Any) -> Any:
         with self._lock:
-            if not self._done:
-                self._value, self._done = make(), True
-            return self._value
+            lock = self._keys.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._values:
+                self._values[key] = make()
+            return self._values[key]
 
 
 @dataclass
@@ -112,11 +118,11 @@ class Job:
     eval: Path | None
     labels: Path | None
     output: Path
-    _data: _Once = field(default_factory=lambda: _Once(), repr=False)  # shared by a fleet's per-device copies
+    memo: _Memo = field(default_factory=_Memo, repr=False)  # shared by a fleet's per-device copies
 
     def feeds(self, events: Events) -> tuple[FeedSet, FeedSet]:
         """The calibration and held-out sets, read on first use (random only with a loud warning)."""
-        return self._data.get(lambda: _load_feeds(self, events))
+        return self.memo.get("feeds", lambda: _load_feeds(self, events))
 
     @property
     def has_data(self) -> bool:
@@ -328,13 +334,31 @@ class _Walk:
 def _quantize(w: _Walk, step: Quantize) -> None:
     job = w.job
     calibration, heldout = job.feeds(w.events)
-    w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
-    passes = 1 if step.method == "minmax" else 2
-    with w.events.progress(f"calibrating on {len(calibration.feeds)} samples ({step.method})", total=passes * len(calibration.feeds)) as prog:
-        w.qresult = quantize_model(job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog)
+    k = qcache.key(job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout)
+    w.qresult = job.memo.get(("quantize", k), lambda: _quantize_or_reuse(w, step, k, calibration, heldout))
     get_backend(w.plan.backend).check_quantized(w.qresult.model)  # e.g. TensorRT's Q/DQ rules
     w.sources["int8"] = w.tmp / "model.int8.onnx"
     save_model(w.qresult.model, w.sources["int8"])
+
+
+def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, heldout: FeedSet) -> QuantizeResult:
+    """The cached quantization with this key, else a new one (then cached)."""
+    job = w.job
+    hit = qcache.load(k)
+    if hit is not None:
+        model, report, agreement = hit
+        w.events.info(f"int8 model of {job.model.path.name} unchanged: reusing the cached quantization ({k[:12]})")
+        _, analysis = analyze_model(job.model, step.scheme, job.request.exclude)
+        cal = report["calibration"]
+        return QuantizeResult(model, step.scheme, step.method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True)
+    w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
+    passes = 1 if step.method == "minmax" else 2
+    with w.events.progress(f"calibrating on {len(calibration.feeds)} samples ({step.method})", total=passes * len(calibration.feeds)) as prog:
+        result = quantize_model(job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog)
+    path = w.tmp / f"quantized-{k[:12]}.onnx"
+    save_model(result.model, path)
+    qcache.save(k, path, result.to_dict())
+    return result
 
 
 def _compile(w: _Walk, step: Compile) -> None:

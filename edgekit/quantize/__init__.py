@@ -42,6 +42,7 @@ class QuantizeResult:
     calibration_random: bool
     agreement: AgreementReport
     seconds: dict[str, float]
+    cached: bool = False  # taken from the quantize cache (quantize.cache), not calibrated again
 
     def to_dict(self) -> dict:
         return {
@@ -56,6 +57,7 @@ class QuantizeResult:
             "float_nodes": [d.to_dict() for d in self.analysis.float_nodes],
             "agreement": self.agreement.to_dict(),
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "cached": self.cached,
         }
 
 

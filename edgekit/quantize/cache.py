@@ -1,0 +1,75 @@
+"""Quantize once: the int8 model and its report, cached by everything that decides them.
+
+The key covers the float model (sha256), the scheme, the calibration method and exclusions,
+the calibration and held-out data as loaded (array bytes, so a folder of images preprocessed
+the same way hits too), and edgekit's version. An unchanged redeploy, and every device of a
+fleet that shares a scheme, reuses the entry instead of calibrating again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import onnx
+
+from edgekit import __version__
+from edgekit.fsutil import atomic_path, cache_dir
+from edgekit.quantize.calib import FeedSet
+from edgekit.quantize.report import AgreementReport, OutputAgreement
+from edgekit.quantize.scheme import QuantScheme
+
+FORMAT = 1
+MODEL, REPORT = "int8.onnx", "report.json"
+
+
+def key(model_sha256: str, scheme: QuantScheme, method: str, exclude: Sequence[str], calibration: FeedSet, heldout: FeedSet) -> str:
+    """The cache key of one quantization (hex sha256)."""
+    h = hashlib.sha256()
+    head = {"format": FORMAT, "edgekit": __version__, "model": model_sha256, "scheme": scheme.to_dict(), "method": method, "exclude": sorted(exclude)}
+    h.update(json.dumps(head, sort_keys=True).encode())
+    for part in (calibration, heldout):
+        h.update(f"|{part.random}|{len(part.feeds)}|".encode())
+        for feed in part.feeds:
+            for name in sorted(feed):
+                arr = feed[name]
+                h.update(f"{name}:{arr.dtype.str}:{arr.shape}".encode())
+                h.update(arr.tobytes())
+        if part.labels is not None:
+            h.update(part.labels.tobytes())
+    return h.hexdigest()
+
+
+def load(k: str) -> tuple[onnx.ModelProto, dict, AgreementReport] | None:
+    """The cached int8 model, its report and agreement; None when absent or unreadable."""
+    root = cache_dir("quantized") / k
+    try:
+        report = json.loads((root / REPORT).read_text(encoding="utf-8"))
+        model = onnx.load(str(root / MODEL))
+        a = report["agreement"]
+        outputs = tuple(OutputAgreement(**{**o, "snr_db": float("inf") if o["snr_db"] is None else o["snr_db"]}) for o in a["outputs"])
+        agreement = AgreementReport(
+            a["samples"], a["source"], outputs, a["accuracy_fp32"], a["accuracy_int8"], a["measured_on"], a["estimate"]
+        )
+    except (OSError, ValueError, KeyError, TypeError, onnx.onnx_cpp2py_export.checker.ValidationError):
+        return None  # a half-written or old entry is rebuilt, never trusted
+    return model, report, agreement
+
+
+def save(k: str, model_path: Path, report: dict) -> None:
+    """Store an entry; written beside and renamed, so readers never see half of one."""
+    root = cache_dir("quantized")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{k}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    shutil.copyfile(model_path, tmp / MODEL)
+    with atomic_path(tmp / REPORT) as p:
+        p.write_text(json.dumps(report), encoding="utf-8")
+    try:
+        tmp.rename(root / k)
+    except OSError:  # another job stored the same entry meanwhile: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)

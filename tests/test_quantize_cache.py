@@ -1,0 +1,50 @@
+"""Quantize once: an unchanged redeploy reuses the int8 model, and a fleet quantizes once for all its devices."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgekit.quantize import cache as qcache
+from tests.conftest import EXAMPLES
+
+DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
+
+
+@pytest.mark.slow
+def test_unchanged_redeploy_reuses_the_quantization(cli, tmp_path):
+    first = cli("deploy", DIGITS, "--no-bench", "--json", "-o", tmp_path / "b")
+    assert first.returncode == 0, first.stderr
+    again = cli("deploy", DIGITS, "--no-bench", "--json", "-o", tmp_path / "b")
+    assert again.returncode == 0, again.stderr
+    a, b = json.loads(first.stdout), json.loads(again.stdout)
+    assert not a["quantize"]["cached"] and b["quantize"]["cached"]
+    assert "reusing the cached quantization" in again.stderr and "quantizing" not in again.stderr
+    assert a["bundle"]["hash"] == b["bundle"]["hash"]  # the same int8 model, byte for byte
+    assert a["quantize"]["agreement"] == b["quantize"]["agreement"]
+    # anything that decides the int8 model changes the key: here the calibration method
+    other = cli("deploy", DIGITS, "--no-bench", "--json", "--method", "percentile", "-o", tmp_path / "c")
+    assert other.returncode == 0 and not json.loads(other.stdout)["quantize"]["cached"]
+
+
+def test_a_damaged_cache_entry_is_rebuilt_not_trusted(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEKIT_CACHE_DIR", str(tmp_path))
+    (tmp_path / "quantized" / "abc").mkdir(parents=True)
+    (tmp_path / "quantized" / "abc" / qcache.REPORT).write_text("{not json")
+    assert qcache.load("abc") is None
+    assert qcache.load("missing") is None
+
+
+@pytest.mark.slow
+def test_a_fleet_quantizes_once(cli, tmp_path):
+    (tmp_path / "devices.toml").write_text(
+        "".join(f'[devices.dev{i}]\nssh = "local"\nworkdir = "{tmp_path / f"dev{i}"}"\n' for i in range(3))
+    )
+    r = cli("deploy", DIGITS, "--device", "dev0", "--device", "dev1", "--device", "dev2", "--iterations", "5", "--json", "-o", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("quantizing digits_cnn.onnx") == 1, r.stderr
+    outcomes = json.loads(r.stdout)
+    assert [o["status"] for o in outcomes] == ["ok"] * 3
+    hashes = {o["result"]["bundle"]["hash"] for o in outcomes}
+    assert len(hashes) == 1  # one int8 model for all three
