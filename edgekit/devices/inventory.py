@@ -461,6 +461,7 @@ def _ansible_entry(host: str, v: dict[str, Any], tags: tuple[str, ...], source: 
             user and check_user(user, f"{where}: ansible_user"),
             port,
         )
+        parse_device(address, where, InputError)  # and the parts read back as one address
     return DeviceEntry(
         name=host,
         address=address,

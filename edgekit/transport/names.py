@@ -9,43 +9,33 @@ UTF-8 bytes in the C locale: bytes >= 0x80 pass, as they do for ssh.
 
 from __future__ import annotations
 
+import re
+
 from edgekit.errors import EdgekitError, InputError
 
-_HOST_BAD = frozenset(b"'`\"$\\;&<>|(){},")
-_USER_BAD = frozenset(b"'`\";&<>|(){}")
-_SPACE = frozenset(b" \t\n\v\f\r")
+# C isspace() and iscntrl() in the C locale are the bytes 0x00-0x20 and 0x7f (NUL too: ssh would
+# cut the name there); a user may hold a space, but not one before '-' (it would read as an option).
+_HOST_BAD = re.compile(rb"[\x00-\x20\x7f'`\"$\\;&<>|(){},]")
+_USER_BAD = re.compile(rb"[\x00-\x1f\x7f'`\";&<>|(){}]| -|\\\Z")
 
 
-def _cntrl(byte: int) -> bool:
-    return byte < 0x20 or byte == 0x7F  # NUL included: ssh would cut the name there
-
-
-def _utf8(text: str) -> bytes | None:
+def _utf8(text: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates: no byte string ssh could be given
-        return None
+        return b""
 
 
 def host_ok(host: str) -> bool:
     """True when OpenSSH would accept ``host`` as a host name."""
     raw = _utf8(host)
-    if not raw or raw[0] == ord("-"):
-        return False
-    return not any(b in _HOST_BAD or b in _SPACE or _cntrl(b) for b in raw)
+    return bool(raw) and raw[:1] != b"-" and not _HOST_BAD.search(raw)
 
 
 def user_ok(user: str) -> bool:
     """True when OpenSSH would accept ``user`` as a remote user name (and it is not empty)."""
     raw = _utf8(user)
-    if not raw or raw[0] == ord("-") or raw[-1] == ord("\\"):
-        return False
-    for i, b in enumerate(raw):
-        if _cntrl(b) or b in _USER_BAD:
-            return False
-        if b in _SPACE and raw[i + 1 : i + 2] == b"-":  # "x -oProxyCommand=..." would read as an option
-            return False
-    return True
+    return bool(raw) and raw[:1] != b"-" and not _USER_BAD.search(raw)
 
 
 def shown(value: str, limit: int = 60) -> str:
