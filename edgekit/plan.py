@@ -109,8 +109,8 @@ class Bench:
     def detail(self) -> str:
         c, v = self.config, self.variant
         how = f"{c.duration_s:g} s" if c.duration_s is not None else f"{c.iterations} timed runs"
-        before = "".join(f"{s.detail}; then " for s in self.device_steps)
-        return f"{v.name} on {v.backend}: {before}{c.warmup} warm-up + {how}, threads={c.threads or 'all'}"
+        first = f" after {', '.join(s.name for s in self.device_steps)} on the device" if self.device_steps else ""
+        return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or 'all'}"
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,7 @@ def step_dict(step: Step) -> dict[str, Any]:
         doc["variant"] = step.variant.to_dict()
     if isinstance(step, Bench):
         doc["config"] = asdict(step.config)
+        doc["device_steps"] = [{"name": s.name, "detail": s.detail} for s in step.device_steps]
     return doc
 
 

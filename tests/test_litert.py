@@ -166,8 +166,8 @@ def test_plan_picks_tflite_and_does_not_quantize(fc8_path, fc_path):
     plan = make_plan(load_model(fc8_path), rpi4)
     assert (plan.backend, plan.precision, plan.quantize, plan.scheme) == ("tflite", "int8", False, None)
     assert [b for b, _ in plan.skipped] == ["native"]  # first in rpi4's order, cannot read .tflite
-    assert [s.name for s in plan.steps][:2] == ["bundle", "push"]  # no quantize step
-    assert plan.options == {"xnnpack": True}
+    assert [s.name for s in plan.steps][:3] == ["compile", "bundle", "push"]  # no quantize step
+    assert [v.options for v in plan.variants] == [{"xnnpack": True}]
     # local lists no tflite backend: the one backend that reads the format is used, and said so
     local = make_plan(load_model(fc_path), resolve(load_profile("local")))
     assert local.backend == "tflite" and local.precision == "fp32"

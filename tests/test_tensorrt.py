@@ -570,7 +570,7 @@ def test_plan_jetson_orin_nano_is_tensorrt_int8_with_lint_and_device_steps(cli):
     assert (doc["backend"], doc["precision"], doc["scheme"]["name"]) == ("tensorrt", "int8", "tensorrt")
     assert doc["scheme"]["quantize_bias"] is False and doc["scheme"]["activation_symmetric"] is True
     assert any(n.startswith("TensorRT Q/DQ lint passed on the planned graph") for n in doc["notes"])
-    steps = {s["name"]: s["detail"] for s in doc["steps"]}
+    steps = {d["name"]: d["detail"] for s in doc["steps"] for d in s.get("device_steps", [])}  # done by the agent before timing
     assert "TensorRT 8.5: fp32: --noTF32; int8: --int8 --fp16" in steps["build engine"]
     assert "TensorRT 10.0+: fp32: --noTF32; int8: --stronglyTyped" in steps["build engine"]
     assert "key = sha256(model, TensorRT version, GPU/SoC, flags)".lower() in steps["build engine"].lower()
@@ -586,7 +586,7 @@ def test_plan_jetson_nano_is_fp16_and_says_why(cli):
     assert (doc["backend"], doc["precision"], doc["quantize"]) == ("tensorrt", "fp16", False)
     notes = " ".join(doc["notes"])
     assert "Maxwell GPU has no fast int8" in notes and "has no int8 path: running fp16" in notes
-    assert "TensorRT 8.2: fp16: --fp16" in {s["name"]: s["detail"] for s in doc["steps"]}["build engine"]
+    assert "TensorRT 8.2: fp16: --fp16" in {d["name"]: d["detail"] for s in doc["steps"] for d in s.get("device_steps", [])}["build engine"]
 
 
 # -- facts --------------------------------------------------------------------------------------

@@ -54,7 +54,11 @@ def print_plan(o: Output, doc: dict) -> None:
         o.line(f"note      {note}")
     if doc["float_nodes"]:
         o.table(["node", "op", "stays float because"], [[f["name"], f["op"], f["reason"]] for f in doc["float_nodes"]])
-    o.table(["#", "step", "detail"], [[i + 1, s["name"], s["detail"]] for i, s in enumerate(doc["steps"])])
+    rows = []
+    for i, s in enumerate(doc["steps"]):
+        rows.append([i + 1, s["name"], s["detail"]])
+        rows += [["", f"  {d['name']}", d["detail"]] for d in s.get("device_steps", ())]  # done by the agent first
+    o.table(["#", "step", "detail"], rows)
 
 
 def speed_sentence(summary: dict, float_nodes: int = 0) -> str | None:
