@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekit.agent.backends import BACKENDS as AGENT_BACKENDS
 from edgekit.agent.facts import ARM_ISA, ISA_ORDER, X86_ISA
 
-BACKENDS = ("native", "tensorrt", "openvino", "tflite", "onnxruntime", "numpy")
+BACKENDS = tuple(AGENT_BACKENDS)  # the one registry of backend names (the agent's)
 PRECISIONS = ("int8", "fp16", "fp32")
 ARCHES = ("x86_64", "aarch64", "armv7l")
 

@@ -15,14 +15,16 @@ import importlib
 
 from .. import AgentFailure
 
-# backend name (as in the bundle manifest) -> module in this package
+# The one list of backends edgekit knows, in the order profiles and messages name them: backend
+# name (as in profiles and bundle manifests) -> its module in this package. The host reads it too
+# (profiles.BACKENDS; targets finds the host side as edgekit.targets.<name>).
 BACKENDS = {
-    "onnxruntime": "onnxruntime",
+    "native": "native",
+    "tensorrt": "tensorrt.session",
     "openvino": "openvino",
     "tflite": "tflite",
-    "tensorrt": "tensorrt.session",
+    "onnxruntime": "onnxruntime",
     "numpy": "numpy_ref",
-    "native": "native",
 }
 
 
