@@ -30,29 +30,11 @@ from edgekit.errors import EdgekitError
 from edgekit.transport.names import host_ok, user_ok
 from edgekit.transport.sshconfig import load_config, parse_device, resolve_target
 from tests.conftest import assert_one_line_error
+from tests.test_ssh import RELAY  # a stdin/stdout <-> TCP relay for ProxyCommand
 
 yaml = pytest.importorskip("yaml")
 
 PAYLOAD = "lab-1;touch${IFS}PWNED;"
-
-RELAY = """\
-import os, socket, sys, threading
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-def up():
-    while True:
-        data = os.read(0, 65536)
-        if not data:
-            s.shutdown(socket.SHUT_WR)
-            return
-        s.sendall(data)
-threading.Thread(target=up, daemon=True).start()
-while True:
-    data = s.recv(65536)
-    if not data:
-        break
-    os.write(1, data)
-"""
-
 
 @pytest.fixture
 def shell_proxy(ssh_home, sshd_server, tmp_path):
@@ -64,7 +46,7 @@ def shell_proxy(ssh_home, sshd_server, tmp_path):
     with open(ssh_home.config, "a") as fh:
         fh.write(
             "\nHost *\n"
-            f'    ProxyCommand sh -c "echo %h %r >>{log}; exec {sys.executable} {relay} {sshd_server.port}"\n'
+            f'    ProxyCommand sh -c "echo %h %r >>{log}; exec {sys.executable} {relay} 127.0.0.1 {sshd_server.port}"\n'
             f"    User {sshd_server.user}\n    IdentityFile {sshd_server.client_key}\n    IdentitiesOnly yes\n"
         )
     return log

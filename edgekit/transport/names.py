@@ -38,25 +38,21 @@ def user_ok(user: str) -> bool:
     return bool(raw) and raw[:1] != b"-" and not _USER_BAD.search(raw)
 
 
-def shown(value: str, limit: int = 60) -> str:
-    """``value`` for an error message: quoted, escapes visible, cut when very long."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 4] + "...'"
+def _check(value: str, where: str, error: type[EdgekitError], kind: str, ok, rule: str) -> str:
+    if not ok(value):
+        text = repr(value) if len(value) <= 60 else repr(value[:56]) + "..."
+        raise error(
+            f"{where}: {kind} name {text} has characters OpenSSH refuses (it could reach a shell through ProxyCommand)",
+            f"a {kind} name must {rule}",
+        )
+    return value
 
 
 def check_host(host: str, where: str, error: type[EdgekitError] = InputError) -> str:
-    if not host_ok(host):
-        raise error(
-            f"{where}: host name {shown(host)} has characters OpenSSH refuses (it could reach a shell through ProxyCommand)",
-            "a host name must not start with '-' nor contain spaces, control characters or any of ' ` \" $ \\ ; & < > | ( ) { } ,",
-        )
-    return host
+    """``host`` when OpenSSH would accept it; else ``error`` naming ``where`` and the value."""
+    return _check(host, where, error, "host", host_ok, "not start with '-' nor hold spaces, control characters or any of ' ` \" $ \\ ; & < > | ( ) { } ,")
 
 
 def check_user(user: str, where: str, error: type[EdgekitError] = InputError) -> str:
-    if not user_ok(user):
-        raise error(
-            f"{where}: user name {shown(user)} has characters OpenSSH refuses (it could reach a shell through ProxyCommand)",
-            "a user name must not be empty, start with '-', end with '\\', nor contain control characters or any of ' ` \" ; & < > | ( ) { }",
-        )
-    return user
+    """``user`` when OpenSSH would accept it; else ``error`` naming ``where`` and the value."""
+    return _check(user, where, error, "user", user_ok, "not be empty, start with '-', end with '\\', nor hold ' -', control characters or any of ' ` \" ; & < > | ( ) { }")
