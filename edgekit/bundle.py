@@ -2,8 +2,9 @@
 
 The manifest records the schema version, the edgekit version, the profile, the plan's
 backend and precision, one entry per runnable variant, and each file's sha256 and size.
-``bundle_hash`` (over the files, not the manifest) is the bundle's content identity: it
-names the bundle's directory on the device and ties benchmark results to what was run.
+``bundle_hash`` (over the manifest, which lists every file's sha256, minus the fields a
+rebuild may change: ``created`` and the ``plan`` record) is the bundle's identity: it names
+the bundle's directory on the device and ties benchmark results to what was run.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ class Manifest:
 
     @property
     def bundle_hash(self) -> str:
-        """sha256 over the sorted (path, sha256) of the files: the content identity."""
-        return _bundle_hash((f.path, f.sha256) for f in self.files)
+        """The bundle's identity: files, profile, backend, variants and options (see the agent's)."""
+        return _bundle_hash(self.to_dict())
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:

@@ -18,12 +18,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.agent import bundle_hash
 from edgekit.agent.facts import parse_cpuinfo
-from edgekit.agent.pack import build_agent_zip
-from edgekit.bench.run import BenchConfig, bench_variant, parse_agent_output
+from edgekit.agentclient import BenchConfig, bench_variant, parse_agent_output
 from edgekit.bundle import TensorSpec, Variant, write_bundle
 from edgekit.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_USAGE, AgentError
 from edgekit.fsutil import sha256_file
 from edgekit.profiles import cpu_from_cpuinfo
+from edgekit.transport.agentzip import build_agent_zip
 from edgekit.transport.base import CommandResult
 from edgekit.transport.local import LocalTransport
 from edgekit.transport.push import push_bundle
@@ -93,8 +93,7 @@ def test_agent_zip_is_deterministic(tmp_path, agent_zip):
     with zipfile.ZipFile(again) as zf:
         names = zf.namelist()
     assert names[0] == "__main__.py" and "edgekit_agent/runner.py" in names
-    assert "edgekit_agent/backends/onnxruntime.py" in names
-    assert "edgekit_agent/pack.py" not in names
+    assert "edgekit_agent/backends/onnxruntime.py" in names and "edgekit_agent/store.py" in names
     assert not any("__pycache__" in n for n in names)
 
 
@@ -309,7 +308,10 @@ def test_cpuinfo_matches_the_profile_vocabulary(text, machine, model, isa):
 
 def test_bundle_hash_is_one_definition(tmp_path):
     bundle = _make_bundle(tmp_path)
-    assert bundle.manifest.bundle_hash == bundle_hash((f.path, f.sha256) for f in bundle.manifest.files)
+    doc = json.loads((bundle.root / "manifest.json").read_text())
+    assert bundle.manifest.bundle_hash == bundle_hash(doc)
+    assert bundle_hash({**doc, "created": "another day"}) == bundle_hash(doc)
+    assert bundle_hash({**doc, "profile": "rpi5"}) != bundle_hash(doc)
 
 
 # -- the host's bench runner -----------------------------------------------------------------------
@@ -361,7 +363,7 @@ def test_cli_bench_json_and_store(cli, tmp_path):
     assert rec["model_name"] == "tiny" and rec["target"] == "local" and rec["device"] == "local"
     assert rec["stats"]["n"] == 6 and rec["agent"]["config"]["iterations"] == 6
     assert rec["agent"]["bundle_hash"] == bundle.manifest.bundle_hash
-    assert "pushed 2 file(s)" in result.stderr
+    assert "2 file(s) sent" in result.stderr
 
     listed = cli("results", "list", "--json")
     assert [r["id"] for r in json.loads(listed.stdout)] == [rec["id"]]

@@ -20,13 +20,13 @@ import onnxruntime as ort
 import pytest
 
 from edgekit.agent.facts import parse_cpuinfo
-from edgekit.agent.pack import PACKAGE, build_agent_zip
 from edgekit.bundle import Variant, write_bundle
 from edgekit.deploy import _specs
 from edgekit.modelio import load_model
 from edgekit.plan import make_plan
 from edgekit.profiles import load_profile
 from edgekit.targets.numpy import BACKEND as NUMPY
+from edgekit.transport.agentzip import PACKAGE, build_agent_zip
 from tests.conftest import EXAMPLES
 from tests.lab import armboard
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from edgekit.agent import bundle_hash as agent_bundle_hash
 from edgekit.bundle import (
     MANIFEST,
     Bundle,
@@ -92,11 +94,28 @@ def test_bundle_hash_is_content_identity(tmp_path):
     files = _sources(tmp_path)
     a = _write(tmp_path / "a", files)
     b = _write(tmp_path / "b", files, plan={"other": True})
-    assert a.manifest.bundle_hash == b.manifest.bundle_hash  # created/plan are not content
+    assert a.manifest.created != "" and a.manifest.bundle_hash == b.manifest.bundle_hash  # created/plan: a record
     files["model.fp32.onnx"].write_bytes(b"changed weights")
     c = _write(tmp_path / "c", files)
     assert c.manifest.bundle_hash != a.manifest.bundle_hash
     assert len(a.manifest.bundle_hash) == 64
+
+
+def test_same_files_for_another_profile_or_options_is_another_bundle(tmp_path):
+    # rpi4 and rpi5 bundles of one model carry the same files but different manifests: one id
+    # for both let a board that got both end up with `current` naming the wrong manifest
+    files = _sources(tmp_path)
+    a = _write(tmp_path / "a", files)
+    other_profile = _write(tmp_path / "b", files, profile="rpi5")
+    v = _variants()
+    other_options = _write(tmp_path / "c", files, variants=[v[0], replace(v[1], options={"threads_hint": 4})])
+    other_backend = _write(tmp_path / "d", files, backend="native")
+    ids = {x.manifest.bundle_hash for x in (a, other_profile, other_options, other_backend)}
+    assert len(ids) == 4
+    assert [f.sha256 for f in a.manifest.files] == [f.sha256 for f in other_profile.manifest.files]
+    # the agent computes the same id from the manifest.json it reads on the device
+    doc = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert agent_bundle_hash(doc) == other_profile.manifest.bundle_hash
 
 
 def test_unknown_variant_names_the_known_ones(tmp_path):

@@ -15,8 +15,9 @@ from edgekit.bundle import TensorSpec, Variant, write_bundle
 from edgekit.errors import TransportError, UsageError
 from edgekit.fsutil import sha256_file
 from edgekit.transport import Transport, open_transport
+from edgekit.transport.agentzip import push_agent
 from edgekit.transport.local import LocalTransport
-from edgekit.transport.push import push_agent, push_bundle, remote_bundle_dir
+from edgekit.transport.push import push_bundle, remote_bundle_dir
 
 # Every one of these would do something if it ever reached a shell.
 NASTY = ["a b", "it's", 'say "hi"', "semi;colon", "$(touch pwned)", "`touch pwned`", "x && touch pwned", "*"]

@@ -3,8 +3,8 @@
 It runs on the device as a standalone zipapp (see ``pack.py``), so every module here imports
 only the standard library and its own siblings (relatively, so the package works under any
 name). numpy and the backend runtimes are imported lazily, inside the functions that need them.
-The host may import this package (``bundle_hash`` is defined once, here); the agent never
-imports the host.
+The host may import this package (``bundle_hash`` and ``sha256_file`` are defined once for
+the device side, here); the agent never imports the host.
 
 Syntax stays Python 3.7-compatible: boards run old interpreters (Debian buster has 3.7).
 """
@@ -12,6 +12,7 @@ Syntax stays Python 3.7-compatible: boards run old interpreters (Debian buster h
 from __future__ import annotations
 
 import hashlib
+import json
 
 AGENT_VERSION = "0.1.0"
 SCHEMA = 1
@@ -26,15 +27,28 @@ class AgentFailure(Exception):
         self.hint = hint
 
 
-def bundle_hash(files) -> str:
-    """Content identity of a bundle: sha256 over its sorted ``(path, sha256)`` pairs.
+# Manifest fields that do not define the bundle: a rebuild of the same bundle may differ in them.
+# ``plan`` records how the bundle was made (host paths, the device asked for), not what it is.
+VOLATILE = frozenset({"created", "plan"})
 
-    ``files`` is an iterable of ``(relative_path, sha256_hex)``. manifest.json itself is not
-    part of it (it carries a creation time), so the same payload always hashes the same.
+
+def bundle_hash(manifest: dict) -> str:
+    """The bundle's identity: sha256 of its manifest (canonical JSON) without ``VOLATILE`` fields.
+
+    The manifest lists every file's sha256, so this covers the files and everything else that
+    defines the bundle (profile, backend, variants and their options): bundles that differ in
+    any of it get different ids, and so different directories on the device.
     """
+    doc = {k: v for k, v in manifest.items() if k not in VOLATILE}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sha256_file(path: str) -> str:
+    """sha256 of a file on the device (the agent's one copy; the host has edgekit.fsutil's)."""
     h = hashlib.sha256()
-    for path, digest in sorted(files):
-        h.update(f"{digest}  {path}\n".encode())
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
     return h.hexdigest()
 
 

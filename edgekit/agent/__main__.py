@@ -1,4 +1,5 @@
-"""The agent's command line: ``python agent.pyz bench BUNDLE_DIR --variant NAME ...`` or ``facts``.
+"""The agent's command line: ``python agent.pyz bench BUNDLE_DIR --variant NAME ...``, ``facts``,
+or ``store ROOT MODE JSON`` (the device side of a push, see ``store.py``).
 
 Prints exactly one JSON document to stdout. A failure is an ``edgekit.error`` document
 (exit 1), so the host can tell "onnxruntime is not installed on the device" from a crash.
@@ -98,6 +99,11 @@ def _run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["store"]:  # a push runs it several times: no argparse, no fd juggling
+        from . import store
+
+        return store.main(argv[1:])
     rc = 1
     try:
         args = _parser().parse_args(argv)

@@ -6,7 +6,6 @@ The agent reports raw per-iteration latencies and facts only; statistics are the
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import os
 import posixpath
@@ -14,7 +13,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from . import AGENT_VERSION, SCHEMA, AgentFailure, bundle_hash
+from . import AGENT_VERSION, SCHEMA, AgentFailure, bundle_hash, sha256_file
 from .backends import load_backend
 from .facts import device_facts, device_state
 
@@ -44,7 +43,7 @@ def bench(
     model_path = os.path.join(bundle_dir, *model_rel.split("/"))
     if not os.path.isfile(model_path):
         raise AgentFailure(f"the bundle on the device has no model file {model_rel}", _REPUSH)
-    model_sha = _sha256(model_path)
+    model_sha = sha256_file(model_path)
     recorded = {f["path"]: f["sha256"] for f in manifest["files"]}
     if recorded.get(model_rel) != model_sha:
         raise AgentFailure(f"{model_rel} on the device does not match its sha256 in manifest.json", _REPUSH)
@@ -96,7 +95,7 @@ def bench(
         "precision": spec["precision"],
         "model": model_rel,
         "model_sha256": model_sha,
-        "bundle_hash": bundle_hash((f["path"], f["sha256"]) for f in manifest["files"]),
+        "bundle_hash": bundle_hash(manifest),
         "config": {
             "warmup": warmup,
             "iterations": None if duration_s is not None else iterations,
@@ -275,10 +274,3 @@ def _numpy():
         ) from None
     return numpy
 
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -6,8 +6,11 @@ cannot tell the implementations apart.
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
 import shlex
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -31,6 +34,19 @@ class CommandResult:
         text = self.stderr.decode("utf-8", errors="replace")
         tail = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
         return " | ".join(tail)
+
+
+@dataclass(frozen=True)
+class PutStats:
+    """What one upload cost: bytes actually sent, and the offset it resumed from (0: fresh)."""
+
+    bytes_sent: int
+    resumed_from: int
+
+
+# progress(sent, on_device): bytes just sent, bytes of the file now on the device; a resumed
+# upload calls progress(0, offset) once, before sending
+PutProgress = Callable[[int, int], None]
 
 
 @runtime_checkable
@@ -61,12 +77,23 @@ class Transport(Protocol):
         """
         ...
 
-    def put(self, local: Path, remote: str) -> None:
+    def put(
+        self,
+        local: Path,
+        remote: str,
+        *,
+        sha256: str | None = None,
+        resume: bool = False,
+        progress: PutProgress | None = None,
+    ) -> PutStats:
         """Copy a local file to ``remote`` (whose directory must exist), atomically.
 
         The data goes to a temp name in the same directory, is fsynced, its sha256 is checked
-        against the local file's, and only then is it renamed over ``remote``. A failed or
-        interrupted put leaves ``remote`` as it was.
+        on the device against ``sha256`` (the local file's, computed when not given), and only
+        then is it renamed over ``remote``. A failed or interrupted put leaves ``remote`` as it
+        was. With ``resume`` the temp name comes from the content (``part_name``) and is kept
+        when the link fails; the next put continues from it once the device's hash of it
+        matches the start of the local file. ``progress`` is called as data moves.
         """
         ...
 
@@ -83,3 +110,20 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def part_name(dest: str, digest: str, resume: bool) -> str:
+    """The temp name an upload of ``digest`` to ``dest`` is written under (beside ``dest``)."""
+    parent, base = posixpath.split(dest)
+    tag = digest[:16] if resume else uuid.uuid4().hex[:12]
+    return posixpath.join(parent, f".{base}.{tag}.part")
+
+
+def prefix_sha256(path: Path, size: int) -> str:
+    """sha256 of the first ``size`` bytes of a local file (the part a resumed upload keeps)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while size > 0 and (block := fh.read(min(1 << 20, size))):
+            h.update(block)
+            size -= len(block)
+    return h.hexdigest()

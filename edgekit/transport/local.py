@@ -7,28 +7,23 @@ interpreter, so the host venv's runtimes are the device's runtimes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import platformdirs
-
 from edgekit.errors import TransportError
-from edgekit.fsutil import atomic_path, sha256_file
-from edgekit.transport.base import CommandResult
+from edgekit.fsutil import atomic_path, cache_dir, sha256_file
+from edgekit.transport.base import CommandResult, PutProgress, PutStats, part_name, prefix_sha256
 
 
 def default_root() -> Path:
     """``$EDGEKIT_CACHE_DIR/local-device`` (else the user cache dir's)."""
-    cache = os.environ.get("EDGEKIT_CACHE_DIR") or platformdirs.user_cache_dir("edgekit")
-    return Path(cache) / "local-device"
+    return cache_dir("local-device")
 
 
 class LocalTransport:
@@ -99,7 +94,15 @@ class LocalTransport:
         return result
 
     # -- files ------------------------------------------------------------------------------
-    def put(self, local: Path, remote: str) -> None:
+    def put(
+        self,
+        local: Path,
+        remote: str,
+        *,
+        sha256: str | None = None,
+        resume: bool = False,
+        progress: PutProgress | None = None,
+    ) -> PutStats:
         local = Path(local)
         if not local.is_file():
             raise TransportError(f"cannot upload {local}: no such file", "check the local path")
@@ -111,28 +114,39 @@ class LocalTransport:
             )
         if dest.is_dir():
             raise TransportError(f"cannot upload to {dest}: it is a directory", "give the file's full remote path")
+        digest = sha256 or sha256_file(local)
+        tmp = Path(part_name(str(dest), digest, resume))
+        size = local.stat().st_size
+        offset = tmp.stat().st_size if resume and tmp.is_file() else 0
+        if not 0 < offset <= size or sha256_file(tmp) != prefix_sha256(local, offset):
+            offset = 0
+        if offset and progress is not None:
+            progress(0, offset)
+        sent = 0
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-        except OSError as exc:
-            raise TransportError(f"cannot write in {dest.parent} on the device: {exc.strerror}", "check permissions") from None
-        try:
-            sent = hashlib.sha256()
-            with os.fdopen(fd, "wb") as out, open(local, "rb") as src:
+            with open(tmp, "r+b" if offset else "wb") as out, open(local, "rb") as src:
+                out.seek(offset)
+                src.seek(offset)
                 while block := src.read(1 << 20):
-                    sent.update(block)
                     out.write(block)
+                    sent += len(block)
+                    if progress is not None:
+                        progress(len(block), offset + sent)
+                out.truncate()
                 out.flush()
                 os.fsync(out.fileno())
-            if sha256_file(Path(tmp)) != sent.hexdigest():
+            if sha256_file(tmp) != digest:
+                tmp.unlink()
                 raise TransportError(f"upload of {local} to {dest} arrived corrupted", "retry; check the device's storage")
-            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a bundle is readable like any file
+            os.chmod(tmp, 0o644)
             os.replace(tmp, dest)
             _fsync_dir(dest.parent)
         except OSError as exc:
             raise TransportError(f"cannot upload {local} to {dest}: {exc.strerror or exc}", "check free space and permissions") from None
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            if not resume and tmp.exists():  # a resumable part stays for the next put to continue
+                tmp.unlink()
+        return PutStats(sent, offset)
 
     def get(self, remote: str, local: Path) -> None:
         src = self._path(remote)

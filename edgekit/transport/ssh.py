@@ -35,15 +35,13 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgekit.errors import DeviceError, LinkError, TransportError, UsageError
 from edgekit.fsutil import atomic_path, sha256_file
-from edgekit.transport.base import CommandResult
+from edgekit.transport.base import CommandResult, PutProgress, PutStats, part_name, prefix_sha256
 from edgekit.transport.sshconfig import (
     SshTarget,
     add_known_host,
@@ -135,18 +133,8 @@ exec "$1" -S -c {shlex.quote(_FOLLOW_PY)} "$2" "$3" "$4"
 DF = """df -Pk "$1" 2>/dev/null | awk 'NR==2 {print $4 * 1024}'"""
 
 
-@dataclass(frozen=True)
-class PutStats:
-    """What one upload cost: bytes actually sent, and the offset it resumed from (0: fresh)."""
-
-    bytes_sent: int
-    resumed_from: int
-
-
 class SshTransport:
     """A device reached over SSH. Construct with ``open_transport`` (or directly, for tests)."""
-
-    supports_resume = True  # put(resume=True, progress=, resumed=) and put(verify=False)
 
     def __init__(
         self,
@@ -669,47 +657,30 @@ class SshTransport:
         *,
         sha256: str | None = None,
         resume: bool = False,
-        progress: Callable[[int], None] | None = None,
-        resumed: Callable[[int], None] | None = None,
-        verify: bool = True,
+        progress: PutProgress | None = None,
     ) -> PutStats:
-        """Upload ``local`` to ``remote`` atomically (temp name, hash check on the device, rename).
-
-        ``sha256``: the local file's digest, when the caller knows it. ``resume``: the temp
-        name is derived from the content, so an upload cut by a dropped connection continues
-        from what reached the device last time. ``progress(n)`` is called per block sent,
-        ``resumed(offset)`` when an upload continues a partial temp file. ``verify=False``
-        writes ``remote`` directly, unchecked: for callers that verify and rename themselves.
-        """
         local = Path(local)
         if not local.is_file():
             raise TransportError(f"cannot upload {local}: no such file", "check the local path")
         dest = self._abs(remote)
-        parent, base = posixpath.split(dest)
+        parent = posixpath.dirname(dest)
         size = local.stat().st_size
         digest = sha256 or sha256_file(local)
-        tmp = posixpath.join(parent, f".{base}.{digest[:16]}.part" if resume else f".{base}.{uuid.uuid4().hex[:12]}.part")
+        tmp = part_name(dest, digest, resume)
         sftp = self._sftp_client()
+        offset = 0
         with self._sftp_op(f"uploading {local.name}"):
-            if verify:
-                self._check_upload_target(sftp, dest, parent)
-            offset = 0
+            self._check_upload_target(sftp, dest, parent)
             if resume:
                 with contextlib.suppress(FileNotFoundError):
-                    have = sftp.stat(tmp).st_size or 0
-                    offset = have if 0 < have <= size else 0
+                    offset = sftp.stat(tmp).st_size or 0
+        # what a dropped link left is kept only when the device's hash of it is the local prefix
+        if not 0 < offset <= size or self._hash(tmp, offset) != prefix_sha256(local, offset):
+            offset = 0
         sent = 0
         resumed_from = offset
-        if offset and resumed is not None:
-            resumed(offset)
-        if not verify:  # the caller checks and renames (push does, for many small files at once)
-            try:
-                return PutStats(self._send(sftp, local, dest, 0, size, progress), 0)
-            except LinkError:
-                raise
-            except BaseException:
-                self._remove_quietly(dest)
-                raise
+        if offset and progress is not None:
+            progress(0, offset)
         follower: dict[str, Any] = {}
 
         def start_follower() -> None:
@@ -832,7 +803,7 @@ class SshTransport:
                         sent += len(block)
                         self.beat()
                         if progress is not None:
-                            progress(len(block))
+                            progress(len(block), offset + sent)
                 if offset + sent != size:
                     raise TransportError(f"{local} changed while it was being uploaded", "upload it again")
                 self._fsync_remote(sftp, fh)

@@ -13,13 +13,12 @@ import time); the op functions use the module-level ``np`` set then.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 import time
 
-from .. import AgentFailure
+from .. import AgentFailure, sha256_file
 
 GRAPH_FORMAT = "edgekit.numpy-graph"
 GRAPH_VERSION = 1
@@ -372,14 +371,11 @@ def load(model_path: str, threads: int | None, options: dict | None = None, work
     _numpy()
     graph = read_graph(model_path)
     weights_path = os.path.join(os.path.dirname(model_path), graph["weights"]["file"])
-    h = hashlib.sha256()
     try:
-        with open(weights_path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
+        digest = sha256_file(weights_path)
     except OSError as exc:
         raise AgentFailure(f"cannot read the weights {weights_path}: {exc.strerror}", _REPUSH) from None
-    if h.hexdigest() != graph["weights"]["sha256"]:
+    if digest != graph["weights"]["sha256"]:
         raise AgentFailure(f"{weights_path} does not match the sha256 recorded in {os.path.basename(model_path)}", _REPUSH)
     try:
         with np.load(weights_path, allow_pickle=False) as data:

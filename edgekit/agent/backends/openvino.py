@@ -14,7 +14,7 @@ import shutil
 import sys
 import time
 
-from .. import AgentFailure
+from .. import AgentFailure, sha256_file
 
 _META_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
 _PROFILE_WARMUP = 5  # a fresh compile's first inferences include one-time work
@@ -195,10 +195,7 @@ def _execution_devices(compiled) -> list:
 
 
 def _model_key(model_path: str, device: str, config: dict) -> str:
-    h = hashlib.sha256()
-    with open(model_path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
+    h = hashlib.sha256(sha256_file(model_path).encode())
     h.update(repr((device, sorted(config.items()))).encode())
     return h.hexdigest()[:16]
 

@@ -1,4 +1,5 @@
-"""Run the agent on a device to time one variant of a pushed bundle."""
+"""The host's side of the agent: run it on a device (pushing it first when the device lacks
+this version) and read its one JSON document: a benchmark of one variant, or device facts."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 from edgekit.agent import SCHEMA as AGENT_SCHEMA
 from edgekit.errors import AgentError
+from edgekit.transport.agentzip import push_agent
 from edgekit.transport.base import CommandResult, Transport
-from edgekit.transport.push import push_agent
+
+__all__ = ["BenchConfig", "bench_variant", "device_facts", "parse_agent_output", "push_agent", "run_agent"]
 
 _OUT_OF_STEP = "the agent on the device is out of step with this edgekit; bench again to push the current one"
 
@@ -40,12 +43,10 @@ def bench_variant(
     the agent's own message and hint when it reports a failure, or when its output is not
     a bench document.
     """
-    agent = push_agent(transport)
-    argv = [transport.python, agent, "bench", remote_bundle_dir, "--variant", variant, *config.agent_args()]
+    args = ["bench", remote_bundle_dir, "--variant", variant, *config.agent_args()]
     if config.duration_s is not None:
         timeout = max(timeout, config.duration_s + 300)  # loading and warmup come on top
-    result = transport.run(argv, timeout=timeout, check=False)
-    doc = parse_agent_output(result)
+    doc = run_agent(transport, args, timeout=timeout)
     if doc.get("variant") != variant:
         raise AgentError(
             f"the agent benchmarked variant {doc.get('variant')!r}, not '{variant}'",
@@ -56,9 +57,14 @@ def bench_variant(
 
 def device_facts(transport: Transport, timeout: float = 120) -> dict:
     """The device's facts (arch, CPU, ISA, memory, OS, runtimes) from the agent's ``facts``."""
+    return run_agent(transport, ["facts"], timeout=timeout, kind="edgekit.facts")
+
+
+def run_agent(transport: Transport, args: list[str], *, timeout: float, kind: str = "edgekit.bench") -> dict[str, Any]:
+    """Run ``agent.pyz ARGS`` on the device (pushed first if missing); its ``kind`` document."""
     agent = push_agent(transport)
-    result = transport.run([transport.python, agent, "facts"], timeout=timeout, check=False)
-    return parse_agent_output(result, kind="edgekit.facts")
+    result = transport.run([transport.python, agent, *args], timeout=timeout, check=False)
+    return parse_agent_output(result, kind=kind)
 
 
 def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> dict[str, Any]:

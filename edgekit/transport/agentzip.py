@@ -1,21 +1,24 @@
-"""Build the agent as one zipapp: ``python agent.pyz bench ...`` on any device with Python.
+"""The agent as one zipapp (``python agent.pyz bench|facts|store ...``), built here on the host
+from ``edgekit/agent``'s sources, and put on a device once per agent version.
 
 The archive is deterministic (sorted entries, fixed timestamps and modes, no compression),
-so its sha256 depends only on the agent's source: it is content-addressed on the device
-and pushed once per agent version, not once per run.
+so its sha256 depends only on the agent's source: it is content-addressed on the device.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import os
+import posixpath
 import tempfile
 import zipfile
 from pathlib import Path
 
+from edgekit.fsutil import write_bytes_atomic
+from edgekit.transport.base import Transport
+
 PACKAGE = "edgekit_agent"  # the name the agent package has inside the zip
-_HOST_ONLY = {"pack.py"}
+_SOURCES = Path(__file__).resolve().parents[1] / "agent"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
 
 # The zip's entry point. Plain syntax on purpose: on a Python too old for the agent it
@@ -33,12 +36,11 @@ sys.exit(main())
 
 
 def agent_zip_bytes() -> bytes:
-    """The agent zipapp's bytes, built from this package's sources."""
-    src = Path(__file__).resolve().parent
+    """The agent zipapp's bytes, built from the agent package's sources."""
     members = {"__main__.py": _BOOT.encode()}
-    for path in src.rglob("*.py"):
-        rel = path.relative_to(src)
-        if "__pycache__" not in rel.parts and rel.as_posix() not in _HOST_ONLY:
+    for path in _SOURCES.rglob("*.py"):
+        rel = path.relative_to(_SOURCES)
+        if "__pycache__" not in rel.parts:
             members[f"{PACKAGE}/{rel.as_posix()}"] = path.read_bytes()
     buf = io.BytesIO()
     buf.write(b"#!/usr/bin/env python3\n")
@@ -55,14 +57,16 @@ def build_agent_zip(dest_dir: Path) -> Path:
     """Write the agent zipapp to ``dest_dir/<sha256>.pyz`` (atomically) and return its path."""
     data = agent_zip_bytes()
     dest = Path(dest_dir) / f"{hashlib.sha256(data).hexdigest()}.pyz"
-    fd, tmp = tempfile.mkstemp(prefix=".agent.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_bytes_atomic(dest, data)
     return dest
+
+
+def push_agent(transport: Transport) -> str:
+    """Make sure this edgekit's agent zipapp is on the device; return its remote path."""
+    with tempfile.TemporaryDirectory(prefix="edgekit-agent-") as tmp:
+        local = build_agent_zip(Path(tmp))
+        remote = posixpath.join(transport.root, "agent", local.name)
+        if transport.sha256(remote) != local.stem:
+            transport.mkdir(posixpath.dirname(remote))
+            transport.put(local, remote, sha256=local.stem)
+    return remote
