@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,9 +35,9 @@ def atomic_path(path: Path) -> Iterator[Path]:
     On any exception the temp file is removed and ``path`` is left untouched.
     """
     path = check_output_path(Path(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    # Not mkstemp: its 0600 would survive the rename. Created 0666, the umask decides, as for open().
+    tmp_path = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:
@@ -59,3 +59,10 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def cache_dir(name: str) -> Path:
+    """``$EDGEKIT_CACHE_DIR/<name>``, else the user cache dir's (not created here)."""
+    import platformdirs
+
+    return Path(os.environ.get("EDGEKIT_CACHE_DIR") or platformdirs.user_cache_dir("edgekit")) / name

@@ -114,6 +114,11 @@ def test_no_source_means_random_data():
     assert not np.array_equal(other.feeds[0]["image"], fs.feeds[0]["image"])
 
 
+def test_random_data_too_big_to_make_up_is_refused():
+    err = calib_error("32 random samples of the model's inputs would need 47684 GiB", random_feeds, (IOSpec("x", (99999999999, 4), "float32"),), 32)
+    assert "--calib" in err.hint
+
+
 def test_random_data_for_bool_and_unsupported_types():
     fs = random_feeds((IOSpec("flag", (3,), "bool"),), 2)
     assert fs.feeds[0]["flag"].dtype == np.bool_
@@ -461,3 +466,28 @@ def test_kl_threshold_clips_a_long_tail():
     assert 2.0 < t < 10.0
     assert kl_threshold(np.zeros(2048), 3.0) == 3.0
     assert kl_threshold(np.ones(64), 3.0) == 3.0  # fewer bins than levels: nothing to clip
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_data_names_file_sample_and_input(tmp_path, bad):
+    data = rand((6, 1, 8, 8))
+    data[4, 0, 3, 5] = bad
+    np.savez(tmp_path / "x.npz", input=data)
+    err = calib_error(f"{tmp_path / 'x.npz'}: sample 4, input 'input' has NaN or Inf values", load_feeds, tmp_path / "x.npz", IMG)
+    assert err.exit_code == 3
+    np.save(tmp_path / "x.npy", data)
+    calib_error("x.npy: sample 4, input 'input'", load_feeds, tmp_path / "x.npy", IMG)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for i in range(3):
+        np.savez(folder / f"s{i}.npz", input=data[i + 3 : i + 4])
+    calib_error(f"{folder / 's1.npz'}: sample 1, input 'input'", load_feeds, folder, IMG)
+    np.savez(tmp_path / "two.npz", image=rand((2, 3, 4, 4)), mask=np.zeros((2, 4), np.int64))
+    assert len(load_feeds(tmp_path / "two.npz", TWO).feeds) == 2  # integer inputs are finite by nature
+
+
+def test_image_preprocessing_with_non_finite_results_is_refused(photo_dir):
+    spec = (IOSpec("x", (1, 3, 16, 16), "float32"),)
+    with pytest.raises(UsageError, match="std must not be 0"):
+        load_feeds(photo_dir, spec, preprocess=Preprocess.parse("std=0.5/0/0.5"))
+    calib_error("img0.png: sample 0, input 'x' has NaN or Inf values", load_feeds, photo_dir, spec, preprocess=Preprocess(mean=(np.inf,)))

@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgekit.errors import CalibrationError, UsageError
+from edgekit.errors import CalibrationError, ModelError, UsageError
 from edgekit.modelio import IOSpec
 
 Feed = dict[str, np.ndarray]
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 METHODS = ("minmax", "percentile", "entropy")
+RANDOM_LIMIT = 4 << 30  # bytes of random calibration data we are willing to make up
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class Preprocess:
     std: tuple[float, ...] = (1.0,)
     color: str = "rgb"  # "rgb" | "bgr" | "gray"
     layout: str | None = None  # "nchw" | "nhwc"; None = guess from the input shape
+
+    def __post_init__(self) -> None:
+        if 0.0 in self.std:
+            raise UsageError("--preprocess std must not be 0 (it divides)", "e.g. std=0.229/0.224/0.225, or leave it out")
 
     @classmethod
     def parse(cls, text: str) -> Preprocess:
@@ -96,6 +101,7 @@ def load_feeds(
     if source is None:
         return random_feeds(inputs, random_count, seed)
     source = Path(source)
+    per_file: list[Path] = []  # a folder: the file each sample came from
     if not source.exists():
         raise CalibrationError(f"calibration data not found: {source}", "give a .npz/.npy file or a folder of .npz files or images")
     if source.is_dir():
@@ -103,9 +109,9 @@ def load_feeds(
         npz = [p for p in files if p.suffix == ".npz"]
         images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
         if npz:
-            feeds = [_check_feed(_read_npz_sample(p, inputs), inputs, p) for p in npz]
+            feeds, per_file = [_check_feed(_read_npz(p), inputs, p) for p in npz], npz
         elif images:
-            feeds = _image_feeds(images, inputs, preprocess or Preprocess())
+            feeds, per_file = _image_feeds(images, inputs, preprocess or Preprocess()), images
         else:
             raise CalibrationError(f"no .npz files or images in {source}", "put one .npz per sample (keyed by input name) or image files there")
     elif source.suffix == ".npz":
@@ -127,6 +133,7 @@ def load_feeds(
         raise CalibrationError(f"unsupported calibration data: {source}", "give a .npz/.npy file, or a folder of .npz files or images")
     if not feeds:
         raise CalibrationError(f"no samples in {source}", "calibration needs at least one sample")
+    _check_finite(feeds, source, per_file)
     lab = None
     if labels is not None:
         lab = _read_labels(labels, len(feeds))
@@ -134,6 +141,12 @@ def load_feeds(
 
 
 def random_feeds(inputs: Sequence[IOSpec], count: int, seed: int = 0) -> FeedSet:
+    need = sum(int(np.prod(s.shape, dtype=np.float64)) * np.dtype(s.dtype).itemsize for s in inputs) * count
+    if need > RANDOM_LIMIT:
+        raise CalibrationError(
+            f"{count} random samples of the model's inputs would need {need / 2**30:.0f} GiB",
+            "give real data with --calib, or smaller input shapes with --shape",
+        )
     rng = np.random.default_rng(seed)
     feeds = []
     for _ in range(count):
@@ -173,8 +186,15 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         raise CalibrationError(f"cannot read {path}: {exc}", "write it with numpy.savez") from exc
 
 
-def _read_npz_sample(path: Path, inputs: Sequence[IOSpec]) -> Feed:
-    return _read_npz(path)
+def _check_finite(feeds: Sequence[Feed], source: Path, per_file: Sequence[Path]) -> None:
+    """NaN/Inf in the data would yield ranges and agreement figures that mean nothing: refuse it."""
+    for i, feed in enumerate(feeds):
+        for name, arr in feed.items():
+            if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+                raise CalibrationError(
+                    f"{per_file[i] if per_file else source}: sample {i}, input '{name}' has NaN or Inf values",
+                    "drop or fix that sample: calibration and evaluation need finite data",
+                )
 
 
 def _check_array(arr: np.ndarray, spec: IOSpec, where: Path, expect_shape: tuple[int, ...]) -> np.ndarray:
@@ -397,5 +417,9 @@ def _observer_session(model: onnx.ModelProto, tensors: Sequence[str]):
     # Basic optimizations only: fusions must not change the values we observe.
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     opts.log_severity_level = 3
-    session = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # ORT's own Fail/InvalidGraph/NotImplemented: the model, not edgekit
+        reason = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(exc).strip().splitlines()[0])
+        raise ModelError(f"ONNX Runtime cannot load the model: {reason[:300]}", "check the --shape values, or re-export the model") from exc
     return session, names
