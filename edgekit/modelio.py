@@ -158,8 +158,17 @@ def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = Non
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "validation failed"
-        raise ModelError(f"invalid ONNX model {path}: {first}", "re-export the model; onnx.checker must accept it") from exc
+        raise ModelError(f"invalid ONNX model {path}: {_first_line(exc)}", "re-export the model; onnx.checker must accept it") from exc
+    opset, newest = onnx_opset(model), onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise ModelError(
+            f"{path} uses ONNX opset {opset}; the newest this edgekit supports is {newest}",
+            f"re-export the model with opset {newest} or lower (e.g. torch.onnx.export(..., opset_version=17))",
+        )
+    try:  # strict: a graph whose shapes contradict each other fails here, not deep in a runtime
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except onnx.shape_inference.InferenceError as exc:
+        raise ModelError(f"invalid ONNX model {path}: {_first_line(exc)}", "re-export the model; its shapes do not fit together") from exc
 
     sidecar = read_sidecar(path)
     wanted = dict(sidecar.shapes)
@@ -228,4 +237,12 @@ def with_static_inputs(model: onnx.ModelProto, inputs: tuple[IOSpec, ...]) -> on
             for d in out.type.tensor_type.shape.dim:
                 if not d.HasField("dim_value"):
                     d.Clear()
-    return onnx.shape_inference.infer_shapes(m, data_prop=True)
+    try:
+        return onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:
+        shapes = " ".join(f"{i.name}:{','.join(map(str, i.shape))}" for i in inputs)
+        raise ModelError(f"the model does not accept input shapes {shapes}: {_first_line(exc)}", "check the --shape values") from exc
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
