@@ -322,3 +322,88 @@ def test_pulled_cable_mid_push_then_plugged_back(ns_device, tmp_path):
     assert pulled and result.retries >= 1 and result.resumed >= 1
     assert time.monotonic() - start < 90
     _assert_whole(_device_root(server), b)
+
+
+def _parts(root: Path) -> list[Path]:
+    return sorted((root / "objects").glob(".*.part"))
+
+
+def test_a_push_cut_for_good_says_how_far_it_got_and_the_next_push_resumes(ssh_home, sshd_server, tmp_path):
+    # A small model (under the old 4 MB batch bound), the link cut mid-file and not back in
+    # time: the push reports how far it got (exit 4), the device keeps the part, and the next
+    # push continues from it instead of sending the whole file again.
+    b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(3 * MB)})
+    size = 3 * MB
+    root = _device_root(sshd_server)
+    with TcpProxy("127.0.0.1", sshd_server.port) as proxy:
+        _proxied(ssh_home, sshd_server, proxy)
+        proxy.cut_after(2 * MB + 512 * 1024)
+        dev = SshTransport("viaproxy", idle_timeout=10)
+        with pytest.raises(TransportError) as err:  # after the cut the device stays away
+            push_bundle(dev, b, retries=1, backoff_s=0.0, sleep=lambda s: proxy.stop())
+        dev.close()
+        assert proxy.cuts == 1
+    assert err.value.exit_code == 4 and "push interrupted after" in err.value.message
+    assert err.value.message.endswith("; run again to resume")
+    (part,) = _parts(root)
+    kept = part.stat().st_size
+    assert 0 < kept < size
+    ssh_home.trust()
+    dev = SshTransport("lab")
+    result = push_bundle(dev, b)
+    dev.close()
+    assert result.resumed == 1
+    assert result.bytes_sent == size - kept + (b.root / "manifest.json").stat().st_size
+    _assert_whole(root, b)
+    assert not _parts(root)
+
+
+def test_a_part_that_does_not_match_the_file_is_sent_again_from_the_start(ssh_device, sshd_server, tmp_path):
+    data = os.urandom(MB)
+    b = _bundle(tmp_path, "b", {"fp32/model.onnx": data})
+    root = _device_root(sshd_server)
+    sha = b.manifest.files[0].sha256
+    (root / "objects").mkdir(parents=True)
+    (root / "objects" / f".{sha}.{sha[:16]}.part").write_bytes(b"not the start" + data[13:400_000])
+    result = push_bundle(ssh_device, b)
+    assert result.resumed == 0 and result.bytes_sent == MB + (b.root / "manifest.json").stat().st_size
+    _assert_whole(root, b)
+
+
+def test_the_store_drops_parts_no_push_will_continue(ssh_device, sshd_server, tmp_path):
+    a = _bundle(tmp_path, "a", {"fp32/model.onnx": os.urandom(1000)})
+    push_bundle(ssh_device, a)
+    objects = _device_root(sshd_server) / "objects"
+    present = a.manifest.files[0].sha256
+    done = objects / f".{present}.{present[:16]}.part"  # its object arrived meanwhile
+    stale = objects / f".{'1' * 64}.{'1' * 16}.part"  # a push given up on long ago
+    fresh = objects / f".{'2' * 64}.{'2' * 16}.part"  # may still be continued
+    for p in (done, stale, fresh):
+        p.write_bytes(b"x" * 100)
+    os.utime(stale, (time.time() - 25 * 3600,) * 2)
+    push_bundle(ssh_device, a)
+    assert _parts(_device_root(sshd_server)) == [fresh]
+
+
+def test_bundles_of_the_same_files_for_two_boards_keep_their_own_manifests(ssh_device, sshd_server, tmp_path):
+    # rpi4 and rpi5 bundles of one model: the same files, different manifests (profile, options)
+    src = tmp_path / "model.onnx"
+    src.write_bytes(os.urandom(50_000))
+    bundles = {}
+    for board, threads in (("rpi4", 4), ("rpi5", 8)):
+        variant = Variant("int8", "native", "int8", "int8/model.onnx", (TensorSpec("x", (1, 4), "float32"),), (), {"threads": threads})
+        bundles[board] = write_bundle(
+            tmp_path / board, files={"int8/model.onnx": src}, model_name="m", model_sha256="0" * 64, profile=board,
+            backend="native", precision="int8", variants=[variant], plan={},
+        )  # fmt: skip
+    assert bundles["rpi4"].manifest.bundle_hash != bundles["rpi5"].manifest.bundle_hash
+    root = _device_root(sshd_server)
+    for board in ("rpi4", "rpi5", "rpi4"):
+        result = push_bundle(ssh_device, bundles[board])
+        assert result.current == bundles[board].manifest.bundle_hash
+        assert (root / "current" / "manifest.json").read_bytes() == (bundles[board].root / "manifest.json").read_bytes()
+    assert result.bytes_sent == 0  # the model went once; each manifest once
+    assert os.readlink(root / "previous") == f"bundles/{bundles['rpi5'].manifest.bundle_hash}"
+    # staging the other board's bundle must not touch what `current` names (one shared id did)
+    push_bundle(ssh_device, bundles["rpi5"], activate=False)
+    assert (root / "current" / "manifest.json").read_bytes() == (bundles["rpi4"].root / "manifest.json").read_bytes()

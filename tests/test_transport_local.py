@@ -3,6 +3,7 @@ and content-addressed pushes of bundles and the agent."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -224,3 +225,22 @@ def test_push_agent_once(dev):
     assert push_agent(dev) == remote
     assert os.stat(remote).st_ino == inode  # not uploaded again
     assert dev.sha256(remote) == Path(remote).name.removesuffix(".pyz")
+
+
+def test_put_resumes_from_a_matching_part_only(dev, tmp_path):
+    data = os.urandom(3_000_000)
+    src = tmp_path / "blob"
+    src.write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    dev.mkdir("o")
+    part = Path(dev.root) / "o" / f".blob.{digest[:16]}.part"  # what a cut upload leaves
+    part.write_bytes(data[:1_000_000])
+    seen: list[tuple[int, int]] = []
+    stats = dev.put(src, "o/blob", sha256=digest, resume=True, progress=lambda s, d: seen.append((s, d)))
+    assert (stats.resumed_from, stats.bytes_sent) == (1_000_000, 2_000_000)
+    assert seen[0] == (0, 1_000_000) and seen[-1][1] == 3_000_000
+    assert (Path(dev.root) / "o" / "blob").read_bytes() == data and not part.exists()
+    part.write_bytes(b"garbage" + data[7:1_000_000])  # not the file's start: sent from 0
+    stats = dev.put(src, "o/blob", sha256=digest, resume=True)
+    assert (stats.resumed_from, stats.bytes_sent) == (0, 3_000_000)
+    assert (Path(dev.root) / "o" / "blob").read_bytes() == data and not part.exists()
