@@ -162,35 +162,20 @@ static void run_dequantize(struct ekrt_model* m, struct ek_op* op) {
     for_rows(m, op, (x->elems + 1023) / 1024, 1024, dequantize_rows);
 }
 
-static int check_quantize(struct ek_check* o) {
-  TRY(ek_need_in(o, 0, "x", EKM_F32, ST_IO, -1));
-  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
-  TRY(ek_need_param(o, 0, "nchw_to_nhwc", 0, 1));
-  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
-  if (o->role[o->op->in[0]] != 1) OFAIL("input (tensor %u) is not a graph input", o->op->in[0]);
-  if (o->op->p[0]) {
-    if (x->rank != 4 || y->rank != 4 || y->dims[0] != x->dims[0] || y->dims[1] != x->dims[2] || y->dims[2] != x->dims[3] ||
-        y->dims[3] != x->dims[1])
-      OFAIL0("nchw_to_nhwc needs a rank-4 [N,C,H,W] input and a [N,H,W,C] output");
-  } else {
-    TRY(ek_need_same_dims_out(o, 0));
-  }
-  return ek_need_unused_zero(o, 0x1);
-}
-
-static int check_dequantize(struct ek_check* o) {
-  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
-  TRY(ek_need_out(o, EKM_F32, ST_IO, -1));
-  TRY(ek_need_param(o, 0, "nhwc_to_nchw", 0, 1));
-  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
-  if (o->role[o->op->out] != 2) OFAIL("output (tensor %u) is not a graph output", o->op->out);
-  if (o->op->p[0]) {
-    if (x->rank != 4 || y->rank != 4 || y->dims[0] != x->dims[0] || y->dims[1] != x->dims[3] || y->dims[2] != x->dims[1] ||
-        y->dims[3] != x->dims[2])
-      OFAIL0("nhwc_to_nchw needs a rank-4 [N,H,W,C] input and a [N,C,H,W] output");
-  } else {
-    TRY(ek_need_same_dims_out(o, 0));
-  }
+/* QUANTIZE: a float graph input -> int8 (NCHW -> NHWC with params[0]); DEQUANTIZE: the reverse */
+static int check_edge(struct ek_check* o) {
+  const int q = o->op->type == EKM_QUANTIZE;
+  TRY(ek_need_in(o, 0, "x", q ? EKM_F32 : EKM_I8, q ? ST_IO : ST_ARENA, -1));
+  TRY(ek_need_out(o, q ? EKM_I8 : EKM_F32, q ? ST_ARENA : ST_IO, -1));
+  TRY(ek_need_param(o, 0, q ? "nchw_to_nhwc" : "nhwc_to_nchw", 0, 1));
+  const uint32_t io = q ? o->op->in[0] : o->op->out;
+  if (o->role[io] != (q ? 1 : 2)) OFAIL("%s (tensor %u) is not a graph %s", q ? "input" : "output", io, q ? "input" : "output");
+  const struct ek_tensor *f = q ? ek_in(o, 0) : ek_out(o), *i = q ? ek_out(o) : ek_in(o, 0); /* float, int8 */
+  if (!o->op->p[0]) TRY(ek_need_same_dims_out(o, 0));
+  else if (f->rank != 4 || i->rank != 4 || i->dims[0] != f->dims[0] || i->dims[1] != f->dims[2] || i->dims[2] != f->dims[3] ||
+           i->dims[3] != f->dims[1])
+    OFAIL("%s needs a rank-4 %s input and a %s output", q ? "nchw_to_nhwc" : "nhwc_to_nchw", q ? "[N,C,H,W]" : "[N,H,W,C]",
+          q ? "[N,H,W,C]" : "[N,C,H,W]");
   return ek_need_unused_zero(o, 0x1);
 }
 
@@ -791,8 +776,8 @@ static int check_softmax(struct ek_check* o) {
  * then prepare(); ekrt_run calls run() ---- */
 
 static const struct ek_op_desc OPS[] = {
-    [EKM_QUANTIZE] = {"QUANTIZE", 1, 1, 0, check_quantize, NULL, run_quantize, NULL},
-    [EKM_DEQUANTIZE] = {"DEQUANTIZE", 1, 1, 0, check_dequantize, NULL, run_dequantize, NULL},
+    [EKM_QUANTIZE] = {"QUANTIZE", 1, 1, 0, check_edge, NULL, run_quantize, NULL},
+    [EKM_DEQUANTIZE] = {"DEQUANTIZE", 1, 1, 0, check_edge, NULL, run_dequantize, NULL},
     [EKM_CONV2D] = {"CONV2D", 5, 5, 0, ek_check_conv, ek_prepare_conv, ek_run_conv, ek_free_conv},
     [EKM_FULLY_CONNECTED] = {"FULLY_CONNECTED", 5, 5, 0, ek_check_fc, ek_prepare_conv, ek_run_conv, ek_free_conv},
     [EKM_ADD] = {"ADD", 2, 2, 1, check_add, prepare_binary, run_binary, NULL},
