@@ -56,7 +56,8 @@ def test_deploy_x86_openvino_reports_loads_layers_and_devices(cli, tmp_path):
     assert shown["agent"]["backend_info"]["first_load_ns"] == runs["int8"]["backend_info"]["first_load_ns"]
     # The plan said how: compile on the device with a cache.
     assert "compile" in [s["name"] for s in doc["plan"]["steps"]]
-    assert doc["plan"]["options"] == {"device": "CPU", "precision_hint": "f32", "cache": True}
+    cpu = {"device": "CPU", "precision_hint": "f32", "cache": True}
+    assert {v["name"]: v["options"] for v in doc["plan"]["variants"]} == {"fp32": cpu, "int8": cpu}
 
 
 @pytest.mark.slow
@@ -143,7 +144,7 @@ def test_plan_intel_ncs2_is_myriad_fp16_with_version_constraint(cli):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert (doc["backend"], doc["precision"], doc["quantize"], doc["scheme"]) == ("openvino", "fp16", False, None)
-    assert doc["options"] == {"device": "MYRIAD", "precision_hint": "f16", "cache": True}
+    assert [v["options"] for v in doc["variants"]] == [{"device": "MYRIAD", "precision_hint": "f16", "cache": True}]
     notes = " | ".join(doc["notes"])
     assert "int8 is refused" in notes and "<= 2022.3" in notes and "MYRIAD plugin was removed in 2023.0" in notes
     assert "quantize" not in [s["name"] for s in doc["steps"]]
