@@ -24,7 +24,6 @@ interpreter; paths travel as arguments, never through a shell.
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import json
 import os
@@ -33,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -188,7 +187,11 @@ def default_owner() -> str:
 
 
 class DeviceLock:
-    """The lock on one device; use ``device_lock(...)`` as a context manager."""
+    """The lock on one device; a context manager (``device_lock``) that takes it, waiting up to ``wait`` s.
+
+    ``on_wait`` is told in one sentence naming the holder when the lock is busy and we wait, or
+    when we break the lock of a holder that died on this host.
+    """
 
     def __init__(
         self,
@@ -340,23 +343,8 @@ class DeviceLock:
             self.ensure_held()  # the block finished without the lock: exit 4, not 0
 
 
-@contextlib.contextmanager
-def device_lock(
-    transport: Transport,
-    *,
-    owner: str | None = None,
-    ttl: float = DEFAULT_TTL,
-    wait: float = 0.0,
-    on_wait: Callable[[str], None] | None = None,
-    heartbeat: bool = True,
-) -> Iterator[DeviceLock]:
-    """Hold the device's exclusive lock for the block (waiting up to ``wait`` seconds for it).
-
-    ``on_wait`` is told once, in a sentence naming the holder, when the lock is busy and we wait.
-    """
-    lock = DeviceLock(transport, owner=owner, ttl=ttl, wait=wait, on_wait=on_wait, heartbeat=heartbeat)
-    with lock:
-        yield lock
+# ``with device_lock(transport, wait=..., on_wait=...) as lock:`` holds the lock for the block.
+device_lock = DeviceLock
 
 
 def lock_status(transport: Transport) -> dict[str, Any]:
