@@ -14,6 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 
+from .digest import sha256_file
+
+__all__ = ["AGENT_VERSION", "SCHEMA", "AgentFailure", "bundle_hash", "error_document", "sha256_file"]
+
 AGENT_VERSION = "0.1.0"
 SCHEMA = 1
 
@@ -41,15 +45,6 @@ def bundle_hash(manifest: dict) -> str:
     """
     doc = {k: v for k, v in manifest.items() if k not in VOLATILE}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def sha256_file(path: str) -> str:
-    """sha256 of a file on the device (the agent's one copy; the host has edgekit.fsutil's)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def error_document(message: str, hint: str = "") -> dict:

@@ -1,0 +1,379 @@
+"""Files over SFTP for the SSH transport: atomic, verified, resumable uploads; downloads;
+remote sha256; mkdir.
+
+An upload goes to a temp name beside its target with pipelined writes, is fsynced, hashed on
+the device and ``posix-rename``d into place. A big file is hashed *while* it arrives (a
+follower process reads it as it grows), so the check costs no second pass. With ``resume``
+the temp name comes from the content, a dropped link leaves it, and the next upload
+continues from it once the device's hash of it matches the start of the local file.
+Every step has a timeout through the connection's watchdog: a stalled link fails after
+``idle_timeout`` without progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import DeviceError, LinkError, TransportError
+from edgekit.fsutil import atomic_path, sha256_file
+from edgekit.transport.base import PutProgress, PutStats, part_name, prefix_sha256
+from edgekit.transport.sshconnect import WINDOW_SIZE
+
+BLOCK = 256 * 1024  # local read size for uploads (SFTP splits it into 32 KiB requests)
+
+# The device's hasher is the agent's digest.py, sent as text (the transport never imports the
+# agent, and uploads the agent itself with it): "$2" -S -c TEXT PATH [SIZE IDLE].
+_DIGEST_PY = (Path(__file__).resolve().parents[1] / "agent" / "digest.py").read_text(encoding="utf-8")
+
+# sha256 of "$1": prints the hex digest, "missing" (exit 0) or "notfile" (exit 3). For big files
+# ("$3" = py) the device's Python ("$2", without site: it starts in milliseconds) goes first:
+# hashlib uses OpenSSL, 2-5x faster than coreutils where the CPU has SHA instructions. Small
+# files, or no Python: sha256sum (on stdin: it escapes odd file names in its output).
+HASHER = f"""if [ ! -e "$1" ]; then echo missing; exit 0; fi
+if [ ! -f "$1" ]; then echo notfile; exit 3; fi
+if [ "$3" = py ] && command -v "$2" >/dev/null 2>&1; then exec "$2" -S -c {shlex.quote(_DIGEST_PY)} "$1"; fi
+if command -v sha256sum >/dev/null 2>&1; then exec sha256sum < "$1"; fi
+exec "$2" -S -c {shlex.quote(_DIGEST_PY)} "$1"
+"""
+PY_HASH_MIN = 4 << 20  # from this size on, hash with the device's Python first
+
+# A big upload is hashed on the device *while* it arrives: this follower (started right after
+# the temp file is opened) reads the file as it grows, so the check costs no second pass after
+# the transfer. It gives up after "$4" seconds without growth. No Python: exit 127, hash afterwards.
+FOLLOWER = f"""command -v "$1" >/dev/null 2>&1 || exit 127
+exec "$1" -S -c {shlex.quote(_DIGEST_PY)} "$2" "$3" "$4"
+"""
+
+# Free bytes (POSIX df, 1024-byte blocks) in the file system holding "$1".
+DF = """df -Pk "$1" 2>/dev/null | awk 'NR==2 {print $4 * 1024}'"""
+
+
+class SftpFiles:
+    """The file half of an ``SshTransport`` (which owns the connection and runs commands)."""
+
+    def __init__(self, ssh: Any) -> None:
+        self.ssh = ssh  # the SshTransport: its connection, watchdog and command runner
+        self._sftp = None  # paramiko.SFTPClient, opened on first use
+
+    def detach(self):
+        """Forget the SFTP session (the connection is being dropped); it, for closing."""
+        sftp, self._sftp = self._sftp, None
+        return sftp
+
+    def _sftp_client(self):
+        import paramiko
+
+        with self.ssh._lock:
+            if self._sftp is not None and self.ssh._transport is not None and self.ssh._transport.is_active():
+                return self._sftp
+            t = self.ssh.connect()
+            try:
+                sftp = paramiko.SFTPClient.from_transport(t, window_size=WINDOW_SIZE)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise self.ssh._lost("opening SFTP", exc) from None
+            if sftp is None:
+                raise TransportError(f"{self.ssh.target.display} refused the SFTP subsystem", "enable 'Subsystem sftp' in the device's sshd_config")
+            sftp.get_channel().settimeout(self.ssh.idle_timeout)
+            self._sftp = sftp
+            return sftp
+
+    @contextlib.contextmanager
+    def _sftp_op(self, what: str):
+        """Map paramiko's link failures to LinkError (and drop the connection)."""
+        try:
+            yield
+        except (EOFError, OSError, Exception) as exc:
+            if isinstance(exc, TransportError) or not self._is_link_failure(exc):
+                raise
+            raise self.ssh._lost(what, exc) from None
+
+    def _is_link_failure(self, exc: BaseException) -> bool:
+        """Did ``exc`` come from the link (as opposed to an SFTP status like "no such file")?"""
+        import paramiko
+
+        if isinstance(exc, (paramiko.SSHException, EOFError, TimeoutError, ConnectionError)):
+            return True
+        if isinstance(exc, OSError) and exc.errno is None:  # paramiko's "Socket is closed" and friends
+            t, sftp = self.ssh._transport, self._sftp
+            chan = sftp.get_channel() if sftp is not None else None
+            return t is None or not t.is_active() or (chan is not None and chan.closed) or self.ssh._stalled
+        return False
+
+    def put(
+        self,
+        local: Path,
+        remote: str,
+        *,
+        sha256: str | None = None,
+        resume: bool = False,
+        progress: PutProgress | None = None,
+    ) -> PutStats:
+        local = Path(local)
+        if not local.is_file():
+            raise TransportError(f"cannot upload {local}: no such file", "check the local path")
+        dest = self.ssh._abs(remote)
+        parent = posixpath.dirname(dest)
+        size = local.stat().st_size
+        digest = sha256 or sha256_file(local)
+        tmp = part_name(dest, digest, resume)
+        sftp = self._sftp_client()
+        offset = 0
+        with self._sftp_op(f"uploading {local.name}"):
+            self._check_upload_target(sftp, dest, parent)
+            if resume:
+                with contextlib.suppress(FileNotFoundError):
+                    offset = sftp.stat(tmp).st_size or 0
+        # what a dropped link left is kept only when the device's hash of it is the local prefix
+        if not 0 < offset <= size or self._hash(tmp, offset) != prefix_sha256(local, offset):
+            offset = 0
+        sent = 0
+        resumed_from = offset
+        if offset and progress is not None:
+            progress(0, offset)
+        follower: dict[str, Any] = {}
+
+        def start_follower() -> None:
+            follower["chan"] = self._start_follower(tmp, size)
+
+        for _attempt in range(2):
+            follower.clear()
+            try:
+                sent += self._send(sftp, local, tmp, offset, size, progress, opened=start_follower if size >= PY_HASH_MIN else None)
+            except BaseException as exc:
+                if follower.get("chan") is not None:
+                    with contextlib.suppress(Exception):
+                        follower["chan"].close()
+                if not resume and not isinstance(exc, LinkError):
+                    self._remove_quietly(tmp)
+                raise  # a LinkError leaves the temp file: a resumable upload continues from it
+            got = self._finish_follower(follower["chan"]) if follower.get("chan") is not None else None
+            if got != digest:  # no follower, or it saw something else: hash the file as it is now
+                got = self._hash(tmp, size)
+            if got == digest:
+                break
+            if offset > 0:  # what was there before did not fit: start the file over once
+                offset = 0
+                continue
+            self._diagnose_write_failure(tmp, parent, size)
+            self._remove_quietly(tmp)
+            raise TransportError(f"upload of {local} to {dest} arrived corrupted (sha256 {got} on the device)", "retry; check the device's storage")
+        with self._sftp_op(f"renaming {tmp}"):
+            try:
+                sftp.chmod(tmp, 0o644)
+                try:
+                    sftp.posix_rename(tmp, dest)
+                except OSError as exc:
+                    if exc.errno is None and "not supported" in str(exc).lower():  # no posix-rename@openssh.com
+                        with contextlib.suppress(FileNotFoundError):
+                            sftp.remove(dest)
+                        sftp.rename(tmp, dest)
+                    else:
+                        raise
+            except OSError as exc:
+                if self._is_link_failure(exc):
+                    raise
+                self._remove_quietly(tmp)
+                raise TransportError(f"cannot move the upload into place at {dest}: {exc.strerror or exc}", "check permissions") from None
+        return PutStats(sent, resumed_from)
+
+    def _check_upload_target(self, sftp, dest: str, parent: str) -> None:
+        import stat as stat_mod
+
+        try:
+            st = sftp.stat(dest)
+        except FileNotFoundError:
+            try:
+                pst = sftp.stat(parent)
+            except FileNotFoundError:
+                raise TransportError(
+                    f"cannot upload to {dest}: directory {parent} does not exist on the device",
+                    "create it first (Transport.mkdir)",
+                ) from None
+            if not stat_mod.S_ISDIR(pst.st_mode or 0):
+                raise TransportError(f"cannot upload to {dest}: {parent} is not a directory", "check the remote path") from None
+            return
+        if stat_mod.S_ISDIR(st.st_mode or 0):
+            raise TransportError(f"cannot upload to {dest}: it is a directory", "give the file's full remote path")
+
+    def _start_follower(self, tmp: str, size: int):
+        """Start the device-side hasher that follows ``tmp`` as it grows (a channel, or None)."""
+        import paramiko
+
+        try:
+            chan = self.ssh._transport.open_session(timeout=self.ssh.connect_timeout)
+            chan.exec_command(shlex.join(["sh", "-c", FOLLOWER, "sh", self.ssh.python, tmp, str(size), f"{self.ssh.idle_timeout:g}"]))
+            chan.shutdown_write()
+            return chan
+        except (paramiko.SSHException, EOFError, OSError, AttributeError):
+            return None  # the upload itself will fail or succeed on its own; hash afterwards
+
+    def _finish_follower(self, chan) -> str | None:
+        """The follower's digest (None when it could not tell: no Python, stalled, too slow)."""
+        out = bytearray()
+        try:
+            chan.settimeout(max(self.ssh.idle_timeout, 10.0))
+            while True:
+                data = chan.recv(4096)
+                if not data:
+                    break
+                out += data
+            text = out.decode("ascii", errors="replace").strip()
+            return text if chan.recv_exit_status() == 0 and len(text) == 64 else None
+        except Exception:
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                chan.close()
+
+    def _send(self, sftp, local: Path, tmp: str, offset: int, size: int, progress, opened: Callable[[], None] | None = None) -> int:
+        """Write ``local[offset:]`` to ``tmp`` at ``offset``; bytes sent. ``opened()`` runs once the file is open."""
+        sent = 0
+        with self._sftp_op(f"uploading {local.name}"), self.ssh._activity():
+            try:
+                fh = sftp.open(tmp, "r+" if offset else "w")
+            except PermissionError:
+                raise TransportError(f"cannot write {tmp} on the device: permission denied", "check the directory's owner and mode") from None
+            except OSError as exc:
+                self._diagnose_write_failure(tmp, posixpath.dirname(tmp), size - offset)
+                raise TransportError(f"cannot write {tmp} on the device: {exc.strerror or exc}", "check free space and permissions") from None
+            try:
+                if opened is not None:
+                    opened()
+                fh.set_pipelined(True)
+                if offset:
+                    fh.seek(offset)
+                with open(local, "rb") as src:
+                    src.seek(offset)
+                    while True:
+                        block = src.read(BLOCK)
+                        if not block:
+                            break
+                        fh.write(block)
+                        sent += len(block)
+                        self.ssh.beat()
+                        if progress is not None:
+                            progress(len(block), offset + sent)
+                if offset + sent != size:
+                    raise TransportError(f"{local} changed while it was being uploaded", "upload it again")
+                self._fsync_remote(sftp, fh)
+                fh.close()  # waits for the server's answer, which follows every write: the data is there
+            except OSError as exc:
+                if self._is_link_failure(exc):
+                    raise
+                self._diagnose_write_failure(tmp, posixpath.dirname(tmp), size - offset)
+                raise TransportError(f"writing {tmp} on the device failed: {exc.strerror or exc}", "check free space on the device") from None
+            finally:
+                with contextlib.suppress(Exception):
+                    fh.close()
+            if self.ssh._transport is None or not self.ssh._transport.is_active() or self.ssh._stalled:
+                raise EOFError("the connection closed during the upload")
+        return sent
+
+    def _fsync_remote(self, sftp, fh) -> None:
+        """Flush, then fsync@openssh.com on the open handle when the server has it (OpenSSH does)."""
+        from paramiko.sftp import CMD_EXTENDED
+
+        fh.flush()
+        try:
+            sftp._request(CMD_EXTENDED, "fsync@openssh.com", fh.handle)
+        except Exception as exc:
+            if self._is_link_failure(exc):
+                raise
+
+    def _diagnose_write_failure(self, tmp: str, directory: str, needed: int) -> None:
+        """A write failed or arrived short: raise DeviceError if the device's disk is full."""
+        free = self.free_bytes(directory)
+        if free is not None and free < max(needed, 1) + 64 * 1024:
+            self._remove_quietly(tmp)
+            raise DeviceError(
+                f"the device's disk is full: {free // 1024} KiB free in {directory}, the upload needs {max(needed, 0) // 1024 + 1} KiB",
+                f"free space on {self.ssh.target.hostname} (old bundles live under {self.ssh.root}/bundles and {self.ssh.root}/objects)",
+            )
+
+    def free_bytes(self, directory: str) -> int | None:
+        """Free bytes for this user in the file system holding ``directory`` (None: unknown)."""
+        with contextlib.suppress(TransportError):
+            res = self.ssh._exec(["sh", "-c", DF, "sh", self.ssh._abs(directory)], timeout=min(60.0, self.ssh.idle_timeout))
+            text = res.stdout.decode().strip()
+            if res.returncode == 0 and text.isdigit():
+                return int(text)
+        return None
+
+    def _remove_quietly(self, path: str) -> None:
+        if self._sftp is None:
+            return
+        with contextlib.suppress(Exception):
+            self._sftp.remove(path)
+
+    def get(self, remote: str, local: Path) -> None:
+        src = self.ssh._abs(remote)
+        sftp = self._sftp_client()
+        with self._sftp_op(f"downloading {src}"):
+            try:
+                sftp.stat(src)
+            except FileNotFoundError:
+                raise TransportError(f"cannot download {src}: no such file on the device", "check the remote path") from None
+            with atomic_path(Path(local)) as tmp:
+                try:
+                    sftp.get(src, str(tmp))
+                except OSError as exc:
+                    if self._is_link_failure(exc):
+                        raise
+                    raise TransportError(f"cannot download {src}: {exc.strerror or exc}", "check the remote path and permissions") from None
+
+    def sha256(self, remote: str) -> str | None:
+        return self._hash(self.ssh._abs(remote))
+
+    def _hash(self, path: str, size: int | None = None) -> str | None:
+        prefer = "py" if size is not None and size >= PY_HASH_MIN else "sum"
+        res = self.ssh._exec(["sh", "-c", HASHER, "sh", path, self.ssh.python, prefer], timeout=max(600.0, self.ssh.idle_timeout))
+        text = res.stdout.decode("utf-8", errors="replace").strip()
+        if res.returncode == 0 and text == "missing":
+            return None
+        if res.returncode == 3 and text == "notfile":
+            raise TransportError(f"{path} on the device is not a file", "check the remote path")
+        word = text.split()[0] if text else ""
+        if res.returncode != 0 or len(word) != 64:
+            tail = res.stderr_tail(2)
+            raise TransportError(
+                f"cannot hash {path} on the device (exit code {res.returncode}){': ' + tail if tail else ''}",
+                f"the device needs sha256sum (coreutils) or Python ({self.ssh.python})",
+            )
+        return word.lower()
+
+    def mkdir(self, remote: str) -> None:
+        import stat as stat_mod
+
+        path = self.ssh._abs(remote)
+        sftp = self._sftp_client()
+        with self._sftp_op(f"creating {path}"):
+            missing = []
+            probe = path
+            while True:
+                try:
+                    st = sftp.stat(probe)
+                except FileNotFoundError:
+                    missing.append(probe)
+                    parent = posixpath.dirname(probe)
+                    if parent == probe:
+                        break
+                    probe = parent
+                    continue
+                except OSError as exc:
+                    raise TransportError(f"cannot create directory {path}: {exc.strerror or exc}", "check permissions") from None
+                if not stat_mod.S_ISDIR(st.st_mode or 0):
+                    raise TransportError(f"cannot create directory {path}: a file is in the way ({probe})", "remove that file")
+                break
+            for d in reversed(missing):
+                try:
+                    sftp.mkdir(d, 0o755)
+                except OSError as exc:
+                    with contextlib.suppress(OSError):
+                        if stat_mod.S_ISDIR(sftp.stat(d).st_mode or 0):
+                            continue  # made meanwhile by someone else
+                    raise TransportError(f"cannot create directory {d}: {exc.strerror or exc}", "check permissions") from None
