@@ -336,6 +336,12 @@ def test_a_live_or_foreign_holder_is_not_broken_early(tmp_path):
     with pytest.raises(DeviceError, match="is locked by"):
         DeviceLock(t, wait=0, heartbeat=False).acquire()
     assert other.release() is True
+    reused = DeviceLock(t, heartbeat=False)  # its PID now belongs to a later process (this one)
+    reused.info["instance"] = f"{boot}/{pidns}/{_pid}/{int(_start) - 1}"
+    reused.acquire()
+    taker = DeviceLock(t, wait=0, heartbeat=False)
+    taker.acquire()
+    assert taker.release() is True and reused.release() is False
     alive = DeviceLock(t, heartbeat=False)  # this process, alive: never broken
     alive.acquire()
     with pytest.raises(DeviceError, match="is locked by"):

@@ -386,9 +386,10 @@ def _process_instance(pid: int) -> str:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         pidns = os.readlink("/proc/self/ns/pid")
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        own_proc = os.readlink("/proc/self") == str(os.getpid())  # else /proc shows another namespace
     except (OSError, ValueError):
         return ""
-    if not boot or len(fields) < 20 or fields[0] in ("Z", "X"):
+    if not boot or not own_proc or len(fields) < 20 or fields[0] in ("Z", "X"):
         return ""
     return f"{boot}/{pidns}/{pid}/{fields[19]}"
 
