@@ -112,18 +112,14 @@ def compare(
     return AgreementReport(samples, source, tuple(outputs), acc_f, acc_q, measured_on, estimate)
 
 
-def run_outputs(sess, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, list[np.ndarray]]:
-    """Every output of ``sess`` on each feed: name -> one array per feed."""
+def _outputs(model: bytes, reference: bool, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    sess = session(model, reference=reference)
     names = [o.name for o in sess.get_outputs()]
-    got: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for feed in feeds:
-        for n, v in zip(names, sess.run(names, feed)):
-            got[n].append(np.asarray(v))
-    return got
+    runs = [sess.run(names, feed) for feed in feeds]
+    return {n: [np.asarray(r[i]) for r in runs] for i, n in enumerate(names)}
 
 
 def measure_agreement(float_model: bytes, quant_model: bytes, heldout: FeedSet) -> AgreementReport:
     """The host's estimate: fp32 by ORT as usual, int8 by ORT with Q/DQ reference semantics."""
-    fp32 = run_outputs(session(float_model, reference=False), heldout.feeds)
-    int8 = run_outputs(session(quant_model, reference=True), heldout.feeds)
+    fp32, int8 = _outputs(float_model, False, heldout.feeds), _outputs(quant_model, True, heldout.feeds)
     return compare(fp32, int8, heldout.labels, source=heldout.source)
