@@ -304,7 +304,7 @@ def test_verdict_on_unsupported_variants_of_supported_ops(tmp_path):
     conv3d = _model([_node("Conv", ["x", "w"], kernel_shape=[2, 2, 2])], {"x": x5}, {"w": _rand(3, 2, 2, 2, 2)}, {"y": [1, 3, 3, 3, 3]})
     loaded = load_model(_save(conv3d, tmp_path, "c3.onnx"))
     assert "only 1-D and 2-D kernels" in BACKEND.supports(loaded, load_profile("rpi4")).reasons[0]
-    indices = _model([_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2])], {"x": X4}, {}, {"y": [2, 6, 4, 5]})
+    indices = _model([_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2], strides=[2, 2])], {"x": X4}, {}, {"y": [2, 6, 4, 5]})
     loaded = load_model(_save(indices, tmp_path, "mp.onnx"))
     assert "Indices output" in BACKEND.supports(loaded, load_profile("rpi4")).reasons[0]
 
