@@ -55,7 +55,8 @@ def session(model: bytes | str | Path, *, reference: bool):
     With graph optimizations on, ORT fuses Q/DQ pairs into its int8 kernels, whose results depend
     on the host CPU: on x86 without VNNI the u8s8 path (VPMADDUBSW) saturates its 16-bit
     intermediate and differs from the model's meaning by many steps. ORT_DISABLE_ALL executes the
-    Q/DQ nodes as written (float math between them): the same numbers on every machine.
+    Q/DQ nodes as written (float math between them): the model's meaning, whatever the CPU's int8
+    instructions.
     """
     import onnxruntime as ort
 
