@@ -30,6 +30,9 @@ if sys.version_info < (3, 7):
         "error": "Python %s on the device is too old for the edgekit agent (needs 3.7+)" % sys.version.split()[0],
         "hint": "install python3.7 or newer on the device and set its path as the profile's python"}}) + "\\n")
     sys.exit(1)
+if sys.argv[1:2] == ["store"]:  # a push runs it twice: no command line parser to import
+    from {PACKAGE}.store import main
+    sys.exit(main(sys.argv[2:]))
 from {PACKAGE}.__main__ import main
 sys.exit(main())
 '''
@@ -61,12 +64,17 @@ def build_agent_zip(dest_dir: Path) -> Path:
     return dest
 
 
+def agent_path(transport: Transport) -> str:
+    """Where this edgekit's agent lives on the device (named by its content), present or not."""
+    return posixpath.join(transport.root, "agent", f"{hashlib.sha256(agent_zip_bytes()).hexdigest()}.pyz")
+
+
 def push_agent(transport: Transport) -> str:
     """Make sure this edgekit's agent zipapp is on the device; return its remote path."""
-    with tempfile.TemporaryDirectory(prefix="edgekit-agent-") as tmp:
-        local = build_agent_zip(Path(tmp))
-        remote = posixpath.join(transport.root, "agent", local.name)
-        if transport.sha256(remote) != local.stem:
+    remote = agent_path(transport)
+    if transport.sha256(remote) != posixpath.basename(remote)[:-4]:
+        with tempfile.TemporaryDirectory(prefix="edgekit-agent-") as tmp:
+            local = build_agent_zip(Path(tmp))
             transport.mkdir(posixpath.dirname(remote))
             transport.put(local, remote, sha256=local.stem)
     return remote

@@ -25,8 +25,8 @@ The bound is on consecutive attempts that make no progress; a push that gives up
 moved says how far it got ("push interrupted after N of M bytes"): the next push resumes.
 
 The device-side steps are the agent's ``store`` command (``edgekit/agent/store.py``), so a
-push costs the agent check, two store commands and the uploads, the same over ``local`` and
-``ssh``.
+push costs two store commands and the uploads (and the agent, once per agent version), the
+same over ``local`` and ``ssh``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pathlib import Path
 from edgekit.bundle import MANIFEST, Bundle
 from edgekit.errors import DeviceError, LinkError, TransportError
 from edgekit.fsutil import sha256_file
-from edgekit.transport.agentzip import push_agent
+from edgekit.transport.agentzip import agent_path, push_agent
 from edgekit.transport.base import Transport
 
 RETRIES = 5  # consecutive attempts without progress before a push gives up
@@ -119,12 +119,10 @@ def push_bundle(
     state = _Counters()
     failures = 0
     wait = backoff_s
-    agent = None
     while True:
         mark = state.bytes_sent + state.files_sent
         try:
-            agent = agent or push_agent(transport)
-            plan = _store(transport, agent, "plan", request)
+            plan = _store(transport, "plan", request)
             missing = list(dict.fromkeys(plan["missing"]))
             state.note_plan(missing, size_of)
             need = sum(size_of[s] for s in missing)
@@ -136,7 +134,7 @@ def push_bundle(
                 )
             for sha in missing:
                 _upload(transport, local_of[sha], sha, size_of[sha], state, progress)
-            done = _store(transport, agent, "commit", request)
+            done = _store(transport, "commit", request)
             break
         except LinkError as exc:
             progressed = state.bytes_sent + state.files_sent > mark
@@ -169,13 +167,13 @@ def push_bundle(
 
 def rollback(transport: Transport) -> tuple[str, str | None]:
     """Make ``previous`` current again (and the current one previous); (current, previous)."""
-    done = _store(transport, push_agent(transport), "rollback", {})
+    done = _store(transport, "rollback", {})
     return _hash_of(done["current"]) or "", _hash_of(done.get("previous"))
 
 
 def current_bundle(transport: Transport) -> str | None:
     """The bundle hash ``current`` points at on the device (None: nothing pushed yet)."""
-    return _hash_of(_store(transport, push_agent(transport), "status", {}).get("current"))
+    return _hash_of(_store(transport, "status", {}).get("current"))
 
 
 # -- internals --------------------------------------------------------------------------------
@@ -234,11 +232,14 @@ def _upload(transport: Transport, local: Path, sha: str, size: int, state: _Coun
     state.report(progress, "")
 
 
-def _store(transport: Transport, agent: str, mode: str, request: dict) -> dict:
+def _store(transport: Transport, mode: str, request: dict) -> dict:
     """Run one step of the agent's store on the device; its JSON answer."""
     # -S: no site import (the store needs the stdlib only): starts several times faster
-    argv = [transport.python, "-S", agent, "store", transport.root, mode, json.dumps(request, separators=(",", ":"))]
+    argv = [transport.python, "-S", agent_path(transport), "store", transport.root, mode, json.dumps(request, separators=(",", ":"))]
     result = transport.run(argv, timeout=600, check=False)
+    if result.returncode == 2 and b"can't open file" in result.stderr:  # no agent (of this version) yet
+        push_agent(transport)  # only then: checking first would cost every push a command
+        result = transport.run(argv, timeout=600, check=False)
     text = result.stdout.decode("utf-8", errors="replace").strip()
     try:
         doc = json.loads(text.splitlines()[-1]) if text else None
