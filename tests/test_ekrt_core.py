@@ -384,6 +384,71 @@ def test_threads_never_change_a_bit():
         np.testing.assert_array_equal(g, w)
 
 
+WORK_PER_THREAD = 1 << 20  # EK_WORK_PER_THREAD (csrc/src/internal.h): the cost model's threshold
+
+
+def big_and_tiny_model() -> Builder:
+    """Ops far above the split threshold (a 3x3 conv of ~38 M MACs, its 1x1 of ~8 M) between
+    ops far below it (an 8-element FC, a softmax of 10)."""
+    b = Builder(11)
+    x = b.input((1, 32, 32, 32))
+    c = b.conv(x, 64)
+    p = b.conv(c, 64, (1, 1), pads=(0, 0, 0, 0), act=(-128, 100))
+    g = b.act((1, 1, 1, 64))
+    m_, s_ = rq.quantize_multiplier(b.t(p).scale / (b.t(g).scale * 32 * 32))
+    b.m.add_op(ekm.GLOBAL_AVGPOOL, [p], [g], {0: m_, 1: s_})
+    f = b.fc(g, 10, flat_dims=4)
+    fr = b.simple(ekm.RESHAPE, [f], (1, 10), {0: 0})
+    sm = b.act((1, 10), 1.0 / 256, -128)
+    b.m.add_op(ekm.SOFTMAX, [fr], [sm], {0: 1})
+    b.output(sm, "probs")
+    b.output(p, "features")
+    return b
+
+
+@pytest.mark.parametrize("work_per_thread", [None, "0"], ids=["cost-model", "split-everything"])
+def test_threads_1_2_4_are_bit_identical_on_big_and_tiny_ops(work_per_thread, monkeypatch):
+    if work_per_thread is not None:
+        monkeypatch.setenv("EKRT_WORK_PER_THREAD", work_per_thread)
+    b = big_and_tiny_model()
+    blob = b.finish()
+    xs = inputs_for(b, 4)
+    want = reference(b, xs)
+    for threads in (1, 2, 4, 2, 1):
+        model = _ekrt.Model(blob, threads=threads)
+        assert model.threads == threads
+        for _ in range(5):  # repeated runs: the pool's job hand-over, wake-ups and rests
+            for g, w in zip(model.run(xs), want):
+                np.testing.assert_array_equal(g, w)
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def test_threads_default_comes_from_the_op_sizes(every_op, monkeypatch):
+    monkeypatch.delenv("EKRT_WORK_PER_THREAD", raising=False)
+    _, tiny = every_op  # 16x16: no op has 2 M MACs
+    assert _ekrt.Model(tiny).threads == 1
+    b = big_and_tiny_model()
+    blob = b.finish()
+    conv = b.m.ops[1]
+    biggest = int(np.prod(b.t(conv.outputs[0]).dims)) * int(np.prod(b.t(conv.inputs[1]).dims[1:]))
+    want = min(_usable_cpus(), biggest // WORK_PER_THREAD)
+    model = _ekrt.Model(blob)
+    assert model.threads == (want if want >= 2 else 1)
+    model.set_threads(1)
+    assert model.threads == 1
+    model.set_threads(None)  # back to ekrt's choice
+    assert model.threads == (want if want >= 2 else 1)
+    monkeypatch.setenv("EKRT_WORK_PER_THREAD", "0")  # every op worth every core
+    assert _ekrt.Model(tiny).threads == _usable_cpus()
+    monkeypatch.setenv("EKRT_WORK_PER_THREAD", str(1 << 40))  # no op worth a second thread
+    assert _ekrt.Model(blob).threads == 1
+    with pytest.raises(ValueError, match="threads must be 1..256"):
+        _ekrt.Model(blob, threads=0)
+
+
 _ISA_SCRIPT = """
 import sys, numpy as np
 from edgekit import _ekrt
@@ -790,6 +855,22 @@ def test_runner_info_json(runner, every_op, tmp_path):
         "ek_qs8_vadd_ukernel__scalar_u1", "ek_qs8_vmul_ukernel__scalar_u1"}
     human = _ekrt_cli(runner, "info")
     assert human.returncode == 0 and f"isa: {_ekrt.isa()}" in human.stdout
+
+
+def test_runner_reports_the_threads_it_chose(runner, every_op, tmp_path, monkeypatch):
+    monkeypatch.delenv("EKRT_WORK_PER_THREAD", raising=False)
+    tiny, big = tmp_path / "tiny.ekm", tmp_path / "big.ekm"
+    tiny.write_bytes(every_op[1])
+    big.write_bytes(big_and_tiny_model().finish())
+    for path in (tiny, big):
+        info = json.loads(_ekrt_cli(runner, "info", path, "--json").stdout)
+        assert info["model"]["threads"] == _ekrt.Model(str(path)).threads
+        r = _ekrt_cli(runner, "bench", path, "--json", "--iterations", "3", "--warmup", "1")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["config"]["threads"] is None  # not asked for
+        assert doc["backend_info"]["threads"] == info["model"]["threads"]
+    assert json.loads(_ekrt_cli(runner, "info", tiny, "--json").stdout)["model"]["threads"] == 1
 
 
 def test_runner_bench_json_is_the_agent_schema(runner, every_op, tmp_path):

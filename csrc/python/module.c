@@ -5,7 +5,8 @@
  *   m = _ekrt.Model(b"...ekm bytes..." or "model.ekm")
  *   m.inputs, m.outputs             -> [(name, shape), ...]
  *   m.run([x0, ...]) or m.run({name: x})  -> [y0, ...] (float32 numpy arrays)
- *   m.set_threads(4); m.threads
+ *   m.set_threads(4); m.threads      -> threads run() uses; Model(..., threads=None) and
+ *                                      set_threads(None) let ekrt choose from the op sizes
  *   m.profile(True); m.run(...); m.op_times() -> [(op_type, ns), ...]
  *   _ekrt.isa(), _ekrt.features(), _ekrt.kernels(), _ekrt.built_isas()
  *   _ekrt.quantize_multiplier(r), _ekrt.requant(acc, m, s, zp, qmin, qmax): requant.h, for tests */
@@ -42,15 +43,21 @@ static PyObject* shape_tuple(int rank, const uint32_t dims[4]) {
  * run in progress, during which the GIL is released: every other entry point that touches the
  * model refuses then (RuntimeError), so no thread frees or mutates a model another uses. */
 static int Model_init(ModelObject* self, PyObject* args, PyObject* kwds) {
-  static char* kwlist[] = {"source", NULL};
-  PyObject* source;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &source)) return -1;
+  static char* kwlist[] = {"source", "threads", NULL};
+  PyObject *source, *threads_arg = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kwlist, &source, &threads_arg)) return -1;
+  long threads = threads_arg == Py_None ? EKRT_THREADS_AUTO : PyLong_AsLong(threads_arg);
+  if (threads == -1 && PyErr_Occurred()) return -1;
+  if (threads_arg != Py_None && (threads < 1 || threads > 256)) {
+    PyErr_Format(PyExc_ValueError, "threads must be 1..256, not %ld", threads);
+    return -1;
+  }
   if (self->model || self->busy) {
     PyErr_SetString(PyExc_RuntimeError, "Model() is already initialised; create a new Model to load another file");
     return -1;
   }
   char err[512];
-  int rc;
+  int rc, threads_rc;
   ekrt_model* model = NULL;
   PyObject* path = NULL;
   Py_buffer view;
@@ -65,6 +72,7 @@ static int Model_init(ModelObject* self, PyObject* args, PyObject* kwds) {
   Py_BEGIN_ALLOW_THREADS;
   rc = path ? ekrt_load_file(PyBytes_AS_STRING(path), &model, err, sizeof err)
             : ekrt_load(view.buf, (size_t)view.len, &model, err, sizeof err);
+  threads_rc = rc ? 0 : ekrt_set_threads(model, (int)threads);
   Py_END_ALLOW_THREADS;
   self->busy = 0;
   Py_XDECREF(path);
@@ -82,6 +90,11 @@ static int Model_init(ModelObject* self, PyObject* args, PyObject* kwds) {
     return -1;
   }
   self->model = model;
+  /* the automatic choice is a speed hint: keep the caller's thread when no thread starts */
+  if (threads_rc && threads_arg != Py_None) {
+    PyErr_Format(PyExc_RuntimeError, "cannot start %ld threads (code %d)", threads, threads_rc);
+    return -1;
+  }
   return 0;
 }
 
@@ -273,10 +286,10 @@ static PyObject* Model_run(ModelObject* self, PyObject* arg) {
 }
 
 static PyObject* Model_set_threads(ModelObject* self, PyObject* arg) {
-  long n = PyLong_AsLong(arg);
+  long n = arg == Py_None ? EKRT_THREADS_AUTO : PyLong_AsLong(arg);
   if (n == -1 && PyErr_Occurred()) return NULL;
   if (check_idle(self)) return NULL;
-  int rc = n < 1 || n > 256 ? EKRT_EARG : ekrt_set_threads(self->model, (int)n);
+  int rc = arg != Py_None && (n < 1 || n > 256) ? EKRT_EARG : ekrt_set_threads(self->model, (int)n);
   if (rc == EKRT_EARG) {
     PyErr_Format(PyExc_ValueError, "threads must be 1..256, not %ld", n);
     return NULL;
@@ -313,7 +326,7 @@ static PyObject* Model_op_times(ModelObject* self, PyObject* unused) {
 
 static PyMethodDef Model_methods[] = {
     {"run", (PyCFunction)Model_run, METH_O, "run(inputs) -> list of float32 arrays; inputs: list or {name: array}"},
-    {"set_threads", (PyCFunction)Model_set_threads, METH_O, "set_threads(n): worker threads (results do not change)"},
+    {"set_threads", (PyCFunction)Model_set_threads, METH_O, "set_threads(n): threads for run(), the caller included; None: chosen from the op sizes (results do not change)"},
     {"profile", (PyCFunction)Model_profile, METH_VARARGS, "profile(enable=True): per-op timing on/off (resets totals)"},
     {"op_times", (PyCFunction)Model_op_times, METH_NOARGS, "op_times() -> [(op type, total ns), ...] in execution order"},
     {NULL, NULL, 0, NULL}};

@@ -1,7 +1,9 @@
 /* ekrt's C API around a loaded model: io info, threads, run, per-op profiling. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* sched_getaffinity (glibc and musl) */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -33,8 +35,41 @@ size_t ekrt_io_elements(const ekrt_model* m, int is_output, int index) {
   return io ? m->tensors[io->tensor].elems : 0;
 }
 
+/* CPUs this process may run on (taskset, cgroup cpusets), else the online ones */
+static int usable_cpus(void) {
+#if defined(__linux__) && defined(CPU_COUNT)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
+/* EKRT_THREADS_AUTO: as many threads as the biggest op pays for (ek_threads_for), at most one
+ * per usable CPU; 1 when no op is big enough to split */
+static int auto_threads(ekrt_model* m) {
+  int cpus = usable_cpus(), best = 1, saved = m->threads;
+  m->threads = cpus;
+  for (uint32_t j = 0; j < m->n_ops; j++) {
+    int t = ek_threads_for(m, ek_op_work(m, &m->ops[j]));
+    if (t > best) best = t;
+  }
+  m->threads = saved;
+  return best;
+}
+
+static uint64_t work_per_thread(void) {
+  const char* v = getenv("EKRT_WORK_PER_THREAD");
+  char* end;
+  unsigned long long n = v && *v ? strtoull(v, &end, 10) : 0;
+  return v && *v && !*end ? (uint64_t)n : EK_WORK_PER_THREAD;
+}
+
 int ekrt_set_threads(ekrt_model* m, int threads) {
-  if (!m || threads < 1 || threads > 256) return EKRT_EARG;
+  if (!m) return EKRT_EARG;
+  m->work_per_thread = work_per_thread();
+  if (threads == EKRT_THREADS_AUTO) threads = auto_threads(m);
+  if (threads < 1 || threads > 256) return EKRT_EARG;
   if (threads == m->threads) return 0;
   uint8_t* scratch = NULL;
   if (m->scratch_per_thread) {
@@ -101,22 +136,28 @@ size_t ekrt_memory_bytes(const ekrt_model* m) {
   return m->arena_size + m->weights_bytes + (size_t)m->threads * m->scratch_per_thread;
 }
 
+static uint64_t op_macs(const ekrt_model* m, const struct ek_op* op) {
+  const struct ek_tensor* y = &m->tensors[op->out];
+  uint64_t work = y->elems;
+  if (op->type == EKM_CONV2D || op->type == EKM_FULLY_CONNECTED) {
+    const struct ek_tensor* w = &m->tensors[op->in[1]];
+    work = (uint64_t)y->elems * (w->elems / w->dims[0]) /* K per output */;
+  } else if (op->type == EKM_MAXPOOL || op->type == EKM_AVGPOOL) {
+    work = (uint64_t)y->elems * (uint64_t)op->p[0] * (uint64_t)op->p[1];
+  } else {
+    for (uint32_t k = 0; k < op->n_in; k++) work += m->tensors[op->in[k]].elems;
+  }
+  return work;
+}
+
+uint64_t ek_op_work(const struct ekrt_model* m, const struct ek_op* op) {
+  uint64_t macs = op_macs(m, op);
+  return op->type == EKM_CONV2D || op->type == EKM_FULLY_CONNECTED ? macs : macs * EK_ELEM_WORK;
+}
+
 uint64_t ekrt_macs(const ekrt_model* m) {
   if (!m) return 0;
   uint64_t total = 0;
-  for (uint32_t j = 0; j < m->n_ops; j++) {
-    const struct ek_op* op = &m->ops[j];
-    const struct ek_tensor* y = &m->tensors[op->out];
-    uint64_t work = y->elems;
-    if (op->type == EKM_CONV2D || op->type == EKM_FULLY_CONNECTED) {
-      const struct ek_tensor* w = &m->tensors[op->in[1]];
-      work = (uint64_t)y->elems * (w->elems / w->dims[0]) /* K per output */;
-    } else if (op->type == EKM_MAXPOOL || op->type == EKM_AVGPOOL) {
-      work = (uint64_t)y->elems * (uint64_t)op->p[0] * (uint64_t)op->p[1];
-    } else {
-      for (uint32_t k = 0; k < op->n_in; k++) work += m->tensors[op->in[k]].elems;
-    }
-    total += work;
-  }
+  for (uint32_t j = 0; j < m->n_ops; j++) total += op_macs(m, &m->ops[j]);
   return total;
 }

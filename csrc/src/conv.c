@@ -229,36 +229,25 @@ static void task_depthwise(void* ctx, size_t i, int thread) {
   }
 }
 
-/* below this many multiply-accumulates per thread, waking threads costs more than it saves */
-#define EK_MIN_PARALLEL_MACS 32768u
-
-static void run_tasks(struct ekrt_model* m, size_t n, ek_task_fn task, void* ctx, uint64_t macs) {
-  if (m->threads > 1 && macs >= (uint64_t)EK_MIN_PARALLEL_MACS * (uint64_t)m->threads) {
-    ek_parallel_for(m, n, task, ctx);
-    return;
-  }
-  for (size_t i = 0; i < n; i++) task(ctx, i, 0);
-}
-
 void ek_run_conv(struct ekrt_model* m, struct ek_op* op) {
   const struct conv_state* s = op->state;
   struct conv_job j = {m, s, m->tensors[op->in[0]].data, m->tensors[op->out].data, 0, 1, s->mg};
-  uint64_t macs = (uint64_t)s->batch * s->oh * s->ow * s->m * s->k;
   if (s->kind == CONV_DEPTHWISE) {
-    run_tasks(m, s->batch * s->oh, task_depthwise, &j, macs);
+    ek_parallel_for(m, op, s->batch * s->oh, task_depthwise, &j);
     return;
   }
   size_t rows_total = s->kind == CONV_FC ? s->batch : s->batch * s->oh * s->ow;
   j.row_blocks = (rows_total + s->rows_per_task - 1) / s->rows_per_task;
   /* few row tiles (small images, FC): split the columns too, in whole nr blocks */
-  size_t tasks = s->groups * j.row_blocks, want = (size_t)(m->threads > 1 ? 4 * m->threads : 1);
+  size_t tasks = s->groups * j.row_blocks, threads = (size_t)ek_op_threads(m, op);
+  size_t want = threads > 1 ? 4 * threads : 1;
   if (tasks < want) {
     size_t nblocks = (s->mg + s->nr - 1) / s->nr, per = (want + tasks - 1) / tasks;
     size_t blocks_per = (nblocks + per - 1) / per;
     j.cols_per_block = blocks_per * s->nr;
     j.col_blocks = (s->mg + j.cols_per_block - 1) / j.cols_per_block;
   }
-  run_tasks(m, s->groups * j.row_blocks * j.col_blocks, s->kind == CONV_IM2COL ? task_im2col : task_direct, &j, macs);
+  ek_parallel_for(m, op, s->groups * j.row_blocks * j.col_blocks, s->kind == CONV_IM2COL ? task_im2col : task_direct, &j);
 }
 
 static void free_conv(struct conv_state* s) {

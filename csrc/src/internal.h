@@ -88,6 +88,7 @@ struct ekrt_model {
   size_t scratch_per_thread;
   size_t weights_bytes;
   int threads;
+  uint64_t work_per_thread; /* EK_WORK_PER_THREAD, or EKRT_WORK_PER_THREAD from the environment */
   struct ek_pool* pool;
   int profiling;
 };
@@ -165,12 +166,26 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
 void ek_run_conv(struct ekrt_model* m, struct ek_op* op);
 void ek_free_conv(void* state);
 
-/* pool.c: run task(ctx, i, thread) for i in [0, n) on the model's threads. Deterministic
- * results are the caller's job: each task writes its own outputs only. */
+/* pool.c: run task(ctx, i, thread) for i in [0, n) on as many of the model's threads as op's
+ * work pays for (ek_threads_for), the caller included. Deterministic results are the caller's
+ * job: each task writes its own outputs only. */
 typedef void (*ek_task_fn)(void* ctx, size_t i, int thread);
 struct ek_pool* ek_pool_create(int threads);
 void ek_pool_destroy(struct ek_pool* pool);
-void ek_parallel_for(struct ekrt_model* m, size_t n, ek_task_fn task, void* ctx);
+void ek_parallel_for(struct ekrt_model* m, const struct ek_op* op, size_t n, ek_task_fn task, void* ctx);
+
+/* The cost model (api.c, docs/ekrt.md "Threads"): an op's work in multiply-accumulates, other
+ * ops' elements weighted by EK_ELEM_WORK. An op is split over t threads only when each gets
+ * at least EK_WORK_PER_THREAD (~100 us of AVX2 work); below, waking a thread costs more than it
+ * saves: on a loaded 2-vCPU VM a wake-up cost the caller up to 60 us, and convolutions of
+ * 0.5-2.4 M MACs split in two ran 1.0-1.4x slower than on one thread (benchmarks/
+ * ekrt_threads.py --calibrate). EKRT_WORK_PER_THREAD overrides it (0 splits every op). */
+#define EK_WORK_PER_THREAD 1048576u
+#define EK_ELEM_WORK 8u
+uint64_t ek_op_work(const struct ekrt_model* m, const struct ek_op* op);
+int ek_threads_for(const struct ekrt_model* m, uint64_t work); /* 1..m->threads */
+/* the threads op gets now: ek_threads_for its work, or 1 while the pool rests (pool.c) */
+int ek_op_threads(const struct ekrt_model* m, const struct ek_op* op);
 
 uint32_t ek_crc32(const uint8_t* p, size_t n);
 uint64_t ek_now_ns(void);

@@ -41,11 +41,11 @@ static void for_rows(struct ekrt_model* m, struct ek_op* op, size_t rows, size_t
   if (chunk > rows) chunk = rows ? rows : 1;
   struct row_job j = {m, op, rows, chunk, fn};
   size_t n = (rows + chunk - 1) / chunk;
-  if (m->threads < 2 || n < 2) {
+  if (n < 2) {
     fn(m, op, 0, rows);
     return;
   }
-  ek_parallel_for(m, n, row_task, &j);
+  ek_parallel_for(m, op, n, row_task, &j);
 }
 
 /* ---- QUANTIZE / DEQUANTIZE (rows: N*H for the layout-changing 4-D case, else chunks) ---- */

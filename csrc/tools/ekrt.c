@@ -6,7 +6,8 @@
  *                        [--inputs A.npy ...] [--seed N] [--variant NAME] [--bundle-hash HEX] [--json]
  *
  * bench --json prints one document in the agent's bench schema (docs/bundle-and-agent.md).
- * Without --threads the runner uses every online core (config.threads is then null).
+ * Without --threads ekrt chooses from the op sizes, at most one per usable core (config.threads
+ * is then null; backend_info.threads says how many ran).
  * Without --inputs, inputs are numpy.random.RandomState(seed).standard_normal(shape) as
  * float32 (seed 0), the same values the Python agent feeds other backends. Failures print
  * {"kind": "edgekit.error", "error", "hint"} with --json, else error:/hint: lines; exit 1
@@ -49,11 +50,9 @@ static void load_model(const struct opts* o, struct loaded* l) {
   l->load_ns = now_ns() - t0;
   if (rc == EKRT_EIO) die(1, "check the path", "%s", err);
   if (rc) die(1, "re-create the model with edgekit (the lowering writes .ekm files)", "%s is not a valid .ekm file: %s", o->model, err);
-  /* without --threads: every online core, like other runtimes' default (config.threads: null) */
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int threads = o->threads ? o->threads : (int)(cores < 1 ? 1 : cores > 256 ? 256 : cores);
-  rc = ekrt_set_threads(l->m, threads);
-  if (rc) die(1, "use fewer --threads", "cannot start %d threads (code %d)", threads, rc);
+  /* the automatic choice only speeds up: when its threads cannot start, run on one */
+  rc = ekrt_set_threads(l->m, o->threads ? o->threads : EKRT_THREADS_AUTO);
+  if (rc && o->threads) die(1, "use fewer --threads", "cannot start %d threads (code %d)", o->threads, rc);
   l->n_in = ekrt_num_inputs(l->m);
   l->n_out = ekrt_num_outputs(l->m);
   if (o->n_inputs && o->n_inputs != l->n_in) die(2, "give one .npy per model input, in order", "the model has %d inputs, --inputs gave %d", l->n_in, o->n_inputs);
@@ -125,7 +124,8 @@ static int cmd_info(const struct opts* o) {
     if (l.m) {
       fputs(", \"model\": {\"path\": ", stdout);
       json_cstr(o->model);
-      printf(", \"ops\": %d, \"memory_bytes\": %zu, \"inputs\": ", ekrt_num_ops(l.m), ekrt_memory_bytes(l.m));
+      printf(", \"ops\": %d, \"threads\": %d, \"memory_bytes\": %zu, \"inputs\": ", ekrt_num_ops(l.m),
+             ekrt_get_threads(l.m), ekrt_memory_bytes(l.m));
       print_io(l.m, 0);
       fputs(", \"outputs\": ", stdout);
       print_io(l.m, 1);
@@ -144,7 +144,9 @@ static int cmd_info(const struct opts* o) {
       ekrt_kernel_choice(i, &fam, &name);
       printf("%-11s %s\n", fam, name);
     }
-    if (l.m) printf("model: %s, %d ops, %zu bytes of memory\n", o->model, ekrt_num_ops(l.m), ekrt_memory_bytes(l.m));
+    if (l.m)
+      printf("model: %s, %d ops, %d threads, %zu bytes of memory\n", o->model, ekrt_num_ops(l.m), ekrt_get_threads(l.m),
+             ekrt_memory_bytes(l.m));
   }
   if (l.m) free_model(&l);
   return 0;
@@ -179,10 +181,14 @@ static int cmd_run(const struct opts* o) {
       json_str(name, len);
       fputs(", \"shape\": [", stdout);
       for (int d = 0; d < rank; d++) printf("%s%u", d ? ", " : "", dims[d]);
-      fputs("], \"values\": [", stdout);
-      size_t n = ekrt_io_elements(l.m, 1, i);
-      for (size_t k = 0; k < n; k++) printf("%s%.9g", k ? ", " : "", (double)l.out[i][k]);
-      fputs("]}", stdout);
+      fputs("]", stdout);
+      if (!o->save) { /* with --save the values are in the .npy files: don't print megabytes of text */
+        fputs(", \"values\": [", stdout);
+        size_t n = ekrt_io_elements(l.m, 1, i);
+        for (size_t k = 0; k < n; k++) printf("%s%.9g", k ? ", " : "", (double)l.out[i][k]);
+        fputs("]", stdout);
+      }
+      fputs("}", stdout);
     }
     fputs("]}\n", stdout);
   } else {

@@ -47,7 +47,11 @@ int ekrt_io_info(const ekrt_model* model, int is_output, int index, const char**
 /* Number of float32 elements of input/output `index` (0 when out of range). */
 size_t ekrt_io_elements(const ekrt_model* model, int is_output, int index);
 
-/* Worker threads for ekrt_run (1 = the caller only). Results do not depend on it. */
+/* Threads for ekrt_run, the caller included (1 = the caller only; a model loads with 1).
+ * EKRT_THREADS_AUTO: as many as the model's biggest op pays for, at most the usable CPUs (1
+ * when no op is big enough to split); ekrt_get_threads says what was chosen. Each op uses only
+ * the threads its own work pays for. Results do not depend on the thread count. */
+#define EKRT_THREADS_AUTO 0
 int ekrt_set_threads(ekrt_model* model, int threads);
 int ekrt_get_threads(const ekrt_model* model);
 
