@@ -4,8 +4,10 @@ this version) and read its one JSON document: a benchmark of one variant, or dev
 from __future__ import annotations
 
 import json
+import posixpath
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from edgekit.agent import SCHEMA as AGENT_SCHEMA
@@ -13,7 +15,7 @@ from edgekit.errors import AgentError
 from edgekit.transport.agentzip import push_agent
 from edgekit.transport.base import CommandResult, Transport
 
-__all__ = ["BenchConfig", "bench_variant", "device_facts", "parse_agent_output", "push_agent", "run_agent"]
+__all__ = ["BenchConfig", "bench_variant", "device_facts", "eval_variant", "parse_agent_output", "push_agent", "run_agent"]
 
 _OUT_OF_STEP = "the agent on the device is out of step with this edgekit; bench again to push the current one"
 
@@ -52,6 +54,23 @@ def bench_variant(
             f"the agent benchmarked variant {doc.get('variant')!r}, not '{variant}'",
             _OUT_OF_STEP,
         )
+    return doc
+
+
+def eval_variant(
+    transport: Transport, remote_bundle_dir: str, variant: str, samples: str, local_out: Path, *, threads: int | None = None, timeout: float = 3600
+) -> dict:
+    """Run the bundle's held-out ``samples`` through ``variant`` on the device and fetch the
+    outputs it computed to ``local_out`` (.npz keyed by output name); the agent's document."""
+    # beside the bundles, not in one: a bundle holds exactly the files its manifest lists
+    remote_out = f"{posixpath.dirname(posixpath.dirname(remote_bundle_dir))}/eval/{posixpath.basename(remote_bundle_dir)}.{variant}.npz"
+    args = ["eval", remote_bundle_dir, "--variant", variant, "--samples", samples, "--output", remote_out]
+    if threads is not None:
+        args += ["--threads", str(threads)]
+    doc = run_agent(transport, args, timeout=timeout, kind="edgekit.eval")
+    if doc.get("variant") != variant:
+        raise AgentError(f"the agent evaluated variant {doc.get('variant')!r}, not '{variant}'", _OUT_OF_STEP)
+    transport.get(remote_out, local_out)
     return doc
 
 

@@ -17,20 +17,23 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.agentclient import bench_variant
+from edgekit.agentclient import bench_variant, eval_variant
 from edgekit.bench.record import make_record
 from edgekit.bench.store import ResultsStore
+from edgekit.bench.verdict import Verdict, int8_verdict
 from edgekit.bundle import Bundle, TensorSpec, Variant, write_bundle
 from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 from edgekit.devices.lock import device_lock
 from edgekit.devices.preflight import ensure_ready
-from edgekit.errors import OutputPathError
+from edgekit.errors import GateError, OutputPathError
 from edgekit.events import Events
 from edgekit.modelio import LoadedModel, load_model
 from edgekit.plan import (
     Bench,
     Compile,
+    Eval,
+    Gate,
     Plan,
     Push,
     Quantize,
@@ -52,6 +55,7 @@ from edgekit.quantize import (
     save_model,
 )
 from edgekit.quantize import cache as qcache
+from edgekit.quantize.report import AgreementReport, compare
 from edgekit.targets import get_backend
 from edgekit.transport.base import Transport
 from edgekit.transport.push import PushResult, progress_reporter, push_bundle
@@ -85,6 +89,8 @@ class DeployRequest:
     inventory: Path | None = None  # where a --device name is looked up (default: ./devices.toml)
     provision: bool = False  # install the plan's runtime on the device when preflight finds it missing
     lock_wait: float = DEFAULT_LOCK_WAIT  # seconds to queue behind another job's lock on the device
+    max_drop: float = 0.01  # the int8 gate: accuracy (a fraction) int8 may lose against labels
+    require_int8: bool = False  # exit 5 when the int8 gate recommends float
     trust_new_host: bool = False  # save the key of an SSH device not yet in known_hosts
     password: str | None = field(default=None, repr=False)  # SSH password login, only when given
 
@@ -147,6 +153,8 @@ class Job:
             duration_s=req.duration_s,
             threads=req.threads,
             output=str(self.output),
+            max_drop=req.max_drop,
+            require_int8=req.require_int8,
         )
 
 
@@ -190,9 +198,16 @@ def run(job: Job, plan: Plan, events: Events) -> DeployResult:
         for note in plan.notes:
             events.info(f"note: {note}")
         with device_lock(transport, wait=req.lock_wait, on_wait=events.info) as lock:  # no other job benches it meanwhile
-            return execute(plan, job, transport, events, facts=ready.facts, lock=lock)
+            result = execute(plan, job, transport, events, facts=ready.facts, lock=lock)
     finally:
         transport.close()
+    v = result.verdict
+    if v is not None and plan.options.require_int8 and v.recommended != "int8":
+        raise GateError(
+            f"--require-int8: the int8 gate recommends {v.recommended} on {plan.device}: " + "; ".join(v.reasons),
+            f"the runs are stored (edgekit results list); see why with edgekit deploy {job.model.path} --json (summary.recommendation)",
+        )
+    return result
 
 
 @dataclass
@@ -205,11 +220,18 @@ class DeployResult:
     run_ids: list[int]
     sizes: dict[str, int]
     executed: list[Any] = field(default_factory=list)  # the plan's steps, as they ran
+    agreement: AgreementReport | None = None  # measured on the device (Eval steps); else None
+    verdict: Verdict | None = None  # the int8 gate (Gate step)
+
+    @property
+    def agreement_reported(self) -> AgreementReport | None:
+        """The agreement that counts: the device's when it was measured, else the host's estimate."""
+        return self.agreement or (self.quantize.agreement if self.quantize else None)
 
     def summary(self) -> dict[str, Any]:
         by_variant = {r["agent"]["variant"]: (r, rid) for r, rid in zip(self.records, self.run_ids)}
         variants: dict[str, dict] = {}
-        agreement = self.quantize.agreement if self.quantize else None
+        agreement = self.agreement_reported
         for v in self.plan.variants:
             rec, rid = by_variant.get(v.name, (None, None))
             entry: dict[str, Any] = {
@@ -237,6 +259,11 @@ class DeployResult:
             out["accuracy_fp32"] = agreement.accuracy_fp32
             out["accuracy_int8"] = agreement.accuracy_int8
             out["accuracy_drop"] = agreement.accuracy_drop
+        if self.agreement is not None and self.quantize is not None:
+            out["agreement_host_estimate"] = self.quantize.agreement.to_dict()
+        if self.verdict is not None:
+            out["recommended"] = self.verdict.recommended
+            out["recommendation"] = self.verdict.to_dict()
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -295,7 +322,9 @@ def execute(
         for step in plan.steps:
             _HANDLERS[type(step)](walk, step)
             walk.executed.append(step)
-    return DeployResult(plan, walk.qresult, walk.bundle, walk.push, walk.records, walk.run_ids, walk.sizes, walk.executed)
+    return DeployResult(
+        plan, walk.qresult, walk.bundle, walk.push, walk.records, walk.run_ids, walk.sizes, walk.executed, walk.agreement, walk.verdict
+    )
 
 
 @dataclass
@@ -319,6 +348,9 @@ class _Walk:
     records: list[dict] = field(default_factory=list)
     run_ids: list[int] = field(default_factory=list)
     executed: list[Any] = field(default_factory=list)
+    outputs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # variant -> what the device computed
+    agreement: AgreementReport | None = None
+    verdict: Verdict | None = None
 
     def source(self, name: str) -> Path:
         if name not in self.sources:
@@ -391,6 +423,12 @@ def _sample_file(w: _Walk) -> Path | None:
 def _write_bundle(w: _Walk, step: WriteBundle) -> None:
     job, plan = w.job, w.plan
     w.files.update(get_backend(plan.backend).runtime_files(job.profile, w.facts, w.tmp / "runtime"))
+    evals = {s.samples for s in plan.steps if isinstance(s, Eval)}
+    if evals:
+        _, heldout = job.feeds(w.events)
+        path = w.tmp / "eval-samples.npz"
+        np.savez(path, **{name: np.concatenate([f[name] for f in heldout.feeds]) for name in heldout.feeds[0]})
+        w.files.update({rel: path for rel in evals})
     out = Path(step.output)
     if job.request.output is None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -428,14 +466,44 @@ def _bench(w: _Walk, step: Bench) -> None:
     w.records.append(make_record(doc, model_name=w.plan.model, target=w.plan.profile, device=w.plan.device))
 
 
+def _eval(w: _Walk, step: Eval) -> None:
+    transport, v = w.device(), step.variant
+    local = w.tmp / f"{v.name}.outputs.npz"
+    with w.events.progress(f"evaluating {v.name} on {transport.name} ({v.backend})"):
+        eval_variant(transport, w.push.remote_dir, v.name, step.samples, local, threads=step.threads)
+    with np.load(local, allow_pickle=False) as data:
+        w.outputs[v.name] = {k: data[k] for k in data.files}
+    if "fp32" in w.outputs and "int8" in w.outputs:
+        _, heldout = w.job.feeds(w.events)
+        per_sample = {name: {k: [a[i : i + 1] for i in range(len(a))] for k, a in outs.items()} for name, outs in w.outputs.items()}
+        fp, q = w.plan.variant("fp32"), w.plan.variant("int8")
+        where = f"{w.plan.device}: fp32 on {fp.backend}, int8 on {q.backend}"
+        w.agreement = compare(per_sample["fp32"], per_sample["int8"], heldout.labels, source=heldout.source, measured_on=where, estimate=False)
+
+
+def _gate(w: _Walk, step: Gate) -> None:
+    samples = {r["agent"]["variant"]: r["agent"]["samples_ns"] for r in w.records}
+    if "fp32" not in samples or "int8" not in samples:
+        return
+    agreement = w.agreement.to_dict() if w.agreement else None
+    w.verdict = int8_verdict("fp32", samples["fp32"], samples["int8"], agreement, step.max_drop)
+
+
 def _store(w: _Walk, step: Store) -> None:
     if w.lock is not None:
         w.lock.ensure_held()  # runs measured while another job had the board are worthless
+    for r in w.records:  # the int8 run carries how it compared with float on this device
+        if r["agent"]["variant"] == "int8" and w.agreement is not None:
+            r["agreement"] = w.agreement.to_dict()
+        if r["agent"]["variant"] == "int8" and w.verdict is not None:
+            r["recommendation"] = w.verdict.to_dict()
     with ResultsStore() as store:
         w.run_ids = [store.add(r) for r in w.records]
 
 
-_HANDLERS = {Quantize: _quantize, Compile: _compile, WriteBundle: _write_bundle, Push: _push, Bench: _bench, Store: _store}
+_HANDLERS = {
+    Quantize: _quantize, Compile: _compile, WriteBundle: _write_bundle, Push: _push, Bench: _bench, Eval: _eval, Gate: _gate, Store: _store,
+}  # fmt: skip
 
 
 def _load_feeds(job: Job, events: Events) -> tuple[FeedSet, FeedSet]:

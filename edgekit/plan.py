@@ -26,7 +26,8 @@ from edgekit.targets import KNOWN_BACKENDS, available_backends, get_backend
 from edgekit.targets.base import DeviceStep
 
 PLAN_SCHEMA = 2
-GOALS = ("quantize", "bundle", "deploy")  # how far a plan goes: stop after quantize, after the bundle, or run it all
+GOALS = ("quantize", "bundle", "deploy")
+EVAL_SAMPLES = "eval/samples.npz"  # the held-out inputs, in the bundle  # how far a plan goes: stop after quantize, after the bundle, or run it all
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,33 @@ class Bench:
 
 
 @dataclass(frozen=True)
+class Eval:
+    variant: VariantPlan
+    samples: str  # the bundle's held-out inputs
+    threads: int | None = None
+
+    name = "eval"
+
+    @property
+    def detail(self) -> str:
+        return f"{self.variant.name} on {self.variant.backend}: every held-out sample, outputs back to the host for the agreement"
+
+
+@dataclass(frozen=True)
+class Gate:
+    max_drop: float  # accuracy points (a fraction) int8 may lose against labels
+    require_int8: bool
+
+    name = "gate"
+
+    @property
+    def detail(self) -> str:
+        acc = f"accuracy drop <= {self.max_drop * 100:g} points (or top-1/cosine agreement >= 0.99 without labels)"
+        then = "; fail (exit 5) otherwise (--require-int8)" if self.require_int8 else ""
+        return f"recommend int8 only if faster than float on the device beyond the noise and {acc}{then}"
+
+
+@dataclass(frozen=True)
 class Store:
     name = "store"
 
@@ -122,13 +150,13 @@ class Store:
         return "results into the local results database (edgekit results list)"
 
 
-Step = Quantize | Compile | WriteBundle | Push | Bench | Store
+Step = Quantize | Compile | WriteBundle | Push | Bench | Eval | Gate | Store
 
 
 def step_dict(step: Step) -> dict[str, Any]:
     """A step as JSON: its name, a one-line detail, and its typed fields."""
     doc: dict[str, Any] = {"name": step.name, "detail": step.detail}
-    if isinstance(step, (Compile, Bench)):
+    if isinstance(step, (Compile, Bench, Eval)):
         doc["variant"] = step.variant.to_dict()
     if isinstance(step, Bench):
         doc["config"] = asdict(step.config)
@@ -156,6 +184,8 @@ class Options:
     duration_s: float | None = None
     threads: int | None = None
     output: str = ""
+    max_drop: float = 0.01  # the int8 gate: accuracy points (a fraction) int8 may lose
+    require_int8: bool = False  # the int8 gate failing is an error (exit 5)
 
 
 @dataclass(frozen=True)
@@ -270,7 +300,8 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
     """Decide backend, precision, scheme, variants, bench config and steps.
 
     ``asks``: the fields of ``Options`` (device, backend, quantize, method, exclude,
-    calibration, evaluation, goal, warmup, iterations, duration_s, threads, output);
+    calibration, evaluation, goal, warmup, iterations, duration_s, threads, output, max_drop,
+    require_int8);
     ``facts``: the probed device's, or None (planned on paper).
 
     >>> plan = make_plan(load_model("examples/digits/digits_cnn.onnx"), load_profile("rpi5"))  # doctest: +SKIP
@@ -335,7 +366,15 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         for v in variants:
             runner = get_backend(v.backend)
             steps.append(Bench(v, config, tuple(runner.device_steps(profile.backend(runner.name), v.precision))))
+        if scheme is not None:
+            # the agreement that counts: each variant run on the device by the backend that ships it
+            steps += [Eval(v, EVAL_SAMPLES, config.threads) for v in variants]
+            steps.append(Gate(options.max_drop, options.require_int8))
         steps.append(Store())
+    elif options.require_int8:
+        raise UsageError("--require-int8 needs the device: the gate compares int8 with float there", "drop --no-bench (or --require-int8)")
+    if options.require_int8 and scheme is None:
+        raise PlanError(f"--require-int8, but {name} on {profile.name} runs {precision}: there is no int8 variant to gate", "drop --require-int8, or pick a target (or --backend) with an int8 path")
     return Plan(
         model=model.name,
         model_path=str(model.path),

@@ -8,13 +8,14 @@ import pytest
 
 from edgekit import api
 from edgekit.errors import UsageError
-from edgekit.plan import Bench, Compile, Push, Quantize, Store, WriteBundle
+from edgekit.plan import Bench, Compile, Eval, Gate, Push, Quantize, Store, WriteBundle
 from tests.conftest import EXAMPLES
 
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
 # What differs between two runs of the same deploy: timings, ids, paths, clocks.
 VOLATILE = {"stats", "p50_ms", "p99_ms", "mean_ms", "run_id", "id", "run_uuid", "seconds", "path", "push", "backend_info",
-            "layers", "peak_rss_bytes", "speedup_p50", "int8_faster", "duration_s"}  # fmt: skip
+            "layers", "peak_rss_bytes", "speedup_p50", "int8_faster", "duration_s",
+            "recommended", "recommendation", "cached"}  # fmt: skip  (the gate follows the timings; the second run hits the quantize cache)
 
 
 def _stable(doc):
@@ -51,21 +52,21 @@ def test_dry_run_prints_the_steps_that_deploy_executes(cli, tmp_path):
     assert real.returncode == 0, real.stderr
     executed = json.loads(real.stdout)["executed_steps"]
     assert executed == planned
-    assert [s["name"] for s in executed] == ["quantize", "compile", "compile", "bundle", "push", "bench", "bench", "store"]
+    assert [s["name"] for s in executed] == ["quantize", "compile", "compile", "bundle", "push", "bench", "bench", "eval", "eval", "gate", "store"]
     # the fp32 reference and the int8 variant each name the backend that ran them
     assert [s["variant"]["backend"] for s in executed if s["name"] == "bench"] == ["onnxruntime", "native"]
 
 
 def test_truncated_plans():
     deploy = api.plan(DIGITS, target="local")
-    assert [type(s) for s in deploy.steps] == [Quantize, Compile, Compile, WriteBundle, Push, Bench, Bench, Store]
+    assert [type(s) for s in deploy.steps] == [Quantize, Compile, Compile, WriteBundle, Push, Bench, Bench, Eval, Eval, Gate, Store]
     bundle = api.plan(DIGITS, target="local", goal="bundle")
     assert [type(s) for s in bundle.steps] == [Quantize, Compile, Compile, WriteBundle]
     quantize = api.plan(DIGITS, target="local", goal="quantize")
     assert [type(s) for s in quantize.steps] == [Quantize]
     float_only = api.plan(DIGITS, target="local", quantize=False)
     assert [s.variant.name for s in float_only.steps if isinstance(s, Bench)] == ["fp32"]
-    assert not float_only.quantize
+    assert not float_only.quantize and not any(isinstance(s, (Eval, Gate)) for s in float_only.steps)
 
 
 def test_plan_json_is_the_serialisation_of_the_steps():

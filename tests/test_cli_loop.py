@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -62,7 +63,9 @@ def test_deploy_human_summary_and_second_push_sends_nothing(cli, tmp_path):
     first = cli(*args)
     assert first.returncode == 0, first.stderr
     assert "p50 ms" in first.stdout and "fp32" in first.stdout and "int8" in first.stdout
-    assert ("faster than fp32" in first.stdout) or ("NOT faster" in first.stdout)
+    # the int8 gate's verdict, measured on the device: speed beyond the noise and accuracy
+    assert re.search(r"^recommended: (int8|fp32) \(int8 is .* fp32 .*accuracy drop", first.stdout, re.M), first.stdout
+    assert "agreement measured on local: fp32 on onnxruntime, int8 on native, 360 held-out samples" in first.stdout
     second = cli(*args, "--json")
     doc = json.loads(second.stdout)
     # Quantization is deterministic, so the bundle content is the same and is not sent again.

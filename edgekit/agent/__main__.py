@@ -1,5 +1,6 @@
-"""The agent's command line: ``python agent.pyz bench BUNDLE_DIR --variant NAME ...``, ``facts``,
-or ``store ROOT MODE JSON`` (the device side of a push, see ``store.py``).
+"""The agent's command line: ``python agent.pyz bench BUNDLE_DIR --variant NAME ...`` or ``facts``.
+(``store ROOT MODE JSON``, the device side of a push, goes straight to ``store.py`` from the
+zip's boot stub: it runs twice per push, so it skips this parser.)
 
 Prints exactly one JSON document to stdout. A failure is an ``edgekit.error`` document
 (exit 1), so the host can tell "onnxruntime is not installed on the device" from a crash.
@@ -47,7 +48,7 @@ def _positive_float(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agent.pyz", description="edgekit device agent " + AGENT_VERSION)
-    sub = parser.add_subparsers(dest="command", metavar="{bench,facts}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,eval,facts}")
     sub.required = True
     bench = sub.add_parser("bench", help="time one variant of a bundle")
     bench.add_argument("bundle_dir")
@@ -56,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--iterations", type=_positive_int, default=100)
     bench.add_argument("--duration", type=_positive_float, default=None, help="seconds; replaces --iterations")
     bench.add_argument("--threads", type=_positive_int, default=None)
+    ev = sub.add_parser("eval", help="run held-out samples through one variant, save its outputs")
+    ev.add_argument("bundle_dir")
+    ev.add_argument("--variant", required=True)
+    ev.add_argument("--samples", required=True, help="the bundle's .npz of stacked inputs")
+    ev.add_argument("--output", required=True, help="where to write the outputs (.npz)")
+    ev.add_argument("--threads", type=_positive_int, default=None)
     sub.add_parser("facts", help="describe this device")
     # subparsers are built by the parent's class, so they raise AgentFailure too
     return parser
@@ -88,6 +95,8 @@ def _run(args: argparse.Namespace) -> dict:
             "device_state": facts.device_state(),
             "probe": facts.probe_facts(),  # preflight extras: disk, libc, pip/venv, OpenVINO devices
         }
+    if args.command == "eval":
+        return runner.evaluate(args.bundle_dir, args.variant, args.samples, args.output, threads=args.threads)
     return runner.bench(
         args.bundle_dir,
         args.variant,
@@ -99,11 +108,6 @@ def _run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["store"]:  # a push runs it several times: no argparse, no fd juggling
-        from . import store
-
-        return store.main(argv[1:])
     rc = 1
     try:
         args = _parser().parse_args(argv)

@@ -37,16 +37,8 @@ def bench(
     With ``duration_s`` the timed loop runs until that much time is used (at least one
     iteration) instead of a fixed number of ``iterations``.
     """
-    manifest = read_manifest(bundle_dir)
-    spec = find_variant(manifest, variant)
+    manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant)
     model_rel = spec["model"]
-    model_path = os.path.join(bundle_dir, *model_rel.split("/"))
-    if not os.path.isfile(model_path):
-        raise AgentFailure(f"the bundle on the device has no model file {model_rel}", _REPUSH)
-    model_sha = sha256_file(model_path)
-    recorded = {f["path"]: f["sha256"] for f in manifest["files"]}
-    if recorded.get(model_rel) != model_sha:
-        raise AgentFailure(f"{model_rel} on the device does not match its sha256 in manifest.json", _REPUSH)
     backend = load_backend(spec["backend"])
     facts = device_facts()
     before = device_state()
@@ -113,6 +105,72 @@ def bench(
         "started_at": started_at,
         "device": facts,
         "device_state": {"before": before, "after": after},
+    }
+
+
+def _open_variant(bundle_dir: str, variant: str) -> tuple:
+    """The manifest, the variant's spec, its model path and sha256 (checked against the manifest)."""
+    manifest = read_manifest(bundle_dir)
+    spec = find_variant(manifest, variant)
+    model_rel = spec["model"]
+    model_path = os.path.join(bundle_dir, *model_rel.split("/"))
+    if not os.path.isfile(model_path):
+        raise AgentFailure(f"the bundle on the device has no model file {model_rel}", _REPUSH)
+    model_sha = sha256_file(model_path)
+    recorded = {f["path"]: f["sha256"] for f in manifest["files"]}
+    if recorded.get(model_rel) != model_sha:
+        raise AgentFailure(f"{model_rel} on the device does not match its sha256 in manifest.json", _REPUSH)
+    return manifest, spec, model_path, model_sha
+
+
+def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: int | None = None) -> dict:
+    """Run every sample of the bundle's ``samples`` file (an .npz of stacked inputs, sample i is
+    ``arr[i:i+1]``) through ``variant`` on this device; write the stacked outputs to ``output`` (.npz
+    keyed by output name; outside the bundle, whose files are only what the manifest lists). The
+    host compares the variants' outputs: the agreement it reports is what this device computed."""
+    np = _numpy()
+    manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant)
+    path = os.path.join(bundle_dir, *samples.split("/"))
+    arrays = _npz_inputs(np, path, spec)
+    counts = {len(a) for a in arrays.values()}
+    if len(counts) != 1:
+        raise AgentFailure(f"{samples}: the inputs hold different numbers of samples ({sorted(counts)})", _REPUSH)
+    n = counts.pop()
+    session = load_backend(spec["backend"]).load(model_path, threads, dict(spec.get("options") or {}), bundle_dir)
+    names = [t["name"] for t in spec.get("outputs") or []]
+    got = {}
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        try:
+            result = session.run({k: a[i : i + 1] for k, a in arrays.items()})
+        except AgentFailure:
+            raise
+        except Exception as exc:  # the runtime's own error types: name them, don't crash
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise AgentFailure(f"inference of variant '{variant}' failed on sample {i}: {first}", "check the samples match the model's inputs") from None
+        if isinstance(result, dict) and all(isinstance(k, str) for k in result):
+            values = [result[k] for k in names] if names else list(result.values())
+        else:
+            values = list(result.values()) if hasattr(result, "values") else list(result)
+        for k, value in enumerate(values):
+            # copies: a runtime may hand out views of buffers it reuses on the next call
+            got.setdefault(names[k] if k < len(names) else f"output{k}", []).append(np.array(value, copy=True))
+    seconds = (time.perf_counter_ns() - t0) / 1e9
+    out_path = output if output.endswith(".npz") else output + ".npz"  # numpy.savez would add it
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    np.savez(out_path, **{k: np.concatenate([np.reshape(v, (1, -1)) if v.ndim == 0 else v for v in vs]) for k, vs in got.items()})
+    return {
+        "schema": SCHEMA,
+        "kind": "edgekit.eval",
+        "agent_version": AGENT_VERSION,
+        "variant": spec["name"],
+        "backend": spec["backend"],
+        "backend_version": session.version,
+        "model_sha256": model_sha,
+        "bundle_hash": bundle_hash(manifest),
+        "samples": n,
+        "outputs": out_path,
+        "seconds": round(seconds, 3),
     }
 
 

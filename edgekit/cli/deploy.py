@@ -43,6 +43,8 @@ def deploy(
     jobs: common.Jobs = DEFAULT_JOBS,
     provision: Annotated[bool, typer.Option("--provision", help="Install the plan's runtime on the device first when it lacks it.")] = False,
     lock_wait: common.LockWait = DEFAULT_LOCK_WAIT,
+    max_drop: Annotated[float, typer.Option("--max-drop", min=0, max=100, metavar="POINTS", help="The int8 gate: accuracy points int8 may lose against --labels (default 1).")] = 1.0,
+    require_int8: Annotated[bool, typer.Option("--require-int8", help="Exit 5 when the int8 gate recommends float (int8 not faster on the device, or not accurate enough).")] = False,
     json_out: common.Json = False,
 ) -> None:
     """Quantize MODEL, bundle it for a target, push it to the device, benchmark fp32 vs int8 there.
@@ -86,6 +88,8 @@ def deploy(
         inventory=inventory,
         provision=provision,
         lock_wait=lock_wait,
+        max_drop=max_drop / 100,
+        require_int8=require_int8,
     )
     if common.is_fleet(entries, inventory):
         if dry_run or no_bench:

@@ -105,13 +105,18 @@ def print_summary(o: Output, doc: dict) -> None:
     o.table(["variant", "backend", "p50 ms", "p99 ms", "speed-up", "size", "accuracy", "agreement vs fp32"], rows, title=title)
     if agreement:
         drop = s.get("accuracy_drop")
+        where = f"measured on {agreement['measured_on']}" if not agreement.get("estimate", True) else f"ESTIMATED on {agreement['measured_on']}"
         o.line(
-            f"agreement measured on {agreement['samples']} held-out samples ({agreement['source']})"
+            f"agreement {where}, {agreement['samples']} held-out samples ({agreement['source']})"
             + (f"; accuracy drop {drop * 100:+.2f} points" if drop is not None else "")
         )
-    sentence = speed_sentence(s, len(doc["plan"]["float_nodes"]))
-    if sentence:
-        o.line(sentence)
+    rec = s.get("recommendation")
+    if rec:
+        o.line(f"recommended: {rec['recommended']} ({'; '.join(rec['reasons'])})")
+    else:
+        sentence = speed_sentence(s, len(doc["plan"]["float_nodes"]))
+        if sentence:
+            o.line(sentence)
     print_backend_details(o, doc["runs"])
     if doc["runs"]:
         o.info(f"results stored as run(s) {', '.join(str(r['id']) for r in doc['runs'])}: edgekit results show ID")

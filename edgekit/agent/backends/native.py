@@ -113,7 +113,20 @@ class Session:
         return samples, layers, info
 
     def run(self, feeds: dict):
-        raise AgentFailure("the native backend times itself (Session.bench); it has no per-call run", "update the agent")
+        """One inference through the runner (``ekrt run --save``): for evaluation, not timing."""
+        import numpy
+
+        tmp = tempfile.mkdtemp(prefix="ekrt-run-")
+        try:
+            files = []
+            for k, value in enumerate(feeds.values()):
+                files.append(os.path.join(tmp, f"in{k}.npy"))
+                numpy.save(files[-1], numpy.ascontiguousarray(value, dtype=numpy.float32))
+            doc = _run_json([self.runner, "run", self.model_path, "--json", "--save", tmp]
+                            + (["--threads", str(int(self.threads))] if self.threads else []) + ["--inputs"] + files)
+            return [numpy.load(os.path.join(tmp, f"output{i}.npy")) for i in range(len(doc.get("outputs") or []))]
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _runner_path(workdir: str, options: dict) -> str:

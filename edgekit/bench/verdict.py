@@ -1,0 +1,76 @@
+"""The int8 gate: recommend int8 only when, on the device, it is faster than float beyond the
+noise and its agreement with float holds. Pure functions of raw samples and an agreement dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+BOOTSTRAP = 1000
+CONFIDENCE = 0.95
+MIN_COSINE = 0.99  # without labels: every output this close to float
+MIN_TOP1 = 0.99  # without labels: class vectors agree on this share of samples
+
+
+@dataclass(frozen=True)
+class Verdict:
+    recommended: str  # the variant to ship
+    reasons: tuple[str, ...]
+    speedup: float | None = None  # float p50 / int8 p50
+    speedup_ci: tuple[float, float] | None = None  # its 95 % bootstrap interval
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "recommended": self.recommended,
+            "reasons": list(self.reasons),
+            "speedup_p50": self.speedup,
+            "speedup_ci95": list(self.speedup_ci) if self.speedup_ci else None,
+            "checks": dict(self.checks),
+        }
+
+
+def speedup_interval(baseline_ns: list[int], candidate_ns: list[int], seed: int = 0) -> tuple[float, float, float]:
+    """Median speed-up baseline/candidate and its bootstrap confidence interval (resampling both runs)."""
+    a, b = np.asarray(baseline_ns, dtype=np.float64), np.asarray(candidate_ns, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    ratios = np.median(rng.choice(a, (BOOTSTRAP, a.size)), axis=1) / np.median(rng.choice(b, (BOOTSTRAP, b.size)), axis=1)
+    tail = (1 - CONFIDENCE) / 2
+    return float(np.median(a) / np.median(b)), float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+
+
+def accuracy_holds(agreement: dict, max_drop: float) -> tuple[bool, str]:
+    """Does int8 keep float's quality? Against labels: drop <= ``max_drop`` (a fraction);
+    without: top-1 agreement on class vectors, else cosine, on every output."""
+    drop = agreement.get("accuracy_drop")
+    if drop is not None:
+        ok = drop <= max_drop + 1e-12
+        return ok, f"accuracy drop {drop * 100:.2f} points ({'within' if ok else 'beyond'} --max-drop {max_drop * 100:g})"
+    worst = []
+    for out in agreement.get("outputs") or []:
+        if out.get("top1") is not None:
+            worst.append((out["top1"] >= MIN_TOP1, f"{out['name']}: top-1 agreement {out['top1'] * 100:.1f}% (needs {MIN_TOP1 * 100:g}%)"))
+        else:
+            worst.append((out["cosine"] >= MIN_COSINE, f"{out['name']}: cosine {out['cosine']:.4f} (needs {MIN_COSINE})"))
+    bad = [text for ok, text in worst if not ok]
+    return not bad, "; ".join(bad) if bad else "outputs agree with float (" + "; ".join(t for _, t in worst) + ")"
+
+
+def int8_verdict(float_name: str, float_ns: list[int], int8_ns: list[int], agreement: dict | None, max_drop: float) -> Verdict:
+    """Recommend ``int8`` or ``float_name`` from the device's samples and the device's agreement."""
+    speed, lo, hi = speedup_interval(float_ns, int8_ns)
+    faster = lo > 1.0  # the whole interval above 1: faster beyond the noise of these two runs
+    reasons = []
+    if faster:
+        reasons.append(f"int8 is {speed:.2f}x as fast as {float_name} at p50 (95% CI {lo:.2f}-{hi:.2f}x)")
+    elif hi < 1.0:
+        reasons.append(f"int8 is slower than {float_name} on this device ({speed:.2f}x at p50, 95% CI {lo:.2f}-{hi:.2f}x)")
+    else:
+        reasons.append(f"int8 is not faster than {float_name} beyond the noise ({speed:.2f}x at p50, 95% CI {lo:.2f}-{hi:.2f}x)")
+    accurate, why = accuracy_holds(agreement, max_drop) if agreement else (False, "int8 agreement was not measured")
+    reasons.append(why)
+    recommended = "int8" if faster and accurate else float_name
+    return Verdict(recommended, tuple(reasons), round(speed, 3), (round(lo, 3), round(hi, 3)), {"faster": faster, "accurate": accurate})

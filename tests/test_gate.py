@@ -1,0 +1,73 @@
+"""The int8 gate: int8 is recommended only when, on the device, it is faster beyond the noise
+and its agreement with float (measured there) holds."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from edgekit.bench.verdict import accuracy_holds, int8_verdict, speedup_interval
+from tests.conftest import EXAMPLES, assert_one_line_error
+
+MOBILENET = EXAMPLES / "mobilenetv2" / "mobilenetv2.onnx"
+GOOD = {"accuracy_drop": 0.0, "outputs": [{"name": "logits", "cosine": 0.9999, "top1": 1.0}]}
+
+
+def _samples(median_us: float, n: int = 200, spread: float = 0.05, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in median_us * 1000 * (1 + spread * rng.standard_normal(n)).clip(0.5)]
+
+
+def test_faster_and_accurate_int8_is_recommended():
+    v = int8_verdict("fp32", _samples(100), _samples(50, seed=1), GOOD, 0.01)
+    assert v.recommended == "int8" and v.checks == {"faster": True, "accurate": True}
+    assert 1.8 < v.speedup < 2.2 and v.speedup_ci[0] > 1.0
+    assert v.reasons[0].startswith("int8 is 2.")
+
+
+def test_slower_int8_is_not_recommended_and_says_so():
+    v = int8_verdict("fp32", _samples(50), _samples(100, seed=1), GOOD, 0.01)
+    assert v.recommended == "fp32" and not v.checks["faster"]
+    assert v.reasons[0].startswith("int8 is slower than fp32 on this device (0.5")
+
+
+def test_within_the_noise_is_not_faster():
+    # the same distribution twice: no speed-up beyond the noise, whatever the medians say
+    v = int8_verdict("fp32", _samples(100, spread=0.3), _samples(100, spread=0.3, seed=1), GOOD, 0.01)
+    assert v.recommended == "fp32" and "not faster than fp32 beyond the noise" in v.reasons[0]
+    speed, lo, hi = speedup_interval(_samples(100, spread=0.3), _samples(100, spread=0.3, seed=1))
+    assert lo < 1.0 < hi
+
+
+def test_accuracy_beyond_max_drop_keeps_float():
+    lossy = {"accuracy_drop": 0.25, "outputs": [{"name": "logits", "cosine": 0.9, "top1": 0.7}]}
+    v = int8_verdict("fp32", _samples(100), _samples(50, seed=1), lossy, 0.01)
+    assert v.recommended == "fp32" and v.checks == {"faster": True, "accurate": False}
+    assert "accuracy drop 25.00 points (beyond --max-drop 1)" in v.reasons[1]
+    assert accuracy_holds(lossy, 0.30)[0]
+
+
+def test_without_labels_cosine_and_top1_decide():
+    assert accuracy_holds({"accuracy_drop": None, "outputs": [{"name": "y", "cosine": 0.999, "top1": None}]}, 0.01)[0]
+    ok, why = accuracy_holds({"accuracy_drop": None, "outputs": [{"name": "y", "cosine": 0.95, "top1": None}]}, 0.01)
+    assert not ok and "y: cosine 0.9500 (needs 0.99)" in why
+    ok, why = accuracy_holds({"accuracy_drop": None, "outputs": [{"name": "p", "cosine": 0.999, "top1": 0.9}]}, 0.01)
+    assert not ok and "top-1 agreement 90.0%" in why
+
+
+@pytest.mark.slow
+def test_entropy_calibration_that_breaks_int8_is_caught_on_the_device(cli, tmp_path):
+    # entropy calibration costs this MobileNetV2 about 25 accuracy points: the gate must say so,
+    # with the accuracy that ekrt computed on the device, and --require-int8 must fail (exit 5).
+    args = ("deploy", MOBILENET, "--method", "entropy", "--iterations", "10", "--warmup", "1", "-o", tmp_path / "b")
+    r = cli(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["summary"]
+    assert s["recommended"] == "fp32"
+    assert s["agreement"]["estimate"] is False and "int8 on native" in s["agreement"]["measured_on"]
+    assert s["accuracy_drop"] > 0.1 and "beyond --max-drop 1" in s["recommendation"]["reasons"][1]
+    strict = cli(*args, "--require-int8")
+    assert_one_line_error(strict, 5, "--require-int8: the int8 gate recommends fp32 on local")
+    assert "accuracy drop" in strict.stderr
