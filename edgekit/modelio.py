@@ -6,6 +6,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Protocol
 
 import numpy as np
 import onnx
@@ -13,18 +14,13 @@ from onnx import TensorProto, helper
 
 from edgekit.errors import ModelError, UsageError
 from edgekit.fsutil import sha256_file
+from edgekit.modelio_tflite import is_tflite, load_tflite
+from edgekit.tensorspec import IOSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-
-@dataclass(frozen=True)
-class IOSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str  # numpy dtype name
 
 
 @dataclass(frozen=True)
@@ -38,14 +34,35 @@ class Sidecar:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
+class Model(Protocol):
+    """What the planner, targets and deploy read from a loaded model of any format."""
+
+    format: str  # "onnx" | "tflite": which backends can read the file
+    path: Path
+    sha256: str
+    inputs: tuple[IOSpec, ...]
+    outputs: tuple[IOSpec, ...]
+    precision: str  # what the file computes in as it is: "fp32", or "int8" for a quantized .tflite
+
+    @property
+    def name(self) -> str: ...
+
+
 @dataclass
 class LoadedModel:
+    """An ONNX model (a ``Model``); ``modelio_tflite.TfliteModel`` is the other format."""
+
+    format: ClassVar[str] = "onnx"
+    precision: ClassVar[str] = "fp32"  # float ONNX in; edgekit quantizes it itself
+
     path: Path
     model: onnx.ModelProto
     sha256: str
     inputs: tuple[IOSpec, ...]  # graph inputs (not initializers), with concrete shapes
     outputs: tuple[IOSpec, ...]  # concrete where shape inference knows them, else -1
     sidecar: Sidecar
+    # Verdicts derived from this model once and read by every later plan (e.g. "can ekrt lower it")
+    memo: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -124,16 +141,14 @@ def read_sidecar(model_path: Path) -> Sidecar:
     )
 
 
-def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = None) -> LoadedModel:
+def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
     """Read, check and resolve an ONNX model. Every failure is a ModelError with a hint.
 
     A ``.tflite`` file is read by ``modelio_tflite`` instead (a TfliteModel, ``format`` "tflite").
     """
     path = Path(path)
-    from edgekit.modelio_tflite import is_tflite, load_tflite
-
     if is_tflite(path):
-        return load_tflite(path, shapes)
+        return load_tflite(path, shapes, read_sidecar(path) if path.is_file() else None)
     if not path.exists():
         raise ModelError(f"model file not found: {path}", "check the path; edgekit takes an .onnx file")
     if path.is_dir():

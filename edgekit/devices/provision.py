@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.bench.run import device_facts
+from edgekit.agentclient import device_facts
 from edgekit.errors import DeviceError, UsageError
 from edgekit.fsutil import sha256_file
 from edgekit.transport.base import CommandResult, Transport
