@@ -1,19 +1,10 @@
 """The device side of a push: ``python agent.pyz store ROOT MODE JSON`` prints one JSON line.
 
-Layout under ROOT (the host's ``edgekit.transport.push`` describes it): ``objects/<sha256>``
-stores every pushed file once by content, ``bundles/<id>/`` is a bundle made of hard links
-to objects, ``current`` and ``previous`` are symlinks to bundles. Modes:
-
-* ``plan``: which of the request's objects are missing (present ones are hash-checked, or
-  known good from the cache), free space, and cleanup of abandoned upload temp files;
-* ``commit``: build the bundle directory (under a temp name, renamed when complete) and,
-  with ``activate``, switch ``current`` (the old one becomes ``previous``);
-* ``rollback``, ``status``.
-
-A failure is ``{"error", "hint", "kind"}`` (kind "space" for a full disk), still exit 0:
-the host turns it into a typed error.
+Modes (the layout is described in the host's ``edgekit.transport.push``): ``plan`` (missing
+objects, free space, cleanup of abandoned upload parts), ``commit`` (build the bundle under a
+temp name, rename, switch ``current``), ``rollback``, ``status``. A failure is ``{"error",
+"hint", "kind"}`` (kind "space": disk full), still exit 0: the host raises a typed error.
 """
-
 from __future__ import annotations
 
 import errno

@@ -35,7 +35,7 @@ import json
 import posixpath
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from edgekit.bundle import MANIFEST, Bundle
@@ -63,17 +63,7 @@ class PushResult:
     previous: str | None = None  # the bundle hash `previous` points at (rollback target)
 
     def to_dict(self) -> dict:
-        return {
-            "remote_dir": self.remote_dir,
-            "bytes_sent": self.bytes_sent,
-            "files_sent": self.files_sent,
-            "files_skipped": self.files_skipped,
-            "duration_s": self.duration_s,
-            "resumed": self.resumed,
-            "retries": self.retries,
-            "current": self.current,
-            "previous": self.previous,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

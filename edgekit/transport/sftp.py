@@ -1,15 +1,6 @@
-"""Files over SFTP for the SSH transport: atomic, verified, resumable uploads; downloads;
-remote sha256; mkdir.
-
-An upload goes to a temp name beside its target with pipelined writes, is fsynced, hashed on
-the device and ``posix-rename``d into place. A big file is hashed *while* it arrives (a
-follower process reads it as it grows), so the check costs no second pass. With ``resume``
-the temp name comes from the content, a dropped link leaves it, and the next upload
-continues from it once the device's hash of it matches the start of the local file.
-Every step has a timeout through the connection's watchdog: a stalled link fails after
-``idle_timeout`` without progress.
+"""Files over SFTP for the SSH transport (``SftpFiles``): atomic uploads hashed on the device
+(big ones while they arrive) and resumable from a content-named temp file; downloads; mkdir.
 """
-
 from __future__ import annotations
 
 import contextlib

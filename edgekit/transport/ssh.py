@@ -102,13 +102,7 @@ class SshTransport:
         self.connect_timeout = connect_timeout if connect_timeout is not None else self.target.connect_timeout
         self.idle_timeout = idle_timeout
         self.alive_interval = alive_interval
-        self._connector = SshConnector(
-            config,
-            connect_timeout=self.connect_timeout,
-            trust_new_host=trust_new_host,
-            password=password,
-            log=log or (lambda message: None),
-        )
+        self._connector = SshConnector(config, self.connect_timeout, trust_new_host, password, log or (lambda message: None))
         self._transport = None  # paramiko.Transport
         self._hops: list[Any] = []  # jump-host transports, outermost first
         self.files = SftpFiles(self)

@@ -1,10 +1,5 @@
-"""Opening an SSH connection: TCP (or ProxyJump / ProxyCommand), handshake, host key check
-against known_hosts, and authentication (ssh-agent, identity files, an explicit password).
-
-``SshConnector.open`` returns an authenticated paramiko Transport or raises: ``LinkError``
-when retrying may help (refused, unreachable, dropped mid-handshake), ``TransportError`` when
-it will not (DNS, not an SSH server, unknown or changed host key, authentication).
-"""
+"""Opening an SSH connection: TCP (or ProxyJump / ProxyCommand), handshake, host key check,
+authentication. Failures: ``LinkError`` when retrying may help, else ``TransportError``."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ import shlex
 import signal
 import socket
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from edgekit.errors import LinkError, TransportError
@@ -31,23 +27,15 @@ from edgekit.transport.sshconfig import (
 WINDOW_SIZE = 8 * 1024 * 1024
 
 
+@dataclass(frozen=True)
 class SshConnector:
     """What opening a connection needs: the ssh config, timeouts, trust and credentials."""
 
-    def __init__(
-        self,
-        config: Any,
-        *,
-        connect_timeout: float,
-        trust_new_host: bool,
-        password: str | None,
-        log: Callable[[str], None],
-    ) -> None:
-        self._config = config
-        self.connect_timeout = connect_timeout
-        self._trust_new_host = trust_new_host
-        self._password = password
-        self._log = log
+    config: Any
+    connect_timeout: float
+    trust_new_host: bool
+    password: str | None
+    log: Callable[[str], None]
 
     def open(self, target: SshTarget, hops: list, sock: Any = None):
         """An authenticated paramiko Transport to ``target`` (over ``sock`` when given)."""
@@ -133,7 +121,7 @@ class SshConnector:
         """A direct-tcpip channel to ``target`` through its ProxyJump chain (hops appended to ``hops``)."""
         import paramiko
 
-        chain = [resolve_target(spec, self._config, _hop=True) for spec in target.proxy_jump]
+        chain = [resolve_target(spec, self.config, _hop=True) for spec in target.proxy_jump]
         via = None
         for hop in [*chain, target]:
             if via is None:
@@ -173,7 +161,7 @@ class SshConnector:
                 f"if the device was reinstalled, remove the old key (ssh-keygen -f {shlex.quote(k.path)} -R {shlex.quote(name)}) "
                 "and connect again with --trust-new-host; otherwise someone may be intercepting the connection",
             )
-        trust = self._trust_new_host or target.strict_host_key_checking == "accept-new"
+        trust = self.trust_new_host or target.strict_host_key_checking == "accept-new"
         if not trust:
             raise TransportError(
                 f"{name} is not a known host (its {keytype} key is {fingerprint})",
@@ -181,7 +169,7 @@ class SshConnector:
                 "then pass --trust-new-host once to save it to ~/.ssh/known_hosts",
             )
         path = add_known_host(target, keytype, key_b64)
-        self._log(f"trusted new host {name} ({keytype} {fingerprint}); saved to {path}")
+        self.log(f"trusted new host {name} ({keytype} {fingerprint}); saved to {path}")
 
     # -- authentication ----------------------------------------------------------------------
     def _authenticate(self, target: SshTarget, t) -> None:
@@ -240,14 +228,14 @@ class SshConnector:
                     continue
                 if attempt(path, key):
                     return
-            if self._password is not None:
+            if self.password is not None:
                 try:
-                    t.auth_password(target.user, self._password)
+                    t.auth_password(target.user, self.password)
                     return
                 except paramiko.BadAuthenticationType as exc:
                     if "keyboard-interactive" in exc.allowed_types:
                         with contextlib.suppress(paramiko.AuthenticationException):
-                            t.auth_interactive(target.user, lambda title, instr, prompts: [self._password] * len(prompts))
+                            t.auth_interactive(target.user, lambda title, instr, prompts: [self.password] * len(prompts))
                             return
                     tried.append("password (not allowed by the server)")
                 except paramiko.AuthenticationException:
