@@ -485,8 +485,8 @@ def _gate(w: _Walk, step: Gate) -> None:
     samples = {r["agent"]["variant"]: r["agent"]["samples_ns"] for r in w.records}
     if "fp32" not in samples or "int8" not in samples:
         return
-    agreement = w.agreement.to_dict() if w.agreement else None
-    w.verdict = int8_verdict("fp32", samples["fp32"], samples["int8"], agreement, step.max_drop)
+    measured = w.agreement or (w.qresult.agreement if w.qresult else None)  # the device's, else the host's estimate
+    w.verdict = int8_verdict("fp32", samples["fp32"], samples["int8"], measured.to_dict() if measured else None, step.max_drop)
 
 
 def _store(w: _Walk, step: Store) -> None:

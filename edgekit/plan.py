@@ -368,7 +368,11 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
             steps.append(Bench(v, config, tuple(runner.device_steps(profile.backend(runner.name), v.precision))))
         if scheme is not None:
             # the agreement that counts: each variant run on the device by the backend that ships it
-            steps += [Eval(v, EVAL_SAMPLES, config.threads) for v in variants]
+            blind = [v.backend for v in variants if not get_backend(v.backend).evaluates]
+            if blind:
+                notes.append(f"{', '.join(sorted(set(blind)))} gives no per-sample outputs on the device: the int8 gate uses the host's estimate of the agreement")
+            else:
+                steps += [Eval(v, EVAL_SAMPLES, config.threads) for v in variants]
             steps.append(Gate(options.max_drop, options.require_int8))
         steps.append(Store())
     elif options.require_int8:

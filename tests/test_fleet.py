@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from edgekit.devices.fleet import CANCELLED, INTERRUPTED, DeviceEvents, run_fleet, safe_name
+from edgekit.devices.fleet import CANCELLED, INTERRUPTED, run_fleet, safe_name
+from edgekit.events import DeviceEvents
 from edgekit.errors import DeviceError, ModelError
 from edgekit.transport.local import LocalTransport
 from tests import test_devices

@@ -624,7 +624,8 @@ def test_bench_cli_over_ssh(ssh_home, sshd_server, cli, tmp_path):
     assert result.returncode == 0, result.stderr
     records = json.loads(result.stdout)
     assert [r["agent"]["variant"] for r in records] == ["fp32"]
-    assert records[0]["device"] == f"ssh:{sshd_server.user}@127.0.0.1:{sshd_server.port}"
+    # the device as the user named it (an ssh_config alias here), as deploy records it too
+    assert records[0]["device"] == "lab"
     assert len(records[0]["agent"]["samples_ns"]) == 5
 
 

@@ -836,5 +836,5 @@ def test_deploy_fp16_only_profile(cli, tmp_path, fake_trtexec):
 def test_deploy_refuses_a_device_whose_tensorrt_is_too_new_for_the_profile(cli, tmp_path, fake_trtexec):
     fake_trtexec.set(VERSION="8600")
     res = cli("deploy", DIGITS, "--target", _gpu_host_profile(tmp_path, "jetson-nano"), "--output", tmp_path / "out")
-    assert_one_line_error(res, EXIT_DEVICE, "tensorrt 8.6.0 is installed; gpu-host-jetson-nano needs <= 8.2")
+    assert_one_line_error(res, EXIT_DEVICE, "the device has TensorRT 8.6.0; gpu-host-jetson-nano needs <= 8.2")
     assert not fake_trtexec.builds()

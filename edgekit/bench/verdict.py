@@ -71,6 +71,8 @@ def int8_verdict(float_name: str, float_ns: list[int], int8_ns: list[int], agree
     else:
         reasons.append(f"int8 is not faster than {float_name} beyond the noise ({speed:.2f}x at p50, 95% CI {lo:.2f}-{hi:.2f}x)")
     accurate, why = accuracy_holds(agreement, max_drop) if agreement else (False, "int8 agreement was not measured")
+    if agreement and agreement.get("estimate"):
+        why += f" (estimated on {agreement.get('measured_on')})"
     reasons.append(why)
     recommended = "int8" if faster and accurate else float_name
     return Verdict(recommended, tuple(reasons), round(speed, 3), (round(lo, 3), round(hi, 3)), {"faster": faster, "accurate": accurate})

@@ -58,6 +58,7 @@ class Backend:
     archs: tuple[str, ...] = ("x86_64", "aarch64", "armv7l")
     formats: tuple[str, ...] = ("onnx",)  # model file formats it runs
     runtimes: tuple[str, ...] = ()  # facts["device"]["runtimes"] keys; any one present will do
+    evaluates: bool = True  # the agent can run held-out samples through it one by one (Eval steps)
 
     def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
         """Can this backend run ``model`` on ``profile``'s device? ``facts``: the probed device."""

@@ -40,7 +40,6 @@ from edgekit.agent.backends.tensorrt.trtexec import (
     version_tuple,
 )
 from edgekit.errors import ModelError
-from edgekit.modelio import LoadedModel
 from edgekit.profiles import BackendSpec, Profile
 from edgekit.quantize.rewrite import Analysis, rewrite, tensor_params
 from edgekit.quantize.scheme import TENSORRT
@@ -300,12 +299,13 @@ class TensorRTBackend(Backend):
     scheme = TENSORRT
     archs = ("aarch64", "x86_64")
     runtimes = ("tensorrt",)
+    evaluates = False  # trtexec times engines; it gives no per-sample outputs to compare
 
-    def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
-        verdict = super().supports(model, profile, facts)
+    def runs_on(self, profile: Profile, facts: dict | None = None) -> Verdict:
+        verdict = super().runs_on(profile, facts)
+        if verdict.kind == "missing":
+            return Verdict(False, ("TensorRT is not installed on the device (no libnvinfer, tensorrt package or trtexec found)",), "missing")
         if not verdict.ok:
-            if facts is not None and runtime_version(facts, *self.runtimes) is None:
-                return Verdict(False, ("TensorRT is not installed on the device (no libnvinfer, tensorrt package or trtexec found)",))
             return verdict
         spec = profile.backend(self.name)
         version = runtime_version(facts, *self.runtimes)
@@ -313,18 +313,22 @@ class TensorRTBackend(Backend):
             if spec and (spec.min_version or spec.max_version):
                 return Verdict(True, (f"planned on paper: the device's TensorRT must be {_bounds(spec)}",))
             return Verdict(True)
+        trt = (facts.get("device") or facts).get("tensorrt") or {}
+        if "trtexec" in trt and not trt["trtexec"]:
+            return Verdict(False, (f"the device has TensorRT {version} but no trtexec (on PATH or /usr/src/tensorrt/bin)",), "missing")
+        return Verdict(True, (f"the device has TensorRT {version}: engines are built there with trtexec",))
+
+    def version_problem(self, profile: Profile, version: str) -> str | None:
         try:
             too_old = version_tuple(version)[:2] < MIN_VERSION
         except ValueError:
-            return Verdict(False, (f"the device reports an unreadable TensorRT version {version!r}",))
+            return f"the device reports an unreadable TensorRT version {version!r}"
         if too_old:
-            return Verdict(False, (f"the device has TensorRT {version}; edgekit needs 8.0+ (Q/DQ int8 and trtexec's report format)",))
+            return f"the device has TensorRT {version}; edgekit needs 8.0+ (Q/DQ int8 and trtexec's report format)"
+        spec = profile.backend(self.name)
         if spec and not spec.version_ok(version):
-            return Verdict(False, (f"the device has TensorRT {version}; {profile.name} needs {_bounds(spec)}",))
-        trt = (facts.get("device") or facts).get("tensorrt") or {}
-        if "trtexec" in trt and not trt["trtexec"]:
-            return Verdict(False, (f"the device has TensorRT {version} but no trtexec (on PATH or /usr/src/tensorrt/bin)",))
-        return Verdict(True, (f"the device has TensorRT {version}: engines are built there with trtexec",))
+            return f"the device has TensorRT {version}; {profile.name} needs {_bounds(spec)}"
+        return None
 
     def variant_options(self, spec: BackendSpec | None, precision: str) -> dict[str, Any]:
         # What to build; the device spells it in its own trtexec's flags (build_flags), because the
