@@ -8,8 +8,8 @@ import threading
 import pytest
 
 from edgekit.devices.fleet import CANCELLED, INTERRUPTED, run_fleet, safe_name
-from edgekit.events import DeviceEvents
 from edgekit.errors import DeviceError, ModelError
+from edgekit.events import DeviceEvents
 from edgekit.transport.local import LocalTransport
 from tests import test_devices
 from tests.conftest import EXAMPLES, assert_one_line_error
