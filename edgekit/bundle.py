@@ -26,21 +26,12 @@ from edgekit.agent import bundle_hash as _bundle_hash
 from edgekit.errors import InputError, OutputPathError
 from edgekit.fsutil import sha256_file
 from edgekit.profiles.model import BACKENDS, PRECISIONS
+from edgekit.tensorspec import TensorSpec
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
 _HEX = frozenset("0123456789abcdef")
 _REBUILD = "rebuild the bundle (edgekit deploy writes one) instead of editing it"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]  # a dimension <= 0 is dynamic (the agent feeds 1)
-    dtype: str  # numpy dtype name, e.g. "float32"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from edgekit.agentclient import bench_variant, eval_variant
 from edgekit.bench.record import make_record
 from edgekit.bench.store import ResultsStore
 from edgekit.bench.verdict import Verdict, int8_verdict
-from edgekit.bundle import Bundle, TensorSpec, Variant, write_bundle
+from edgekit.bundle import Bundle, Variant, write_bundle
 from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 from edgekit.devices.lock import device_lock
@@ -405,9 +405,7 @@ def _compile(w: _Walk, step: Compile) -> None:
     sample = _sample_file(w)
     if sample is not None:
         w.files[f"{v.name}/inputs.npz"] = sample
-    ins = tuple(TensorSpec(i.name, tuple(i.shape), i.dtype) for i in model.inputs)
-    outs = tuple(TensorSpec(o.name, tuple(o.shape), o.dtype) for o in model.outputs)
-    w.variants.append(Variant(v.name, v.backend, v.precision, rel, ins, outs, v.options))
+    w.variants.append(Variant(v.name, v.backend, v.precision, rel, tuple(model.inputs), tuple(model.outputs), v.options))
     w.sizes[v.name] = sum(p.stat().st_size for p in compiled) if compiled else w.files[rel].stat().st_size
 
 

@@ -21,7 +21,6 @@ import pytest
 
 from edgekit.agent.facts import parse_cpuinfo
 from edgekit.bundle import Variant, write_bundle
-from edgekit.deploy import _specs
 from edgekit.modelio import load_model
 from edgekit.plan import make_plan
 from edgekit.profiles import load_profile
@@ -202,7 +201,7 @@ def test_agent_benches_a_numpy_bundle_on_the_board(sessions, tmp_path):
     build = tmp_path / "build"
     files = NUMPY.compile(DIGITS, build / "fp32")
     loaded = load_model(DIGITS)
-    ins, outs = _specs(DIGITS, loaded.inputs)
+    ins, outs = loaded.inputs, loaded.outputs
     bundle = write_bundle(
         tmp_path / "bundle", files={f"fp32/{f.name}": f for f in files}, model_name="digits_cnn",
         model_sha256=loaded.sha256, profile="rpi4", backend="numpy", precision="fp32",
