@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,6 +223,7 @@ class DeployResult:
     executed: list[Any] = field(default_factory=list)  # the plan's steps, as they ran
     agreement: AgreementReport | None = None  # measured on the device (Eval steps); else None
     verdict: Verdict | None = None  # the int8 gate (Gate step)
+    seconds: list[float] = field(default_factory=list)  # wall time of each executed step
 
     @property
     def agreement_reported(self) -> AgreementReport | None:
@@ -277,6 +279,7 @@ class DeployResult:
             "precision": self.plan.precision,
             "plan": self.plan.to_dict(),
             "executed_steps": [step_dict(s) for s in self.executed],
+            "step_seconds": [round(t, 4) for t in self.seconds],
             "quantize": self.quantize.to_dict() if self.quantize else None,
             "bundle": None if self.bundle is None else {
                 "path": str(self.bundle.root),
@@ -320,10 +323,13 @@ def execute(
     with tempfile.TemporaryDirectory(prefix="edgekit-deploy-") as tmp:
         walk.tmp = Path(tmp)
         for step in plan.steps:
+            t0 = time.perf_counter()
             _HANDLERS[type(step)](walk, step)
             walk.executed.append(step)
+            walk.seconds.append(time.perf_counter() - t0)
     return DeployResult(
-        plan, walk.qresult, walk.bundle, walk.push, walk.records, walk.run_ids, walk.sizes, walk.executed, walk.agreement, walk.verdict
+        plan, walk.qresult, walk.bundle, walk.push, walk.records, walk.run_ids, walk.sizes, walk.executed, walk.agreement, walk.verdict,
+        walk.seconds,
     )
 
 
@@ -348,6 +354,7 @@ class _Walk:
     records: list[dict] = field(default_factory=list)
     run_ids: list[int] = field(default_factory=list)
     executed: list[Any] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
     outputs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # variant -> what the device computed
     agreement: AgreementReport | None = None
     verdict: Verdict | None = None

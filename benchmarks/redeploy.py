@@ -1,0 +1,115 @@
+"""An unchanged redeploy over SSH: what it costs, what it sends, against ``scp`` of the same bundle.
+
+Starts a real OpenSSH sshd on 127.0.0.1 (``tests/lab/sshd.py``), deploys the digits example to it
+through the real CLI (``edgekit deploy ... --device lab --json``), then deploys it again unchanged,
+``--repeats`` times. For each redeploy it reports the wall time of the whole command, the time of
+everything that is not measurement (the wall time minus the Bench and Eval steps, which time and
+evaluate the model on the device on purpose), the bytes sent and whether the quantization was reused. The peer
+is OpenSSH's ``scp`` of the bundle's files to the same sshd, in the same run. Medians.
+
+    python benchmarks/redeploy.py [--repeats 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.lab, when run as a script from anywhere
+DIGITS = ROOT / "examples" / "digits" / "digits_cnn.onnx"
+MEASURING = {"bench", "eval"}
+
+
+def deploy(env: dict, out: Path) -> tuple[float, dict]:
+    argv = [sys.executable, "-m", "edgekit", "deploy", str(DIGITS), "--target", "linux-cpu", "--device", "lab",
+            "--iterations", "20", "--warmup", "2", "-o", str(out), "--json"]  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"error: deploy failed:\n{proc.stderr}")
+    return wall, json.loads(proc.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5, help="unchanged redeploys (default 5)")
+    ap.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        print("error: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    from tests.lab.sshd import LabUnavailable, Sshd
+
+    with tempfile.TemporaryDirectory(prefix="edgekit-redeploy-") as tmp:
+        work = Path(tmp)
+        try:
+            server = Sshd(work / "sshd").start()
+        except LabUnavailable as exc:
+            print(f"error: cannot start the loopback sshd: {exc}", file=sys.stderr)
+            return 1
+        try:
+            home = work / "user"
+            (home / ".ssh").mkdir(parents=True)
+            (home / ".ssh" / "config").write_text(server.ssh_config("lab"))
+            (home / ".ssh" / "known_hosts").write_text(server.known_hosts_line())
+            env = {**os.environ, "HOME": str(home), "CI": "1", "EDGEKIT_CACHE_DIR": str(work / "cache"), "EDGEKIT_DATA_DIR": str(work / "data")}
+            first_wall, first = deploy(env, work / "bundle")
+            print(f"first deploy: {first_wall:.2f}s, sent {first['push']['bytes_sent']} bytes", file=sys.stderr)
+            files = [work / "bundle" / f["path"] for f in first["bundle"]["files"]] + [work / "bundle" / "manifest.json"]
+            rows = []
+            for i in range(args.repeats):
+                wall, doc = deploy(env, work / "bundle")
+                steps = {s["name"]: 0.0 for s in doc["executed_steps"]}
+                for s, sec in zip(doc["executed_steps"], doc["step_seconds"]):
+                    steps[s["name"]] += sec
+                dest = server.home / f"scp-{i}"
+                dest.mkdir()
+                start = time.perf_counter()
+                subprocess.run(["scp", *server.ssh_argv(), "-P", str(server.port), "-q", *map(str, files), f"{server.user}@127.0.0.1:{dest}/"], check=True)
+                scp = time.perf_counter() - start
+                shutil.rmtree(dest)
+                rows.append({
+                    # everything the command does that is not timing/evaluating the model on the device on
+                    # purpose: start-up, load, plan, preflight, lock, quantize (cached), bundle, push, store
+                    "wall_s": wall, "not_measuring_s": wall - sum(v for k, v in steps.items() if k in MEASURING),
+                    "measuring_s": sum(v for k, v in steps.items() if k in MEASURING), "bytes_sent": doc["push"]["bytes_sent"],
+                    "quantize_cached": doc["quantize"]["cached"], "scp_bundle_s": scp, "steps": steps,
+                })  # fmt: skip
+                print(f"redeploy {i + 1}/{args.repeats}: {wall:.2f}s wall, {rows[-1]['not_measuring_s']:.2f}s outside bench/eval, "
+                      f"sent {rows[-1]['bytes_sent']} bytes; scp of the bundle {scp:.2f}s", file=sys.stderr)  # fmt: skip
+        finally:
+            server.stop()
+
+    med = {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "not_measuring_s", "measuring_s", "scp_bundle_s")}
+    doc = {
+        "bundle_bytes": sum(f["size"] for f in first["bundle"]["files"]),
+        "first_deploy_s": round(first_wall, 3),
+        "redeploy_median": {k: round(v, 3) for k, v in med.items()},
+        "redeploy_bytes_sent": sorted({r["bytes_sent"] for r in rows}),
+        "quantization_reused": all(r["quantize_cached"] for r in rows),
+        "not_measuring_over_scp": round(med["not_measuring_s"] / med["scp_bundle_s"], 2),
+        "step_seconds_median": {k: round(statistics.median(r["steps"][k] for r in rows), 3) for k in rows[0]["steps"]},
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"bundle {doc['bundle_bytes'] / 1e3:.0f} KB; first deploy {first_wall:.2f}s")
+    print(f"unchanged redeploy (median of {len(rows)}): {med['wall_s']:.2f}s wall, of which {med['measuring_s']:.2f}s bench + eval on the device "
+          f"and {med['not_measuring_s']:.2f}s everything else; sent {doc['redeploy_bytes_sent']} bytes; quantization reused: {doc['quantization_reused']}")
+    print(f"scp of the same bundle: {med['scp_bundle_s']:.2f}s -> redeploy outside bench/eval / scp = {doc['not_measuring_over_scp']:.2f}x")
+    print("per step (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in doc["step_seconds_median"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
