@@ -7,6 +7,7 @@ cannot tell the implementations apart.
 from __future__ import annotations
 
 import hashlib
+import os
 import posixpath
 import shlex
 import uuid
@@ -14,6 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+from edgekit.errors import TransportError
+from edgekit.fsutil import sha256_file
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,22 @@ class Transport(Protocol):
         killed and TransportError says "command timed out after Ns: <command>". With
         ``check``, a non-zero exit raises TransportError quoting the last stderr lines.
         """
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("argv must be a list of arguments, not a shell string")
+        argv = tuple(os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in argv)
+        if not argv:
+            raise TransportError("empty command", "pass the program and its arguments as a list")
+        result = self._run(argv, timeout=timeout, cwd=cwd, env=env)
+        if check and result.returncode != 0:
+            tail = result.stderr_tail()
+            raise TransportError(
+                f"command failed with exit code {result.returncode}: {result.command}" + (f": {tail}" if tail else ""),
+                "run the command by hand on the device to see its full output",
+            )
+        return result
+
+    def _run(self, argv: tuple[str, ...], *, timeout: float, cwd: str | None, env: Mapping[str, str] | None) -> CommandResult:
+        """``run`` without the argument normalising and the exit-code check it shares."""
         ...
 
     def put(
@@ -95,6 +115,13 @@ class Transport(Protocol):
         when the link fails; the next put continues from it once the device's hash of it
         matches the start of the local file. ``progress`` is called as data moves.
         """
+        local = Path(local)
+        if not local.is_file():
+            raise TransportError(f"cannot upload {local}: no such file", "check the local path")
+        return self._put(local, remote, sha256 or sha256_file(local), resume, progress)
+
+    def _put(self, local: Path, remote: str, digest: str, resume: bool, progress: PutProgress | None) -> PutStats:
+        """``put`` of an existing local file whose sha256 is ``digest``."""
         ...
 
     def get(self, remote: str, local: Path) -> None:

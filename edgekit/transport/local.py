@@ -13,12 +13,19 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from edgekit.errors import TransportError
 from edgekit.fsutil import atomic_path, cache_dir, sha256_file
-from edgekit.transport.base import CommandResult, PutProgress, PutStats, part_name, prefix_sha256
+from edgekit.transport.base import (
+    CommandResult,
+    PutProgress,
+    PutStats,
+    Transport,
+    part_name,
+    prefix_sha256,
+)
 
 
 def default_root() -> Path:
@@ -26,7 +33,7 @@ def default_root() -> Path:
     return cache_dir("local-device")
 
 
-class LocalTransport:
+class LocalTransport(Transport):
     name = "local"
 
     def __init__(self, root: Path | None = None) -> None:
@@ -36,20 +43,7 @@ class LocalTransport:
         self._ready = False
 
     # -- commands ---------------------------------------------------------------------------
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float = 600.0,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        check: bool = True,
-    ) -> CommandResult:
-        if isinstance(argv, (str, bytes)):
-            raise TypeError("argv must be a list of arguments, not a shell string")
-        argv = tuple(os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in argv)
-        if not argv:
-            raise TransportError("empty command", "pass the program and its arguments as a list")
+    def _run(self, argv: tuple[str, ...], *, timeout: float, cwd: str | None, env: Mapping[str, str] | None) -> CommandResult:
         command = shlex.join(argv)
         workdir = self._path(cwd) if cwd is not None else self._ensure_root()
         if not workdir.is_dir():
@@ -84,28 +78,10 @@ class LocalTransport:
         except BaseException:  # KeyboardInterrupt: don't leave the process running
             _kill_group(proc)
             raise
-        result = CommandResult(argv, proc.returncode, stdout, stderr, time.monotonic() - start)
-        if check and result.returncode != 0:
-            tail = result.stderr_tail()
-            raise TransportError(
-                f"command failed with exit code {result.returncode}: {command}" + (f": {tail}" if tail else ""),
-                "run the command by hand on the device to see its full output",
-            )
-        return result
+        return CommandResult(argv, proc.returncode, stdout, stderr, time.monotonic() - start)
 
     # -- files ------------------------------------------------------------------------------
-    def put(
-        self,
-        local: Path,
-        remote: str,
-        *,
-        sha256: str | None = None,
-        resume: bool = False,
-        progress: PutProgress | None = None,
-    ) -> PutStats:
-        local = Path(local)
-        if not local.is_file():
-            raise TransportError(f"cannot upload {local}: no such file", "check the local path")
+    def _put(self, local: Path, remote: str, digest: str, resume: bool, progress: PutProgress | None) -> PutStats:
         dest = self._path(remote)
         if not dest.parent.is_dir():
             raise TransportError(
@@ -114,7 +90,6 @@ class LocalTransport:
             )
         if dest.is_dir():
             raise TransportError(f"cannot upload to {dest}: it is a directory", "give the file's full remote path")
-        digest = sha256 or sha256_file(local)
         tmp = Path(part_name(str(dest), digest, resume))
         size = local.stat().st_size
         offset = tmp.stat().st_size if resume and tmp.is_file() else 0

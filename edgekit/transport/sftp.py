@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import DeviceError, LinkError, TransportError
-from edgekit.fsutil import atomic_path, sha256_file
+from edgekit.fsutil import atomic_path
 from edgekit.transport.base import PutProgress, PutStats, part_name, prefix_sha256
 from edgekit.transport.sshconnect import WINDOW_SIZE
 
@@ -95,22 +95,11 @@ class SftpFiles:
             return t is None or not t.is_active() or (chan is not None and chan.closed) or self.ssh._stalled
         return False
 
-    def put(
-        self,
-        local: Path,
-        remote: str,
-        *,
-        sha256: str | None = None,
-        resume: bool = False,
-        progress: PutProgress | None = None,
-    ) -> PutStats:
-        local = Path(local)
-        if not local.is_file():
-            raise TransportError(f"cannot upload {local}: no such file", "check the local path")
+    def put(self, local: Path, remote: str, digest: str, resume: bool, progress: PutProgress | None) -> PutStats:
+        """``Transport._put``: over SFTP, the hash checked by the device."""
         dest = self.ssh._abs(remote)
         parent = posixpath.dirname(dest)
         size = local.stat().st_size
-        digest = sha256 or sha256_file(local)
         tmp = part_name(dest, digest, resume)
         sftp = self._sftp_client()
         offset = 0

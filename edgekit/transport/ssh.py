@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edgekit.errors import LinkError, TransportError, UsageError
-from edgekit.transport.base import CommandResult
+from edgekit.transport.base import CommandResult, Transport
 from edgekit.transport.sftp import SftpFiles
 from edgekit.transport.sshconfig import SshTarget, load_config, resolve_target
 from edgekit.transport.sshconnect import SshConnector
@@ -76,7 +76,7 @@ kill -KILL "$pid" 2>/dev/null
 exit 0
 """
 
-class SshTransport:
+class SshTransport(Transport):
     """A device reached over SSH. Construct with ``open_transport`` (or directly, for tests)."""
 
     def __init__(
@@ -107,7 +107,7 @@ class SshTransport:
         self._hops: list[Any] = []  # jump-host transports, outermost first
         self.files = SftpFiles(self)
         # the Transport's file operations are the SFTP half's own (same signatures)
-        self.put, self.get, self.sha256, self.mkdir = self.files.put, self.files.get, self.files.sha256, self.files.mkdir
+        self._put, self.get, self.sha256, self.mkdir = self.files.put, self.files.get, self.files.sha256, self.files.mkdir
         self._root: str | None = None
         self._root_ready = False
         self._lock = threading.RLock()
@@ -209,20 +209,7 @@ class SshTransport:
         )
 
     # == commands ==============================================================================
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float = 600.0,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        check: bool = True,
-    ) -> CommandResult:
-        if isinstance(argv, (str, bytes)):
-            raise TypeError("argv must be a list of arguments, not a shell string")
-        argv = tuple(os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in argv)
-        if not argv:
-            raise TransportError("empty command", "pass the program and its arguments as a list")
+    def _run(self, argv: tuple[str, ...], *, timeout: float, cwd: str | None, env: Mapping[str, str] | None) -> CommandResult:
         command = shlex.join(argv)
         pairs = []
         for key, value in (env or {}).items():
@@ -245,12 +232,6 @@ class SshTransport:
             raise TransportError(f"command not found on the device: {argv[0]}", f"install it or use its full path ({command})")
         if result.returncode == 126 and marker == _NOEXEC:
             raise TransportError(f"cannot execute {argv[0]} on the device: permission denied", "check the file's mode")
-        if check and result.returncode != 0:
-            tail = result.stderr_tail()
-            raise TransportError(
-                f"command failed with exit code {result.returncode}: {command}" + (f": {tail}" if tail else ""),
-                "run the command by hand on the device to see its full output",
-            )
         return result
 
     def _exec(self, argv: Sequence[str], *, timeout: float, display: str | None = None, report_pid: bool = False) -> CommandResult:
