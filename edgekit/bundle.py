@@ -24,7 +24,7 @@ from typing import Any
 from edgekit import __version__
 from edgekit.agent import bundle_hash as _bundle_hash
 from edgekit.errors import InputError, OutputPathError
-from edgekit.fsutil import sha256_file
+from edgekit.fsutil import fsync_path, sha256_file
 from edgekit.profiles.model import BACKENDS, PRECISIONS
 from edgekit.tensorspec import TensorSpec
 
@@ -215,7 +215,7 @@ def write_bundle(
             dest = tmp.joinpath(*rel.split("/"))
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(files[rel], dest)
-            _fsync(dest)
+            fsync_path(dest)
             # hash what landed in the bundle, not the source (which may change meanwhile)
             entries.append(BundleFile(rel, sha256_file(dest), dest.stat().st_size))
         manifest_doc = {
@@ -234,9 +234,9 @@ def write_bundle(
         manifest_doc["created"] = _created(out_dir, manifest_doc, created)
         manifest = Manifest.from_dict(json.loads(json.dumps(manifest_doc)))  # same checks as load
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2) + "\n", encoding="utf-8")
-        _fsync(tmp / MANIFEST)
+        fsync_path(tmp / MANIFEST)
         for d in sorted({p.parent for p in tmp.rglob("*")} | {tmp}, reverse=True):
-            _fsync(d)
+            fsync_path(d)
         _move_into_place(tmp, out_dir)
     finally:
         if tmp.exists():
@@ -315,14 +315,6 @@ def _move_into_place(tmp: Path, out_dir: Path) -> None:
         raise
     finally:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_relpath(rel: Any, field: str) -> str:

@@ -66,3 +66,12 @@ def cache_dir(name: str) -> Path:
     import platformdirs
 
     return Path(os.environ.get("EDGEKIT_CACHE_DIR") or platformdirs.user_cache_dir("edgekit")) / name
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory: so a rename into it survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -15,32 +15,10 @@ from edgekit.profiles.loader import (
     resolve,
     validate_file,
 )
-from edgekit.profiles.model import (
-    ARCHES,
-    BACKENDS,
-    ISA_FEATURES,
-    PRECISIONS,
-    BackendSpec,
-    BenchDefaults,
-    CpuSpec,
-    Profile,
-)
+from edgekit.profiles.model import BACKENDS, ISA_FEATURES, PRECISIONS, BackendSpec, CpuSpec, Profile
 from edgekit.profiles.probe import cpu_from_cpuinfo, probe_host
 
 __all__ = [
-    "ARCHES",
-    "BACKENDS",
-    "ISA_FEATURES",
-    "PRECISIONS",
-    "BackendSpec",
-    "BenchDefaults",
-    "CpuSpec",
-    "Profile",
-    "cpu_from_cpuinfo",
-    "list_profiles",
-    "load_profile",
-    "probe_host",
-    "profile_dirs",
-    "resolve",
-    "validate_file",
-]
+    "BACKENDS", "ISA_FEATURES", "PRECISIONS", "BackendSpec", "CpuSpec", "Profile", "cpu_from_cpuinfo",
+    "list_profiles", "load_profile", "probe_host", "profile_dirs", "resolve", "validate_file",
+]  # fmt: skip

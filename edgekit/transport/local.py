@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from edgekit.errors import TransportError
-from edgekit.fsutil import atomic_path, cache_dir, sha256_file
+from edgekit.fsutil import atomic_path, cache_dir, fsync_path, sha256_file
 from edgekit.transport.base import (
     CommandResult,
     PutProgress,
@@ -115,7 +115,7 @@ class LocalTransport(Transport):
                 raise TransportError(f"upload of {local} to {dest} arrived corrupted", "retry; check the device's storage")
             os.chmod(tmp, 0o644)
             os.replace(tmp, dest)
-            _fsync_dir(dest.parent)
+            fsync_path(dest.parent)
         except OSError as exc:
             raise TransportError(f"cannot upload {local} to {dest}: {exc.strerror or exc}", "check free space and permissions") from None
         finally:
@@ -178,11 +178,3 @@ def _kill_group(proc: subprocess.Popen) -> None:
             if pipe is not None:
                 pipe.close()
         proc.wait()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
