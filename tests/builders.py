@@ -2,9 +2,17 @@
 
 ``cpuinfo(kind)``: /proc/cpuinfo texts of real machines (copied from the devices, serials
 scrambled), the one table every cpuinfo test reads.
+``tiny_onnx`` / ``onnx_model`` / ``tiny_bundle``: small real ONNX models and a bundle of one.
+``bench_doc`` / ``bench_record``: an agent's bench document (schema 1) and the host's record of it.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 _ARM_BLOCK = """\
 processor\t: {n}
@@ -103,3 +111,90 @@ CPUINFO_KINDS = tuple(_CPUINFO)
 def cpuinfo(kind: str) -> str:
     """/proc/cpuinfo of a real machine of ``kind`` (one of ``CPUINFO_KINDS``)."""
     return _CPUINFO[kind]()
+
+
+# -- ONNX models and bundles ------------------------------------------------------------------
+
+
+def onnx_model(nodes, inputs, outputs, inits=(), opset: int = 17, ir_version: int | None = 8) -> onnx.ModelProto:
+    """A model of one graph ``g``; ``ir_version=None`` keeps what onnx writes by default."""
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    if ir_version is not None:
+        model.ir_version = ir_version
+    return model
+
+
+def float_io(name: str, shape) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def tiny_onnx(path: Path) -> Path:
+    """y = relu(x @ W): a real, tiny ONNX model with a dynamic batch dimension ([N, 16] -> [N, 8])."""
+    w = numpy_helper.from_array(np.random.RandomState(1).randn(16, 8).astype(np.float32), "W")
+    model = onnx_model(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        [float_io("x", ["N", 16])], [float_io("y", ["N", 8])], [w],
+    )
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def tiny_bundle(out: Path, *, backend: str = "onnxruntime", inputs: Path | None = None):
+    """A bundle of ``tiny_onnx`` as one fp32 variant run by ``backend`` (its sources next to ``out``)."""
+    from edgekit.bundle import TensorSpec, Variant, write_bundle
+    from edgekit.fsutil import sha256_file
+
+    src = out.parent / "src"
+    src.mkdir(exist_ok=True)
+    model = tiny_onnx(src / "tiny.onnx")
+    files = {"fp32/tiny.onnx": model}
+    if inputs is not None:
+        files["fp32/inputs.npz"] = inputs
+    variant = Variant(
+        "fp32", backend, "fp32", "fp32/tiny.onnx",
+        (TensorSpec("x", (-1, 16), "float32"),), (TensorSpec("y", (-1, 8), "float32"),),
+    )  # fmt: skip
+    return write_bundle(
+        out, files=files, model_name="tiny", model_sha256=sha256_file(model),
+        profile="local", backend=backend, precision="fp32", variants=[variant], plan={},
+    )  # fmt: skip
+
+
+# -- bench documents and records --------------------------------------------------------------
+
+BENCH_SAMPLES = [3_000_000, 1_000_000, 2_000_000, 5_000_000, 4_000_000]
+
+
+def bench_doc(samples=None, **overrides) -> dict:
+    """A bench document as the device agent prints it (schema 1) from a Raspberry Pi 5."""
+    samples = list(BENCH_SAMPLES) if samples is None else samples
+    doc = {
+        "schema": 1, "kind": "edgekit.bench", "agent_version": "0.1.0",
+        "variant": "int8", "backend": "onnxruntime", "backend_version": "1.31.1", "precision": "int8",
+        "model": "model.int8.onnx", "model_sha256": "a" * 64, "bundle_hash": "0123456789abcdef" * 4,
+        "config": {"warmup": 10, "iterations": len(samples) if isinstance(samples, list) else 5,
+                   "duration_s": None, "threads": 2, "batch": 1},
+        "samples_ns": samples,
+        "load_ns": 123_400_000, "first_inference_ns": 9_870_000, "peak_rss_bytes": 85 * 2**20,
+        "layers": None, "started_at": "2025-03-01T10:00:00Z",
+        "device": {
+            "hostname": "rpi5-lab-1", "arch": "aarch64", "cpu_model": "Cortex-A76", "cores": 4,
+            "isa": ["neon", "asimddp"], "memory_bytes": 8 * 2**30, "os": "Debian GNU/Linux 12",
+            "kernel": "6.6.31+rpt-rpi-2712", "python": "3.11.2", "runtimes": {"onnxruntime": "1.31.1"},
+        },
+        "device_state": {
+            "before": {"governor": "performance", "temp_c": 48.5},
+            "after": {"governor": "performance", "temp_c": 55.0},
+        },
+    }  # fmt: skip
+    doc.update(overrides)
+    return doc
+
+
+def bench_record(model: str = "resnet18", target: str = "rpi5", device: str = "pi@10.0.0.7", samples=None, **overrides) -> dict:
+    """The host's record of a ``bench_doc`` (``overrides`` go to the document)."""
+    from edgekit.bench.record import make_record
+
+    return make_record(bench_doc(samples, **overrides), model_name=model, target=target, device=device)

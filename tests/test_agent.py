@@ -11,57 +11,19 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from edgekit.agent import bundle_hash
-from edgekit.agent.facts import parse_cpuinfo
 from edgekit.agentclient import BenchConfig, bench_variant, parse_agent_output
-from edgekit.bundle import TensorSpec, Variant, write_bundle
 from edgekit.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_USAGE, AgentError
 from edgekit.fsutil import sha256_file
-from edgekit.profiles import cpu_from_cpuinfo
 from edgekit.transport.agentzip import build_agent_zip
 from edgekit.transport.base import CommandResult
 from edgekit.transport.local import LocalTransport
 from edgekit.transport.push import push_bundle
+from tests.builders import tiny_bundle
 from tests.conftest import assert_one_line_error
-
-
-def _tiny_model(path: Path) -> Path:
-    """y = relu(x @ W): a real, tiny ONNX model with a dynamic batch dimension."""
-    w = numpy_helper.from_array(np.random.RandomState(1).randn(16, 8).astype(np.float32), "W")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
-        "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
-        [w],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
-
-
-def _make_bundle(tmp_path: Path, *, backend: str = "onnxruntime", inputs: Path | None = None, name: str = "bundle"):
-    src = tmp_path / "src"
-    src.mkdir(exist_ok=True)
-    model = _tiny_model(src / "tiny.onnx")
-    files = {"fp32/tiny.onnx": model}
-    if inputs is not None:
-        files["fp32/inputs.npz"] = inputs
-    variant = Variant(
-        "fp32", backend, "fp32", "fp32/tiny.onnx",
-        (TensorSpec("x", (-1, 16), "float32"),), (TensorSpec("y", (-1, 8), "float32"),),
-    )  # fmt: skip
-    return write_bundle(
-        tmp_path / name, files=files, model_name="tiny", model_sha256=sha256_file(model),
-        profile="local", backend=backend, precision="fp32", variants=[variant], plan={},
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +79,7 @@ def test_facts_see_installed_runtimes(agent_zip):
 
 
 def test_bench_document(tmp_path, agent_zip):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     args = ("bench", str(bundle.root), "--variant", "fp32", "--warmup", "2", "--iterations", "7", "--threads", "1")
     rc, doc, _ = _agent(agent_zip, *args)
     assert rc == 0, doc
@@ -137,7 +99,7 @@ def test_bench_document(tmp_path, agent_zip):
 
 
 def test_bench_for_a_duration(tmp_path, agent_zip):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32", "--warmup", "0", "--duration", "0.05")
     assert rc == 0, doc
     assert doc["config"]["iterations"] is None and doc["config"]["duration_s"] == 0.05
@@ -147,18 +109,18 @@ def test_bench_for_a_duration(tmp_path, agent_zip):
 def test_bench_uses_the_bundles_inputs(tmp_path, agent_zip):
     good = tmp_path / "good.npz"
     np.savez(good, x=np.ones((4, 16), np.float32))
-    rc, doc, _ = _agent(agent_zip, "bench", str(_make_bundle(tmp_path, inputs=good).root), "--variant", "fp32")
+    rc, doc, _ = _agent(agent_zip, "bench", str(tiny_bundle(tmp_path / "bundle", inputs=good).root), "--variant", "fp32")
     assert rc == 0 and doc["config"]["batch"] == 4  # random data would have been batch 1
 
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.ones((4, 16), np.float64))
-    rc, doc, _ = _agent(agent_zip, "bench", str(_make_bundle(tmp_path, inputs=bad, name="b2").root), "--variant", "fp32")
+    rc, doc, _ = _agent(agent_zip, "bench", str(tiny_bundle(tmp_path / "b2", inputs=bad).root), "--variant", "fp32")
     assert rc == 1 and doc["kind"] == "edgekit.error"
     assert "inputs.npz: input 'x' is float64, the model wants float32" in doc["error"]
 
 
 def test_error_when_the_backend_is_not_installed(tmp_path, agent_zip):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     hide = "import sys; sys.modules['onnxruntime'] = None  # as if it were not installed"
     rc, doc, stderr = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32", pre=hide)
     assert rc == 1, stderr
@@ -169,7 +131,7 @@ def test_error_when_the_backend_is_not_installed(tmp_path, agent_zip):
 
 
 def test_error_without_site_packages(tmp_path, agent_zip):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32", python_flags=("-I", "-S"))
     assert rc == 1 and doc["kind"] == "edgekit.error"
     assert "not installed on the device" in doc["error"]
@@ -187,20 +149,20 @@ def test_error_without_site_packages(tmp_path, agent_zip):
     ],
 )
 def test_error_documents(tmp_path, agent_zip, args, needle):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     rc, doc, _ = _agent(agent_zip, *(a.format(b=bundle.root) for a in args))
     assert rc == 1 and doc["kind"] == "edgekit.error"
     assert needle in doc["error"] and doc["hint"] and "\n" not in doc["hint"]
 
 
 def test_error_on_a_changed_model_or_unknown_backend(tmp_path, agent_zip):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     with open(bundle.path("fp32/tiny.onnx"), "ab") as fh:
         fh.write(b"\0")
     rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32")
     assert rc == 1 and "does not match its sha256" in doc["error"]
 
-    ov = _make_bundle(tmp_path, backend="native", name="ov")
+    ov = tiny_bundle(tmp_path / "ov", backend="native")
     rc, doc, _ = _agent(agent_zip, "bench", str(ov.root), "--variant", "fp32")
     assert rc == 1 and "has no ekrt runner at bin/ekrt" in doc["error"]  # native: the runner travels in the bundle
 
@@ -230,7 +192,7 @@ sys.exit(main(sys.argv[1:]))
 
 def test_stdout_carries_only_the_document(tmp_path):
     # A runtime that prints to stdout (even from C, straight to fd 1) must not corrupt it.
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     manifest = json.loads((bundle.root / "manifest.json").read_text())
     manifest["variants"][0]["backend"] = "noisy"
     (bundle.root / "manifest.json").write_text(json.dumps(manifest))
@@ -244,70 +206,8 @@ def test_stdout_carries_only_the_document(tmp_path):
     assert "C-LEVEL NOISE" in proc.stderr and "python noise" in proc.stderr and "LOAD NOISE" in proc.stderr
 
 
-# -- device facts -------------------------------------------------------------------------------
-
-RPI4 = """processor\t: 0
-BogoMIPS\t: 108.00
-Features\t: fp asimd evtstrm crc32 cpuid
-CPU implementer\t: 0x41
-CPU architecture: 8
-CPU variant\t: 0x0
-CPU part\t: 0xd08
-CPU revision\t: 3
-
-Hardware\t: BCM2835
-Revision\t: c03111
-Model\t\t: Raspberry Pi 4 Model B Rev 1.1
-"""
-RPI5 = """processor\t: 0
-BogoMIPS\t: 108.00
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
-CPU implementer\t: 0x41
-CPU architecture: 8
-CPU variant\t: 0x4
-CPU part\t: 0xd0b
-CPU revision\t: 1
-"""
-RK3588 = "".join(
-    f"processor\t: {i}\nFeatures\t: fp asimd asimdhp asimddp\nCPU implementer\t: 0x41\nCPU part\t: {part}\n\n"
-    for i, part in enumerate(["0xd05"] * 4 + ["0xd0b"] * 4)
-)
-RPI3_32BIT = """processor\t: 0
-model name\t: ARMv7 Processor rev 4 (v7l)
-BogoMIPS\t: 38.40
-Features\t: half thumb fastmult vfp edsp neon vfpv3 tls vfpv4 idiva idivt vfpd32 lpae evtstrm crc32
-CPU implementer\t: 0x41
-CPU architecture: 7
-CPU variant\t: 0x0
-CPU part\t: 0xd03
-CPU revision\t: 4
-"""
-X86 = """processor\t: 0
-vendor_id\t: GenuineIntel
-model name\t: Intel(R) Core(TM) i7-1185G7 @ 3.00GHz
-flags\t\t: fpu vme sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni
-"""
-
-
-@pytest.mark.parametrize(
-    ("text", "machine", "model", "isa"),
-    [
-        (RPI4, "aarch64", "cortex-a72", ["neon"]),
-        (RPI5, "aarch64", "cortex-a76", ["neon", "asimddp", "fp16"]),
-        (RK3588, "aarch64", "cortex-a55+cortex-a76", ["neon", "asimddp", "fp16"]),
-        (RPI3_32BIT, "armv7l", "cortex-a53", ["neon"]),
-        (X86, "x86_64", "Intel(R) Core(TM) i7-1185G7 @ 3.00GHz", ["sse4_2", "avx2", "avx512f", "avx512_vnni"]),
-    ],
-)
-def test_cpuinfo_matches_the_profile_vocabulary(text, machine, model, isa):
-    assert parse_cpuinfo(text, machine) == (model, isa)
-    # The host parses device cpuinfo for profiles; both must name things the same way.
-    host = cpu_from_cpuinfo(text, machine)
-    assert (host.core, list(host.isa)) == (model, isa)
-
-
 def test_bundle_hash_is_one_definition(tmp_path):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     doc = json.loads((bundle.root / "manifest.json").read_text())
     assert bundle.manifest.bundle_hash == bundle_hash(doc)
     assert bundle_hash({**doc, "created": "another day"}) == bundle_hash(doc)
@@ -318,7 +218,7 @@ def test_bundle_hash_is_one_definition(tmp_path):
 
 
 def test_bench_variant_over_the_local_transport(tmp_path):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     dev = LocalTransport(tmp_path / "device")
     remote = push_bundle(dev, bundle).remote_dir
     doc = bench_variant(dev, remote, "fp32", BenchConfig(warmup=1, iterations=5))
@@ -354,7 +254,7 @@ def test_agent_output_that_is_not_a_result(result, needle):
 
 
 def test_cli_bench_json_and_store(cli, tmp_path):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     result = cli("bench", bundle.root, "--iterations", "6", "--warmup", "1", "--json")
     assert result.returncode == 0, result.stderr
     records = json.loads(result.stdout)
@@ -377,13 +277,13 @@ def test_cli_bench_json_and_store(cli, tmp_path):
 
 
 def test_cli_bench_bad_inputs(cli, tmp_path):
-    bundle = _make_bundle(tmp_path)
+    bundle = tiny_bundle(tmp_path / "bundle")
     assert_one_line_error(cli("bench", tmp_path / "nope"), EXIT_INPUT, "does not exist")
     assert_one_line_error(cli("bench", bundle.root, "--variant", "int8"), EXIT_USAGE, "no variant 'int8'")
     assert_one_line_error(cli("bench", bundle.root, "--iterations", "0"), EXIT_USAGE, "--iterations")
     assert_one_line_error(cli("bench", bundle.root, "--device", "pi@@127.0.0.1"), EXIT_USAGE, "pi@@127.0.0.1")
     assert_one_line_error(cli("bench", bundle.root, "--target", "no-such-board"), EXIT_INPUT, "no-such-board")
-    ov = _make_bundle(tmp_path, backend="native", name="ov")
+    ov = tiny_bundle(tmp_path / "ov", backend="native")
     assert_one_line_error(cli("bench", ov.root), EXIT_DEVICE, "has no ekrt runner at bin/ekrt")
     bundle.path("fp32/tiny.onnx").write_bytes(b"tampered")
     failed = cli("bench", bundle.root, "--json")

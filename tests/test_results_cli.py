@@ -11,52 +11,7 @@ from conftest import assert_one_line_error
 from edgekit.bench.record import make_record
 from edgekit.bench.store import ResultsStore
 from edgekit.errors import EXIT_INPUT, EXIT_USAGE
-
-
-def agent_doc(samples: list[int], **overrides) -> dict:
-    doc = {
-        "schema": 1,
-        "kind": "edgekit.bench",
-        "agent_version": "0.1.0",
-        "variant": "int8",
-        "backend": "onnxruntime",
-        "backend_version": "1.31.1",
-        "precision": "int8",
-        "model": "model.int8.onnx",
-        "model_sha256": "a" * 64,
-        "bundle_hash": "0123456789abcdef" * 4,
-        "config": {
-            "warmup": 10,
-            "iterations": len(samples),
-            "duration_s": None,
-            "threads": 2,
-            "batch": 1,
-        },
-        "samples_ns": samples,
-        "load_ns": 123_400_000,
-        "first_inference_ns": 9_870_000,
-        "peak_rss_bytes": 85 * 2**20,
-        "layers": None,
-        "started_at": "2025-03-01T10:00:00Z",
-        "device": {
-            "hostname": "rpi5-lab-1",
-            "arch": "aarch64",
-            "cpu_model": "Cortex-A76",
-            "cores": 4,
-            "isa": ["neon", "asimddp"],
-            "memory_bytes": 8 * 2**30,
-            "os": "Debian GNU/Linux 12",
-            "kernel": "6.6.31",
-            "python": "3.11.2",
-            "runtimes": {"onnxruntime": "1.31.1"},
-        },
-        "device_state": {
-            "before": {"governor": "performance", "temp_c": 48.5},
-            "after": {"governor": "performance", "temp_c": 55.0},
-        },
-    }
-    doc.update(overrides)
-    return doc
+from tests.builders import bench_doc
 
 
 @pytest.fixture
@@ -68,14 +23,14 @@ def populated():
             "resnet18",
             "rpi5",
             "pi@10.0.0.7",
-            agent_doc([10_000_000, 12_000_000, 13_000_000, 20_000_000]),
+            bench_doc([10_000_000, 12_000_000, 13_000_000, 20_000_000]),
         ),
-        ("resnet18", "rpi4", "pi@10.0.0.8", agent_doc([30_000_000, 31_000_000, 32_000_000])),
+        ("resnet18", "rpi4", "pi@10.0.0.8", bench_doc([30_000_000, 31_000_000, 32_000_000])),
         (
             "mobilenet",
             "rpi5",
             "pi@10.0.0.7",
-            agent_doc([5_000_000] * 4, variant="fp32", precision="fp32"),
+            bench_doc([5_000_000] * 4, variant="fp32", precision="fp32"),
         ),
     ]
     with ResultsStore() as store:

@@ -14,60 +14,13 @@ from edgekit.bench.record import RECORD_SCHEMA, make_record, validate_record
 from edgekit.bench.stats import Stats
 from edgekit.bench.store import DB_SCHEMA_VERSION, ResultsStore, default_db_path
 from edgekit.errors import EXIT_DEVICE, EXIT_INPUT, AgentError, ResultsError
-
-
-def agent_doc(samples=None, **overrides) -> dict:
-    """An agent document as the device agent prints it (schema 1)."""
-    doc = {
-        "schema": 1,
-        "kind": "edgekit.bench",
-        "agent_version": "0.1.0",
-        "variant": "int8",
-        "backend": "onnxruntime",
-        "backend_version": "1.31.1",
-        "precision": "int8",
-        "model": "model.int8.onnx",
-        "model_sha256": "a" * 64,
-        "bundle_hash": "b" * 64,
-        "config": {"warmup": 10, "iterations": 5, "duration_s": None, "threads": 2, "batch": 1},
-        "samples_ns": samples
-        if samples is not None
-        else [3_000_000, 1_000_000, 2_000_000, 5_000_000, 4_000_000],
-        "load_ns": 120_000_000,
-        "first_inference_ns": 9_000_000,
-        "peak_rss_bytes": 85 * 2**20,
-        "layers": None,
-        "started_at": "2025-03-01T10:00:00Z",
-        "device": {
-            "hostname": "rpi5-lab-1",
-            "arch": "aarch64",
-            "cpu_model": "Cortex-A76",
-            "cores": 4,
-            "isa": ["neon", "asimddp"],
-            "memory_bytes": 8 * 2**30,
-            "os": "Debian GNU/Linux 12",
-            "kernel": "6.6.31+rpt-rpi-2712",
-            "python": "3.11.2",
-            "runtimes": {"onnxruntime": "1.31.1"},
-        },
-        "device_state": {
-            "before": {"governor": "ondemand", "temp_c": 48.2},
-            "after": {"governor": "ondemand", "temp_c": 55.0},
-        },
-    }
-    doc.update(overrides)
-    return doc
-
-
-def record(model="resnet18", target="rpi5", device="pi@10.0.0.7", **agent_overrides) -> dict:
-    return make_record(agent_doc(**agent_overrides), model_name=model, target=target, device=device)
-
+from tests.builders import bench_doc, bench_record
 
 # -- make_record / validate_record -------------------------------------------------------
 
 
 def test_make_record_wraps_the_agent_document():
-    doc = agent_doc()
+    doc = bench_doc()
     rec = make_record(
         doc,
         model_name="resnet18",
@@ -90,36 +43,36 @@ def test_make_record_wraps_the_agent_document():
 
 
 def test_make_record_uses_batch_for_throughput():
-    doc = agent_doc(samples=[4_000_000] * 3)
+    doc = bench_doc(samples=[4_000_000] * 3)
     doc["config"]["batch"] = 8
     rec = make_record(doc, model_name="m", target="t", device="d")
     assert rec["stats"]["throughput"] == pytest.approx(2000.0)
 
 
 def test_each_record_gets_its_own_uuid():
-    assert record()["run_uuid"] != record()["run_uuid"]
+    assert bench_record()["run_uuid"] != bench_record()["run_uuid"]
 
 
 def test_extra_cannot_overwrite_record_fields():
     with pytest.raises(ValueError, match="stats"):
-        make_record(agent_doc(), model_name="m", target="t", device="d", extra={"stats": {}})
+        make_record(bench_doc(), model_name="m", target="t", device="d", extra={"stats": {}})
 
 
 @pytest.mark.parametrize("field", ["model_name", "target", "device"])
 def test_make_record_needs_host_fields(field):
     host = {"model_name": "m", "target": "t", "device": "d", field: ""}
     with pytest.raises(ValueError, match=field):
-        make_record(agent_doc(), **host)
+        make_record(bench_doc(), **host)
 
 
 def _without(key):
-    doc = agent_doc()
+    doc = bench_doc()
     del doc[key]
     return doc
 
 
 def _config(**kv):
-    doc = agent_doc()
+    doc = bench_doc()
     doc["config"].update(kv)
     return doc
 
@@ -128,26 +81,26 @@ def _config(**kv):
     ("doc", "field"),
     [
         (_without("samples_ns"), "samples_ns"),
-        (agent_doc(samples=[]), "samples_ns"),
-        (agent_doc(samples=[1_000, 0]), "samples_ns"),
-        (agent_doc(samples=[1_000, -5]), "samples_ns"),
-        (agent_doc(samples=[1_000, 2.5]), "samples_ns"),
-        (agent_doc(samples=[1_000, True]), "samples_ns"),
-        (agent_doc(samples="1000"), "samples_ns"),
+        (bench_doc(samples=[]), "samples_ns"),
+        (bench_doc(samples=[1_000, 0]), "samples_ns"),
+        (bench_doc(samples=[1_000, -5]), "samples_ns"),
+        (bench_doc(samples=[1_000, 2.5]), "samples_ns"),
+        (bench_doc(samples=[1_000, True]), "samples_ns"),
+        (bench_doc(samples="1000"), "samples_ns"),
         (_without("kind"), "kind"),
-        (agent_doc(kind="something.else"), "kind"),
-        (agent_doc(schema="1"), "schema"),
+        (bench_doc(kind="something.else"), "kind"),
+        (bench_doc(schema="1"), "schema"),
         (_without("backend"), "backend"),
-        (agent_doc(precision=""), "precision"),
+        (bench_doc(precision=""), "precision"),
         (_without("variant"), "variant"),
         (_without("config"), "config"),
         (_config(batch=0), "config.batch"),
         (_config(batch=None), "config.batch"),
         (_without("device"), "device"),
-        (agent_doc(bundle_hash=12), "bundle_hash"),
-        (agent_doc(load_ns=-1), "load_ns"),
-        (agent_doc(peak_rss_bytes="85M"), "peak_rss_bytes"),
-        (agent_doc(device_state=[]), "device_state"),
+        (bench_doc(bundle_hash=12), "bundle_hash"),
+        (bench_doc(load_ns=-1), "load_ns"),
+        (bench_doc(peak_rss_bytes="85M"), "peak_rss_bytes"),
+        (bench_doc(device_state=[]), "device_state"),
     ],
 )
 def test_make_record_names_the_bad_agent_field(doc, field):
@@ -160,7 +113,7 @@ def test_make_record_names_the_bad_agent_field(doc, field):
 
 def test_make_record_refuses_a_newer_agent_schema():
     with pytest.raises(AgentError, match="schema 2 is newer"):
-        make_record(agent_doc(schema=2), model_name="m", target="t", device="d")
+        make_record(bench_doc(schema=2), model_name="m", target="t", device="d")
 
 
 def test_make_record_refuses_a_non_object():
@@ -169,14 +122,14 @@ def test_make_record_refuses_a_non_object():
 
 
 def test_optional_agent_fields_may_be_null_or_absent():
-    doc = agent_doc(load_ns=None, bundle_hash=None, backend_version=None, device_state=None)
+    doc = bench_doc(load_ns=None, bundle_hash=None, backend_version=None, device_state=None)
     del doc["peak_rss_bytes"], doc["layers"], doc["started_at"]
     rec = make_record(doc, model_name="m", target="t", device="d")
     assert rec["agent"]["bundle_hash"] is None
 
 
 def test_validate_record_round_trips_and_normalises():
-    rec = record()
+    rec = bench_record()
     assert validate_record(json.loads(json.dumps(rec))) == rec
     other = copy.deepcopy(rec)
     other["run_uuid"] = "12345678-1234-5678-1234-567812345678"
@@ -190,7 +143,7 @@ def test_validate_record_round_trips_and_normalises():
 
 
 def _set(path, value):
-    rec = record()
+    rec = bench_record()
     target = rec
     *parents, last = path.split(".")
     for key in parents:
@@ -231,7 +184,7 @@ def test_validate_record_names_the_bad_field(rec, field):
 
 def test_validate_record_refuses_a_newer_schema():
     with pytest.raises(ResultsError, match="newer"):
-        validate_record({**record(), "schema": RECORD_SCHEMA + 1})
+        validate_record({**bench_record(), "schema": RECORD_SCHEMA + 1})
 
 
 # -- the store ---------------------------------------------------------------------------
@@ -254,7 +207,7 @@ def test_store_opens_lazily_in_wal_mode(tmp_path):
 
 
 def test_add_then_get_returns_the_full_record():
-    rec = record(samples=list(range(1, 1001)))
+    rec = bench_record(samples=list(range(1, 1001)))
     with ResultsStore() as store:
         run_id = store.add(rec)
         got = store.get(run_id)
@@ -266,19 +219,19 @@ def test_add_then_get_returns_the_full_record():
 
 
 def test_add_validates_and_refuses_duplicates():
-    rec = record()
+    rec = bench_record()
     with ResultsStore() as store:
         store.add(rec)
         with pytest.raises(ResultsError, match="already in the results store"):
             store.add(rec)
         with pytest.raises(ResultsError, match="'model_name'"):
-            store.add({**record(), "model_name": ""})
+            store.add({**bench_record(), "model_name": ""})
         assert len(store.list()) == 1
 
 
 def test_get_unknown_id():
     with ResultsStore() as store:
-        store.add(record())
+        store.add(bench_record())
         with pytest.raises(ResultsError, match="no result with id 42") as info:
             store.get(42)
     assert "edgekit results list" in info.value.hint
@@ -286,10 +239,10 @@ def test_get_unknown_id():
 
 def test_list_newest_first_with_summary_columns():
     with ResultsStore() as store:
-        old = {**record(model="old"), "created": "2024-01-01T00:00:00+00:00"}
+        old = {**bench_record(model="old"), "created": "2024-01-01T00:00:00+00:00"}
         old_id = store.add(old)
-        new_id = store.add(record(model="new"))
-        imported_id = store.add({**record(model="mid"), "created": "2024-06-01T00:00:00Z"})
+        new_id = store.add(bench_record(model="new"))
+        imported_id = store.add({**bench_record(model="mid"), "created": "2024-06-01T00:00:00Z"})
         rows = store.list()
     assert [r["id"] for r in rows] == [new_id, imported_id, old_id]
     assert list(rows[0]) == [
@@ -300,20 +253,20 @@ def test_list_newest_first_with_summary_columns():
     assert rows[0]["p99"] == pytest.approx(4.96)
     assert rows[0]["mean"] == 3.0
     assert rows[0]["n"] == 5
-    assert rows[0]["bundle_hash"] == "b" * 64
+    assert rows[0]["bundle_hash"] == "0123456789abcdef" * 4
     assert rows[0]["backend"] == "onnxruntime"
 
 
 def test_list_filters_and_limit():
     with ResultsStore() as store:
-        store.add(record(model="resnet18", target="rpi5", device="pi@a"))
-        store.add(record(model="resnet18", target="rpi4", device="pi@b"))
+        store.add(bench_record(model="resnet18", target="rpi5", device="pi@a"))
+        store.add(bench_record(model="resnet18", target="rpi4", device="pi@b"))
         store.add(
-            record(
+            bench_record(
                 model="mobilenet", target="rpi5", device="pi@a", variant="fp32", precision="fp32"
             )
         )
-        store.add(record(model="mobilenet", target="rpi5", device="pi@b"))
+        store.add(bench_record(model="mobilenet", target="rpi5", device="pi@b"))
 
         def models(**kw):
             return sorted(
@@ -337,7 +290,7 @@ def test_list_filters_and_limit():
 
 
 def test_export_import_round_trip(tmp_path):
-    recs = [record(model=f"m{i}") for i in range(3)]
+    recs = [bench_record(model=f"m{i}") for i in range(3)]
     with ResultsStore() as store:
         ids = [store.add(r) for r in recs]
         everything = store.export()
@@ -359,7 +312,7 @@ def test_export_import_round_trip(tmp_path):
 
 
 def test_import_skips_duplicates_within_one_document(tmp_path):
-    rec = record()
+    rec = bench_record()
     with ResultsStore(tmp_path / "x.db") as store:
         assert store.import_({"schema": 1, "kind": "edgekit.results", "records": [rec, rec]}) == (
             1,
@@ -368,7 +321,7 @@ def test_import_skips_duplicates_within_one_document(tmp_path):
 
 
 def test_import_is_all_or_nothing():
-    good, bad = record(), record()
+    good, bad = bench_record(), bench_record()
     bad["agent"]["samples_ns"] = []
     document = {"schema": 1, "kind": "edgekit.results", "records": [good, bad]}
     with ResultsStore() as store:
@@ -398,7 +351,7 @@ def test_import_rejects_bad_documents(document, needle):
 def test_a_newer_database_is_refused(tmp_path):
     path = tmp_path / "results.db"
     with ResultsStore(path) as store:
-        store.add(record())
+        store.add(bench_record())
     conn = sqlite3.connect(path)
     conn.execute(f"PRAGMA user_version = {DB_SCHEMA_VERSION + 1}")
     conn.commit()
@@ -421,7 +374,7 @@ def test_a_file_that_is_not_a_database_is_refused(tmp_path):
 _WRITER = r"""
 import sys
 sys.path[:0] = [sys.argv[3]]
-from test_store import record
+from tests.builders import bench_record
 from edgekit.bench.store import ResultsStore
 
 store = ResultsStore()
@@ -429,7 +382,7 @@ store.list()  # open + create the schema before the race starts
 print("ready", flush=True)
 assert sys.stdin.readline() == "go\n"
 for i in range(int(sys.argv[2])):
-    store.add(record(model=sys.argv[1], device=f"dev-{i}"))
+    store.add(bench_record(model=sys.argv[1], device=f"dev-{i}"))
 store.close()
 print("done", flush=True)
 """
@@ -437,10 +390,10 @@ print("done", flush=True)
 
 def test_two_processes_write_at_once():
     """Two writers add 200 records each at the same moment; nothing is lost or refused."""
-    tests_dir = str(Path(__file__).parent)
+    repo = str(Path(__file__).parents[1])
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _WRITER, name, "200", tests_dir],
+            [sys.executable, "-c", _WRITER, name, "200", repo],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
