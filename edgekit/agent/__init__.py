@@ -47,5 +47,19 @@ def bundle_hash(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def read_json(path: str, bad_json_hint: str):
+    """A JSON file the agent was given; AgentFailure when it can't be read or parsed."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise AgentFailure(f"cannot read {path}: {exc.strerror}", REPUSH) from None
+    except ValueError as exc:
+        raise AgentFailure(f"{path} is not valid JSON: {exc}", bad_json_hint) from None
+
+
+REPUSH = "push the bundle again (edgekit bench / edgekit deploy do this)"
+
+
 def error_document(message: str, hint: str = "") -> dict:
     return {"schema": SCHEMA, "kind": "edgekit.error", "agent_version": AGENT_VERSION, "error": message, "hint": hint}

@@ -6,14 +6,13 @@ The agent reports raw per-iteration latencies and facts only; statistics are the
 from __future__ import annotations
 
 import gc
-import json
 import os
 import posixpath
 import sys
 import time
 from datetime import datetime, timezone
 
-from . import AGENT_VERSION, SCHEMA, AgentFailure, bundle_hash, sha256_file
+from . import AGENT_VERSION, REPUSH, SCHEMA, AgentFailure, bundle_hash, read_json, sha256_file
 from .backends import load_backend
 from .facts import device_facts, device_state
 
@@ -21,7 +20,6 @@ from .facts import device_facts, device_state
 MAX_SAMPLES = 1_000_000
 INPUTS_FILE = "inputs.npz"
 
-_REPUSH = "push the bundle again (edgekit bench / edgekit deploy do this)"
 
 
 def bench(
@@ -115,11 +113,11 @@ def _open_variant(bundle_dir: str, variant: str) -> tuple:
     model_rel = spec["model"]
     model_path = os.path.join(bundle_dir, *model_rel.split("/"))
     if not os.path.isfile(model_path):
-        raise AgentFailure(f"the bundle on the device has no model file {model_rel}", _REPUSH)
+        raise AgentFailure(f"the bundle on the device has no model file {model_rel}", REPUSH)
     model_sha = sha256_file(model_path)
     recorded = {f["path"]: f["sha256"] for f in manifest["files"]}
     if recorded.get(model_rel) != model_sha:
-        raise AgentFailure(f"{model_rel} on the device does not match its sha256 in manifest.json", _REPUSH)
+        raise AgentFailure(f"{model_rel} on the device does not match its sha256 in manifest.json", REPUSH)
     return manifest, spec, model_path, model_sha
 
 
@@ -134,7 +132,7 @@ def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: 
     arrays = _npz_inputs(np, path, spec)
     counts = {len(a) for a in arrays.values()}
     if len(counts) != 1:
-        raise AgentFailure(f"{samples}: the inputs hold different numbers of samples ({sorted(counts)})", _REPUSH)
+        raise AgentFailure(f"{samples}: the inputs hold different numbers of samples ({sorted(counts)})", REPUSH)
     n = counts.pop()
     session = load_backend(spec["backend"]).load(model_path, threads, dict(spec.get("options") or {}), bundle_dir)
     names = [t["name"] for t in spec.get("outputs") or []]
@@ -205,15 +203,9 @@ def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None)
 def read_manifest(bundle_dir: str) -> dict:
     """The bundle's manifest.json, checked just enough to be used safely here."""
     if not os.path.isdir(bundle_dir):
-        raise AgentFailure(f"no bundle directory on the device at {bundle_dir}", _REPUSH)
+        raise AgentFailure(f"no bundle directory on the device at {bundle_dir}", REPUSH)
     path = os.path.join(bundle_dir, "manifest.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except OSError as exc:
-        raise AgentFailure(f"cannot read {path}: {exc.strerror}", _REPUSH) from None
-    except ValueError as exc:
-        raise AgentFailure(f"{path} is not valid JSON: {exc}", _REPUSH) from None
+    manifest = read_json(path, REPUSH)
     schema = manifest.get("schema") if isinstance(manifest, dict) else None
     if schema != SCHEMA:
         raise AgentFailure(
@@ -222,9 +214,9 @@ def read_manifest(bundle_dir: str) -> dict:
         )
     files = manifest.get("files")
     if not isinstance(files, list) or not all(isinstance(f, dict) and "path" in f and "sha256" in f for f in files):
-        raise AgentFailure(f"{path}: 'files' must be a list of {{path, sha256, size}} objects", _REPUSH)
+        raise AgentFailure(f"{path}: 'files' must be a list of {{path, sha256, size}} objects", REPUSH)
     if not isinstance(manifest.get("variants"), list):
-        raise AgentFailure(f"{path}: 'variants' must be a list", _REPUSH)
+        raise AgentFailure(f"{path}: 'variants' must be a list", REPUSH)
     return manifest
 
 
@@ -236,7 +228,7 @@ def find_variant(manifest: dict, name: str) -> dict:
             if spec.get("name") == name:
                 for key in ("backend", "precision", "model", "inputs"):
                     if key not in spec:
-                        raise AgentFailure(f"variant '{name}' in manifest.json has no '{key}'", _REPUSH)
+                        raise AgentFailure(f"variant '{name}' in manifest.json has no '{key}'", REPUSH)
                 return spec
     raise AgentFailure(
         f"the bundle has no variant '{name}' (it has: {', '.join(names) or 'none'})",

@@ -13,12 +13,11 @@ import time); the op functions use the module-level ``np`` set then.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
-from .. import AgentFailure, sha256_file
+from .. import REPUSH, AgentFailure, read_json, sha256_file
 
 GRAPH_FORMAT = "edgekit.numpy-graph"
 GRAPH_VERSION = 1
@@ -374,9 +373,9 @@ def load(model_path: str, threads: int | None, options: dict | None = None, work
     try:
         digest = sha256_file(weights_path)
     except OSError as exc:
-        raise AgentFailure(f"cannot read the weights {weights_path}: {exc.strerror}", _REPUSH) from None
+        raise AgentFailure(f"cannot read the weights {weights_path}: {exc.strerror}", REPUSH) from None
     if digest != graph["weights"]["sha256"]:
-        raise AgentFailure(f"{weights_path} does not match the sha256 recorded in {os.path.basename(model_path)}", _REPUSH)
+        raise AgentFailure(f"{weights_path} does not match the sha256 recorded in {os.path.basename(model_path)}", REPUSH)
     try:
         with np.load(weights_path, allow_pickle=False) as data:
             stored = {key: data[key] for key in data.files}
@@ -399,18 +398,9 @@ def load(model_path: str, threads: int | None, options: dict | None = None, work
     return Session(graph, weights, int(graph.get("opset") or 13), info)
 
 
-_REPUSH = "push the bundle again (edgekit bench / edgekit deploy do this)"
-
-
 def read_graph(path: str) -> dict:
     """graph.json, checked just enough to be executed safely."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            graph = json.load(fh)
-    except OSError as exc:
-        raise AgentFailure(f"cannot read {path}: {exc.strerror}", _REPUSH) from None
-    except ValueError as exc:
-        raise AgentFailure(f"{path} is not valid JSON: {exc}", _REBUILD) from None
+    graph = read_json(path, _REBUILD)
     if not isinstance(graph, dict) or graph.get("format") != GRAPH_FORMAT:
         raise AgentFailure(f"{path} is not an {GRAPH_FORMAT} file", "the numpy backend runs the graph.json edgekit converts; " + _REBUILD)
     if graph.get("version") != GRAPH_VERSION:
