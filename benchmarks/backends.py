@@ -36,17 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from realdata import ROOT, Skip, rapidocr_cls  # benchmarks/realdata.py (this script's folder)
+
 SCHEMA = 1
 RUNTIMES = ("onnxruntime", "openvino", "ekrt")
 PRECISIONS = ("fp32", "int8")
 WARMUP = 20
 BUDGET_S = 1.0  # timed seconds per configuration and round, roughly
 MIN_ITERS, MAX_ITERS = 30, 2000
-
-
-class Skip(Exception):
-    """A model or runtime can't run here; the message says why."""
 
 
 # ---------------------------------------------------------------- worker (one runtime per process)
@@ -213,17 +210,7 @@ def _ppocr_cls(work: Path) -> Case:
     from edgekit.modelio import load_model
     from edgekit.quantize import FeedSet
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    try:
-        import realmodels
-    except ImportError as exc:
-        raise Skip(f"tests/realmodels.py unavailable: {exc}") from None
-    finally:
-        sys.path.pop(0)
-    try:
-        path = realmodels.find_rapidocr_model("cls")
-    except LookupError as exc:
-        raise Skip(str(exc)) from None
+    realmodels, path = rapidocr_cls()
     loaded = load_model(path, {"x": (1, *realmodels.CLS_SHAPE)})
     xc, _ = realmodels.cls_dataset(200, 0)
     xh, _ = realmodels.cls_dataset(1, 1)

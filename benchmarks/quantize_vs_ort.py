@@ -39,13 +39,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from realdata import ROOT, Skip, rapidocr_cls  # benchmarks/realdata.py (this script's folder)
 
 from edgekit.bench.stats import Stats
 from edgekit.modelio import LoadedModel, load_model, onnx_opset, with_static_inputs
 from edgekit.quantize import SCHEMES, FeedSet, load_feeds, quantize_model, save_model
 from edgekit.quantize.report import AgreementReport, measure_agreement
 
-ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = 1
 CLS_CALIB, CLS_HELDOUT = 200, 100  # as examples/real/make_data.py
 CLS_CALIB_SEED, CLS_HELDOUT_SEED = 0, 1
@@ -53,10 +53,6 @@ LATENCY_WARMUP = 20
 LATENCY_ROUNDS = 15  # each round times every session once, in turn
 LATENCY_BUDGET_S = 1.5  # per session, roughly, over all rounds
 PAR = 0.10  # ratios within 1 +- PAR are "on par" (noise on a shared machine)
-
-
-class Skip(Exception):
-    """A model can't run here (its package is missing); the message says why."""
 
 
 @dataclass
@@ -88,17 +84,7 @@ def _example(folder: str, stem: str) -> Callable[[], Case]:
 
 
 def _ppocr_cls() -> Case:
-    try:
-        sys.path.insert(0, str(ROOT / "tests"))
-        import realmodels
-    except ImportError as exc:
-        raise Skip(f"tests/realmodels.py unavailable: {exc}") from None
-    finally:
-        sys.path.pop(0)
-    try:
-        path = realmodels.find_rapidocr_model("cls")
-    except LookupError as exc:
-        raise Skip(str(exc)) from None
+    realmodels, path = rapidocr_cls()
     try:
         import sklearn  # noqa: F401  (realmodels needs its bundled sample photos)
     except ImportError:

@@ -108,26 +108,6 @@ def test_toml_inventory_reads_every_field_in_order(tmp_path):
     assert pi1.source == str(tmp_path / "devices.toml")
 
 
-@pytest.mark.parametrize(
-    "text, needle",
-    [
-        ('[devices.pi]\nssh = "pi@h"\nport = 22\n', "devices.pi: unknown key 'port'"),
-        ('[devices.pi]\nssh = "pi@h"\ntags = "lab"\n', "devices.pi.tags must be an array of strings"),
-        ('[devices.pi]\nssh = ""\n', "devices.pi.ssh must be a non-empty string"),
-        ('[devices.pi]\nprofile = 5\n', "devices.pi.profile must be a non-empty string"),
-        ('[hosts.pi]\nssh = "x"\n', "unknown top-level key 'hosts'"),
-        ('[devices."pi 1"]\nssh = "x"\n', "has characters edgekit does not allow"),
-        ('[devices.pi\nssh = "x"\n', "invalid TOML"),
-    ],
-)
-def test_toml_inventory_errors_name_file_and_key(tmp_path, text, needle):
-    path = _write(tmp_path, "devices.toml", text)
-    with pytest.raises(InputError) as err:
-        load_inventory(path)
-    assert needle in err.value.message and str(path) in err.value.message
-    assert err.value.hint
-
-
 def test_missing_inventory_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match="inventory file not found"):
         load_inventory(tmp_path / "nope.toml")
@@ -179,22 +159,30 @@ def test_yaml_inventory_without_pyyaml_says_how_to_fix_it(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "text, needle",
+    "name, text, needle",
     [
-        ("[pis:hostvars]\npi1\n", "unknown section kind ':hostvars'"),
-        ("[pis]\nansible_host=1.2.3.4\n", "starts with the host's name"),
-        ("[pis]\npi1 ansible_port=ssh\n", "ansible_port must be a number"),
-        ("[pis]\npi1 ansible_host\n", "expected key=value after the host name"),
-        ("[pis:vars]\nnovalue\n", "expected key=value in [pis:vars]"),
-        ("[a:children]\nb\n[b:children]\na\n[a]\nh1\n", "is its own ancestor"),
-        ("[pis]\npi[3:1]\n", "empty host range"),
+        ("devices.toml", '[devices.pi]\nssh = "pi@h"\nport = 22\n', "devices.pi: unknown key 'port'"),
+        ("devices.toml", '[devices.pi]\nssh = "pi@h"\ntags = "lab"\n', "devices.pi.tags must be an array of strings"),
+        ("devices.toml", '[devices.pi]\nssh = ""\n', "devices.pi.ssh must be a non-empty string"),
+        ("devices.toml", '[devices.pi]\nprofile = 5\n', "devices.pi.profile must be a non-empty string"),
+        ("devices.toml", '[hosts.pi]\nssh = "x"\n', "unknown top-level key 'hosts'"),
+        ("devices.toml", '[devices."pi 1"]\nssh = "x"\n', "has characters edgekit does not allow"),
+        ("devices.toml", '[devices.pi\nssh = "x"\n', "invalid TOML"),
+        ("hosts.ini", "[pis:hostvars]\npi1\n", "unknown section kind ':hostvars'"),
+        ("hosts.ini", "[pis]\nansible_host=1.2.3.4\n", "starts with the host's name"),
+        ("hosts.ini", "[pis]\npi1 ansible_port=ssh\n", "ansible_port must be a number"),
+        ("hosts.ini", "[pis]\npi1 ansible_host\n", "expected key=value after the host name"),
+        ("hosts.ini", "[pis:vars]\nnovalue\n", "expected key=value in [pis:vars]"),
+        ("hosts.ini", "[a:children]\nb\n[b:children]\na\n[a]\nh1\n", "is its own ancestor"),
+        ("hosts.ini", "[pis]\npi[3:1]\n", "empty host range"),
     ],
 )
-def test_ansible_ini_errors_point_at_the_line(tmp_path, text, needle):
-    path = _write(tmp_path, "hosts.ini", text)
+def test_inventory_errors_name_the_file_and_the_key_or_line(tmp_path, name, text, needle):
+    path = _write(tmp_path, name, text)
     with pytest.raises(InputError) as err:
         load_inventory(path)
     assert needle in err.value.message and str(path) in err.value.message
+    assert err.value.hint
 
 
 def test_host_ranges_and_addresses():
