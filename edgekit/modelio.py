@@ -147,15 +147,16 @@ def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = Non
     A ``.tflite`` file is read by ``modelio_tflite`` instead (a TfliteModel, ``format`` "tflite").
     """
     path = Path(path)
-    if is_tflite(path):
-        return load_tflite(path, shapes, read_sidecar(path) if path.is_file() else None)
+    tflite = is_tflite(path)
     if not path.exists():
-        raise ModelError(f"model file not found: {path}", "check the path; edgekit takes an .onnx file")
+        raise ModelError(f"model file not found: {path}", f"check the path; edgekit takes an .onnx{' or .tflite' * tflite} file")
     if path.is_dir():
-        raise ModelError(f"model path is a directory: {path}", "give the .onnx file inside it")
+        raise ModelError(f"model path is a directory: {path}", f"give the {'.tflite' if tflite else '.onnx'} file inside it")
     raw = path.read_bytes()
     if not raw:
         raise ModelError(f"model file is empty: {path}", "re-export the model")
+    if tflite:
+        return load_tflite(path, raw, shapes, read_sidecar(path))
     try:
         model = onnx.load_from_string(raw)
     except Exception as exc:  # protobuf DecodeError and friends

@@ -83,17 +83,9 @@ def _schema():
     return schema_py_generated
 
 
-def load_tflite(path: Path | str, shapes: dict[str, tuple[int, ...]] | None, sidecar) -> TfliteModel:
-    """Read and check a TFLite flatbuffer; ``sidecar``: its ``modelio.Sidecar``. Every failure is
-    a ModelError (or UsageError) with a hint."""
-    path = Path(path)
-    if not path.exists():
-        raise ModelError(f"model file not found: {path}", "check the path; edgekit takes an .onnx or .tflite file")
-    if path.is_dir():
-        raise ModelError(f"model path is a directory: {path}", "give the .tflite file inside it")
-    raw = path.read_bytes()
-    if not raw:
-        raise ModelError(f"model file is empty: {path}", "re-export the model")
+def load_tflite(path: Path, raw: bytes, shapes: dict[str, tuple[int, ...]] | None, sidecar) -> TfliteModel:
+    """Check and read the TFLite flatbuffer ``raw`` (the bytes of ``path``); ``sidecar``: its
+    ``modelio.Sidecar``. Every failure is a ModelError (or UsageError) with a hint."""
     if len(raw) < 8 or raw[4:8] != _IDENTIFIER:
         raise ModelError(
             f"not a TFLite model (no TFL3 flatbuffer identifier): {path}",
