@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 from tests.lab.fixtures import *  # noqa: F403  (the SSH lab: sshd_server, ssh_home, ssh_device, netns)
 
 REPO = Path(__file__).resolve().parents[1]
+# Every one of these would do something if it ever reached a shell unquoted.
+NASTY = ["a b", "it's", 'say "hi"', "semi;colon", "$(touch pwned)", "`touch pwned`", "x && touch pwned", "*", "back\\slash"]
 EXAMPLES = REPO / "examples"
 
 
@@ -66,3 +69,58 @@ def assert_one_line_error(result: CliResult, code: int, needle: str = "") -> Non
     assert "Traceback" not in result.stderr
     if needle:
         assert needle in errors[0], errors[0]
+
+
+def wait_until(condition, timeout: float = 10.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def assert_timeout_kills_the_process_group(device, tmp_path: Path) -> None:
+    """A command that outlives its timeout is a TransportError, and its child dies with it."""
+    from edgekit.errors import TransportError
+    from tests.lab.sshd import alive
+
+    pidfile = tmp_path / "grandchild.pid"
+    # The child starts a grandchild (same process group), records its pid, then hangs.
+    code = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
+    start = time.monotonic()
+    with pytest.raises(TransportError) as err:
+        device.run([sys.executable, "-c", code], timeout=2)
+    assert time.monotonic() - start < 30
+    assert err.value.message.startswith("command timed out after 2s: ")
+    assert sys.executable in err.value.message
+    grandchild = int(pidfile.read_text())
+    assert wait_until(lambda: not alive(grandchild)), "the command's child survived the timeout"
+
+
+def assert_nasty_names_round_trip(device, remote_dir: Path, local: Path) -> None:
+    """mkdir, put, sha256 and get through ``device`` with ``NASTY`` names in "sub dir/$(touch pwned)",
+    which is ``remote_dir`` on this machine."""
+    from edgekit.fsutil import sha256_file
+
+    local.mkdir()
+    device.mkdir("sub dir/$(touch pwned)")
+    assert remote_dir.is_dir()
+    for i, name in enumerate(NASTY):
+        src = local / f"src{i}"
+        src.write_bytes(f"payload {i} {name}".encode() * 5000)
+        remote = f"sub dir/$(touch pwned)/{name}"
+        assert device.sha256(remote) is None
+        device.put(src, remote)
+        assert device.sha256(remote) == sha256_file(src)
+        assert (remote_dir / name).read_bytes() == src.read_bytes()
+        assert oct((remote_dir / name).stat().st_mode & 0o777) == "0o644"
+        back = local / f"back {name}"
+        device.get(remote, back)
+        assert back.read_bytes() == src.read_bytes()
+    assert sorted(os.listdir(remote_dir)) == sorted(NASTY)  # no temp files left

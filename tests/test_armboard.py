@@ -28,6 +28,7 @@ from edgekit.targets.numpy import BACKEND as NUMPY
 from edgekit.transport.agentzip import PACKAGE, build_agent_zip
 from tests.conftest import EXAMPLES
 from tests.lab import armboard
+from tests.lab.fixtures import emulated_boards
 
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
 # Their own names and links, so `python -m tests.lab.armboard up` boards can stay up meanwhile.
@@ -72,22 +73,8 @@ def test_debian_mirror_from_both_apt_source_formats(tmp_path):
 
 @pytest.fixture(scope="module")
 def boards():
-    reason = armboard.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    try:
-        armboard.ensure_rootfs(log=lambda msg: None)
-    except armboard.LabUnavailable as exc:
-        pytest.skip(f"cannot build the arm64 root filesystem here: {exc}")
-    started = {}
-    with armboard.lab_lock():  # another test session may be using these boards
-        try:
-            for name, cpu, index in TEST_BOARDS:
-                started[name] = armboard.start_board(name, cpu, index, log=lambda msg: None)
-            yield started
-        finally:
-            for name in started:
-                armboard.stop_board(name)
+    with emulated_boards(*TEST_BOARDS) as started:
+        yield started
 
 
 def _connect(board):

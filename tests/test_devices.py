@@ -22,26 +22,12 @@ from edgekit.devices.provision import platform_args, provision, use_provisioned_
 from edgekit.errors import UsageError
 from edgekit.profiles import load_profile
 from edgekit.transport.local import LocalTransport
+from tests.builders import cpuinfo
 from tests.conftest import EXAMPLES, assert_one_line_error
+from tests.lab.fixtures import client_home, emulated_boards
 
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
 SMALL = "tomli-w"  # a small pure-Python package on the registry: what provisioning installs in tests
-
-# /proc/cpuinfo of a Raspberry Pi 4 (BCM2711, Cortex-A72: no dot product), one core shown
-PI4_CPUINFO = """\
-processor\t: 0
-BogoMIPS\t: 108.00
-Features\t: fp asimd evtstrm crc32 cpuid
-CPU implementer\t: 0x41
-CPU architecture: 8
-CPU variant\t: 0x0
-CPU part\t: 0xd08
-CPU revision\t: 3
-
-Hardware\t: BCM2835
-Model\t\t: Raspberry Pi 4 Model B Rev 1.4
-"""
-
 
 class EnvDevice(LocalTransport):
     """This machine as a device whose environment differs (e.g. its pip cannot reach the index)."""
@@ -136,7 +122,7 @@ def test_preflight_isa_check_with_a_pi4s_cpu(tmp_path):
     # The facts of this device, with the CPU of a Raspberry Pi 4 as the agent reads it.
     t = LocalTransport(tmp_path / "device")
     facts = device_facts(t)
-    model, isa = parse_cpuinfo(PI4_CPUINFO, "aarch64")
+    model, isa = parse_cpuinfo(cpuinfo("rpi4"), "aarch64")
     facts["device"].update(arch="aarch64", cpu_model=model, isa=isa, cores=4)
     rpi5 = preflight(t, load_profile("rpi5"), facts=facts)
     isa_check = next(c for c in rpi5.checks if c.name == "isa")
@@ -344,34 +330,9 @@ def test_cli_devices_provision(cli):
 # -- over SSH: a real sshd on loopback -----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    """A real OpenSSH sshd on 127.0.0.1 (tests/lab/sshd.py); its sessions' python3 is this Python."""
-    from tests.lab import sshd as lab
-
-    reason = lab.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    try:
-        server = lab.Sshd(tmp_path_factory.mktemp("sshd")).start()
-    except lab.LabUnavailable as exc:
-        pytest.skip(str(exc))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def ssh_home(sshd, tmp_path, monkeypatch):
-    """A client HOME whose ~/.ssh/config calls the lab's sshd 'lab'; its host key is not known yet."""
-    home = tmp_path / "client-home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "config").write_text(sshd.ssh_config("lab"))
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    return home
-
-
-def test_check_over_ssh_after_trusting_the_host(cli, sshd, ssh_home):
+def test_check_over_ssh_after_trusting_the_host(cli, ssh_home):
+    # the lab's ssh_home: ~/.ssh/config calls the loopback sshd "lab", its host key not known yet
+    sshd = ssh_home.server
     r = cli("devices", "check", "lab", "--target", "linux-cpu")
     assert_one_line_error(r, 4)  # an unknown host key is refused
     assert "--trust-new-host" in r.stderr
@@ -380,16 +341,17 @@ def test_check_over_ssh_after_trusting_the_host(cli, sshd, ssh_home):
     doc = json.loads(r.stdout)
     assert doc["ok"] and doc["transport"].startswith("ssh:") and doc["device"] == "lab"
     assert os.path.realpath(doc["facts"]["probe"]["workdir"]["path"]) == os.path.realpath(sshd.home / ".edgekit")
-    assert sshd.host_key_line.split()[1] in (ssh_home / ".ssh" / "known_hosts").read_text()
+    assert sshd.host_key_line.split()[1] in ssh_home.known_hosts.read_text()
     bad = cli("devices", "check", "lab", "--target", "rpi5")
     assert_one_line_error(bad, 4, "preflight failed on lab (profile rpi5): arch: the device is x86_64")
 
 
-def test_provision_over_ssh_into_an_odd_workdir(sshd, ssh_home):
+def test_provision_over_ssh_into_an_odd_workdir(ssh_home):
     # A workdir whose name would do harm if it ever reached a shell unquoted.
     from edgekit.devices import DeviceEntry, connect
 
-    (ssh_home / ".ssh" / "known_hosts").write_text(sshd.known_hosts_line())
+    sshd = ssh_home.server
+    ssh_home.trust()
     odd = "~/edge kit $(touch PWNED); 'q' \"d\""
     entry = DeviceEntry("lab", "lab", workdir=odd)
     t = connect(entry, load_profile("linux-cpu"))
@@ -417,27 +379,13 @@ def test_provision_over_ssh_into_an_odd_workdir(sshd, ssh_home):
 
 @pytest.fixture(scope="module")
 def pi4_board():
-    from tests.lab import armboard
-
-    reason = armboard.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    try:
-        armboard.ensure_rootfs(log=lambda msg: None)
-        board = armboard.start_board("dvpi4", "cortex-a72", 41, log=lambda msg: None)
-    except (armboard.LabUnavailable, armboard.BoardError) as exc:
-        pytest.skip(f"cannot start an emulated board here: {exc}")
-    yield board
-    armboard.stop_board("dvpi4")
+    with emulated_boards(("dvpi4", "cortex-a72", 41)) as boards:
+        yield boards["dvpi4"]
 
 
 @pytest.fixture
 def pi4(pi4_board, tmp_path, monkeypatch):
-    home = tmp_path / "client-home"
-    (home / ".ssh").mkdir(parents=True)
-    (home / ".ssh" / "config").write_text(pi4_board.ssh_config("pi4"))
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    client_home(tmp_path / "client-home", pi4_board.ssh_config("pi4"), monkeypatch)
     return pi4_board
 
 

@@ -23,6 +23,7 @@ import pytest
 from edgekit.targets.native import build, ekm, ekm_reference, sources
 from edgekit.targets.native.lower import lower
 from tests.conftest import EXAMPLES
+from tests.lab.fixtures import emulated_boards
 from tests.test_native_lower import quantize_native, random_feeds, resnet_shaped
 
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
@@ -233,21 +234,8 @@ def test_deploy_without_quantization_skips_native(cli, tmp_path):
 
 @pytest.fixture(scope="module")
 def a76_board():
-    from tests.lab import armboard
-
-    reason = armboard.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    try:
-        armboard.ensure_rootfs(log=lambda msg: None)
-    except armboard.LabUnavailable as exc:
-        pytest.skip(f"cannot build the arm64 root filesystem here: {exc}")
-    with armboard.lab_lock():
-        board = armboard.start_board("ci-ekrt5", "cortex-a76", 21, log=lambda msg: None)
-        try:
-            yield board
-        finally:
-            armboard.stop_board("ci-ekrt5")
+    with emulated_boards(("ci-ekrt5", "cortex-a76", 21)) as boards:
+        yield boards["ci-ekrt5"]
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -238,16 +237,8 @@ def test_progress_reports_bytes_and_rate(ssh_device, tmp_path):
 
 
 @pytest.fixture
-def tiny_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("a full-disk device needs a tiny tmpfs, and mounting one needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+def tiny_disk(tmpfs):
+    return tmpfs("2m")
 
 
 def test_full_device_refuses_the_push_before_sending(ssh_home, tiny_disk, tmp_path):

@@ -23,12 +23,17 @@ from edgekit.fsutil import sha256_file
 from edgekit.transport import Transport, open_transport
 from edgekit.transport.ssh import SshTransport
 from edgekit.transport.sshconfig import parse_device, resolve_target
-from tests.conftest import EXAMPLES, assert_one_line_error
+from tests.conftest import (
+    EXAMPLES,
+    NASTY,
+    assert_nasty_names_round_trip,
+    assert_one_line_error,
+    assert_timeout_kills_the_process_group,
+    wait_until,
+)
 from tests.lab import sshd as sshd_mod
 from tests.lab.proxy import TcpProxy
 
-# Every one of these would do something if it ever reached a shell unquoted.
-NASTY = ["a b", "it's", 'say "hi"', "semi;colon", "$(touch pwned)", "`touch pwned`", "x && touch pwned", "*", "back\\slash"]
 ECHO = "import json, os, sys; print(json.dumps([sys.argv[1:], os.getcwd(), os.environ.get('EK_VALUE')]))"
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
 
@@ -36,15 +41,6 @@ DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
 def _no_pwned(*roots: Path) -> None:
     for root in roots:
         assert not list(Path(root).rglob("pwned")), f"a shell ran something under {root}"
-
-
-def _wait_until(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)  # polling a condition with a bound
-    return True
 
 
 # -- device strings and ~/.ssh/config (no network) ---------------------------------------------
@@ -171,25 +167,9 @@ def test_missing_programs_and_directories(ssh_home):
         dev.close()
 
 
-def _alive(pid: int) -> bool:
-    return sshd_mod.alive(pid)
-
-
 @pytest.mark.ssh
 def test_timeout_kills_the_remote_process_group(ssh_device, tmp_path):
-    pidfile = tmp_path / "grandchild.pid"
-    code = (
-        "import subprocess, sys, time; "
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)"
-    )
-    start = time.monotonic()
-    with pytest.raises(TransportError) as err:
-        ssh_device.run([sys.executable, "-c", code], timeout=2)
-    assert time.monotonic() - start < 30
-    assert err.value.message.startswith("command timed out after 2s: ")
-    grandchild = int(pidfile.read_text())
-    assert _wait_until(lambda: not _alive(grandchild)), "the command's child survived the timeout"
+    assert_timeout_kills_the_process_group(ssh_device, tmp_path)
     assert ssh_device.run(["true"]).returncode == 0  # the connection is still usable
 
 
@@ -198,24 +178,8 @@ def test_timeout_kills_the_remote_process_group(ssh_device, tmp_path):
 
 @pytest.mark.ssh
 def test_put_get_sha256_mkdir_with_nasty_names(ssh_device, sshd_server, tmp_path):
-    local = tmp_path / "local"
-    local.mkdir()
-    ssh_device.mkdir("sub dir/$(touch pwned)")
     remote_dir = sshd_server.home / ".edgekit" / "sub dir" / "$(touch pwned)"
-    assert remote_dir.is_dir()
-    for i, name in enumerate(NASTY):
-        src = local / f"src{i}"
-        src.write_bytes(f"payload {i} {name}".encode() * 5000)
-        remote = f"sub dir/$(touch pwned)/{name}"
-        assert ssh_device.sha256(remote) is None
-        ssh_device.put(src, remote)
-        assert ssh_device.sha256(remote) == sha256_file(src)
-        assert (remote_dir / name).read_bytes() == src.read_bytes()
-        assert oct((remote_dir / name).stat().st_mode & 0o777) == "0o644"
-        back = local / f"back {name}"
-        ssh_device.get(remote, back)
-        assert back.read_bytes() == src.read_bytes()
-    assert sorted(os.listdir(remote_dir)) == sorted(NASTY)  # no temp files left
+    assert_nasty_names_round_trip(ssh_device, remote_dir, tmp_path / "local")
     _no_pwned(sshd_server.base, tmp_path)
 
 
@@ -407,7 +371,7 @@ def test_dropped_connection_is_a_link_error_and_the_next_call_reconnects(ssh_dev
     code = "import sys, time; print('started', flush=True); time.sleep(30)"
     import threading
 
-    killer = threading.Thread(target=lambda: _wait_until(lambda: len(sshd_server.connection_pids()) > 2) and sshd_server.kill_connections())
+    killer = threading.Thread(target=lambda: wait_until(lambda: len(sshd_server.connection_pids()) > 2) and sshd_server.kill_connections())
     killer.start()
     start = time.monotonic()
     with pytest.raises(LinkError) as err:
@@ -530,16 +494,8 @@ def test_proxyjump_reaches_a_host_only_the_jump_host_can_see(ssh_home, netns, tm
 
 
 @pytest.fixture
-def tiny_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("a full-disk device needs a tiny tmpfs, and mounting one needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+def tiny_disk(tmpfs):
+    return tmpfs("1m")
 
 
 @pytest.mark.ssh

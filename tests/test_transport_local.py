@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,13 @@ from edgekit.transport import Transport, open_transport
 from edgekit.transport.agentzip import push_agent
 from edgekit.transport.local import LocalTransport
 from edgekit.transport.push import push_bundle, remote_bundle_dir
+from tests.conftest import (
+    NASTY,
+    assert_nasty_names_round_trip,
+    assert_timeout_kills_the_process_group,
+)
 
 # Every one of these would do something if it ever reached a shell.
-NASTY = ["a b", "it's", 'say "hi"', "semi;colon", "$(touch pwned)", "`touch pwned`", "x && touch pwned", "*"]
 ECHO = "import json, sys; print(json.dumps(sys.argv[1:]))"
 
 
@@ -94,51 +97,13 @@ def test_run_bad_commands(dev, tmp_path):
         dev.run([sys.executable, "-c", "pass"], cwd=str(tmp_path / "nope"))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_timeout_kills_the_process_group(dev, tmp_path):
-    pidfile = tmp_path / "grandchild.pid"
-    # The child starts a grandchild (same process group), records its pid, then hangs.
-    code = (
-        "import subprocess, sys, time; "
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)"
-    )
-    start = time.monotonic()
-    with pytest.raises(TransportError) as err:
-        dev.run([sys.executable, "-c", code], timeout=2)
-    assert time.monotonic() - start < 30
-    assert err.value.message.startswith("command timed out after 2s: ")
-    assert sys.executable in err.value.message
-    grandchild = int(pidfile.read_text())
-    deadline = time.monotonic() + 10
-    while _alive(grandchild) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(grandchild)
+    assert_timeout_kills_the_process_group(dev, tmp_path)
 
 
 def test_put_get_sha256_with_nasty_names(dev, tmp_path):
-    local = tmp_path / "local"
-    local.mkdir()
-    dev.mkdir("sub dir/$(touch pwned)")
-    for i, name in enumerate(NASTY):
-        src = local / f"src{i}"
-        src.write_bytes(f"payload {i} {name}".encode() * 1000)
-        remote = f"sub dir/$(touch pwned)/{name}"
-        assert dev.sha256(remote) is None
-        dev.put(src, remote)
-        assert dev.sha256(remote) == sha256_file(src)
-        assert (Path(dev.root) / remote).read_bytes() == src.read_bytes()
-        back = local / f"back {name}"
-        dev.get(remote, back)
-        assert back.read_bytes() == src.read_bytes()
-    assert sorted(os.listdir(Path(dev.root) / "sub dir" / "$(touch pwned)")) == sorted(NASTY)  # no temp files
+    remote_dir = Path(dev.root) / "sub dir" / "$(touch pwned)"
+    assert_nasty_names_round_trip(dev, remote_dir, tmp_path / "local")
     _no_pwned(tmp_path)
 
 

@@ -4,19 +4,26 @@
 * ``ssh_home``: a temp HOME whose ``~/.ssh/config`` describes that server as ``Host lab``
   (HOME is set for this process and for ``cli`` subprocesses; ssh-agent is hidden);
 * ``ssh_device``: an ``SshTransport`` to ``lab`` with the server's key already known;
-* ``netns``: a factory of network-namespace hosts (root only), torn down after the test.
+* ``netns``: a factory of network-namespace hosts (root only), torn down after the test;
+* ``tmpfs``: ``tmpfs("1m")`` mounts a tiny tmpfs to fill up (root only), unmounted after the test;
+* ``emulated_boards(*specs)``: not a fixture but what a module-scoped board fixture yields from:
+  emulated arm64 boards (tests/lab/armboard.py) started under the lab lock, stopped after.
 
 Tests that need them skip with the lab's reason when this machine cannot run an sshd.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.lab import armboard
 from tests.lab import netns as netns_mod
 from tests.lab import sshd as sshd_mod
 
@@ -82,11 +89,7 @@ class SshHome:
 
 @pytest.fixture
 def ssh_home(sshd_server, tmp_path_factory, monkeypatch) -> SshHome:
-    home = tmp_path_factory.mktemp("client-home")
-    (home / ".ssh").mkdir(mode=0o700)
-    (home / ".ssh" / "config").write_text(sshd_server.ssh_config("lab"))
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    home = client_home(tmp_path_factory.mktemp("client-home"), sshd_server.ssh_config("lab"), monkeypatch)
     return SshHome(home, sshd_server)
 
 
@@ -121,9 +124,59 @@ def netns():
         ns.destroy()
 
 
+@pytest.fixture
+def tmpfs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a full-disk device needs a tiny tmpfs, and mounting one needs root")
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        mnt = tmp_path / f"tmpfs-{len(mounted)}"
+        mnt.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@contextlib.contextmanager
+def emulated_boards(*specs: tuple[str, str, int]) -> Iterator[dict[str, armboard.Board]]:
+    """Boards ``(name, cpu, index)`` by name; skips with the reason when this machine cannot run them."""
+    reason = armboard.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    try:
+        armboard.ensure_rootfs(log=lambda msg: None)
+    except armboard.LabUnavailable as exc:
+        pytest.skip(f"cannot build the arm64 root filesystem here: {exc}")
+    started: dict[str, armboard.Board] = {}
+    with armboard.lab_lock():  # another test session may be using these boards
+        try:
+            for name, cpu, index in specs:
+                started[name] = armboard.start_board(name, cpu, index, log=lambda msg: None)
+            yield started
+        finally:
+            for name in started:
+                armboard.stop_board(name)
+
+
+def client_home(home: Path, ssh_config: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``home`` as this process's HOME with ``ssh_config`` as its ~/.ssh/config, ssh-agent hidden."""
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    (home / ".ssh" / "config").write_text(ssh_config)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    return home
+
+
 def device_path(server: sshd_mod.Sshd, remote: str) -> Path:
     """Where a device path of a loopback server lives on this machine (it is this machine)."""
     return Path(remote) if os.path.isabs(remote) else server.home / ".edgekit" / remote
 
 
-__all__ = ["_ssh_lab_ready", "pytest_configure", "netns", "ssh_device", "ssh_home", "sshd_server"]  # the fixtures
+__all__ = ["_ssh_lab_ready", "pytest_configure", "netns", "ssh_device", "ssh_home", "sshd_server", "tmpfs"]  # the fixtures
