@@ -17,6 +17,7 @@ from edgekit.devices.fleet import DEFAULT_JOBS
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 
 
+@common.options("bench", "ssh")
 def bench(
     bundle_dir: Annotated[
         Path,
@@ -33,18 +34,12 @@ def bench(
     variants: Annotated[
         list[str] | None, typer.Option("--variant", metavar="NAME", help="Bench only this variant (repeatable). Default: all.")
     ] = None,
-    warmup: common.Warmup = None,
-    iterations: common.Iterations = None,
-    duration: common.Duration = None,
-    threads: common.Threads = None,
     backend: common.Backend = None,
     shape: common.Shape = None,
-    trust_new_host: common.TrustNewHost = False,
-    password: common.Password = False,
-    inventory: common.Inventory = None,
     jobs: common.Jobs = DEFAULT_JOBS,
     lock_wait: common.LockWait = DEFAULT_LOCK_WAIT,
-    json_: Annotated[bool, typer.Option("--json", help="Print the stored records as one JSON list.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the stored records as one JSON list.")] = False,
+    **opts,
 ) -> None:
     """Benchmark a bundle's variants on a device and store each run.
 
@@ -67,13 +62,13 @@ def bench(
     from edgekit.devices import resolve_devices
     from edgekit.errors import UsageError
 
+    json_, inventory = json_out, opts["inventory"]
     out = common.output(json_)
     entries = resolve_devices(device or [], inventory)
     entry = entries[0] if entries else None
     options = dict(
-        device=entry, warmup=warmup, iterations=iterations, duration_s=duration, threads=threads, backend=backend,
-        shapes=common.shapes(shape), trust_new_host=trust_new_host, password=common.ssh_password(password, entry),
-        lock_wait=lock_wait,
+        device=entry, **common.bench_args(opts), backend=backend, shapes=common.shapes(shape),
+        trust_new_host=opts["trust_new_host"], password=common.ssh_password(opts["password"], entry), lock_wait=lock_wait,
     )  # fmt: skip
     if bundle_dir.is_file() or bundle_dir.suffix.lower() in api.MODEL_SUFFIXES:
         if variants:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -63,6 +65,48 @@ Warmup = Annotated[int | None, typer.Option("--warmup", min=0, metavar="N", help
 Iterations = Annotated[int | None, typer.Option("--iterations", "-n", min=1, metavar="N", help="Timed runs (default: the profile's).")]
 Duration = Annotated[float | None, typer.Option("--duration", min=0.001, metavar="SECONDS", help="Time for this many seconds instead of a count.")]
 Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else all cores).")]
+
+# Option groups several commands take: name -> (annotation, default). ``options`` adds them.
+GROUPS: dict[str, dict[str, tuple]] = {
+    "quantize": {
+        "calib": (Calib, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, "minmax"),
+        "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None),
+    },
+    "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "threads": (Threads, None)},
+    "ssh": {"trust_new_host": (TrustNewHost, False), "password": (Password, False), "inventory": (Inventory, None)},
+}  # fmt: skip
+
+
+def options(*groups: str) -> Callable:
+    """Add the option ``groups`` to a command; it takes them as keyword arguments (``**opts``),
+    and ``--json`` (its ``json_out``) stays last in --help."""
+
+    def add(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True).parameters.values()
+        params = [p.replace(kind=p.KEYWORD_ONLY) for p in own if p.kind is not p.VAR_KEYWORD]
+        last = [p for p in params if p.name == "json_out"]
+        params = [p for p in params if p.name != "json_out"] + [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind, default=default)
+            for group in groups for name, (kind, default) in GROUPS[group].items()
+        ] + last  # fmt: skip
+        command.__signature__ = inspect.Signature(params, return_annotation=None)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return add
+
+
+def quantize_args(opts: dict) -> dict:
+    """The "quantize" group as the API's keyword arguments."""
+    return dict(
+        calib=opts["calib"], eval=opts["eval_data"], labels=opts["labels"], method=check_method(opts["method"]),
+        exclude=opts["exclude"], shapes=shapes(opts["shape"]), preprocess=preprocess(opts["preprocess"]),
+    )  # fmt: skip
+
+
+def bench_args(opts: dict) -> dict:
+    """The "bench" group as the API's keyword arguments."""
+    return dict(warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], threads=opts["threads"])
 
 
 def output(json_mode: bool) -> Output:

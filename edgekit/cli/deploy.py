@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
     app.command("deploy")(deploy)
 
 
+@common.options("quantize", "bench", "ssh")
 def deploy(
     model: Annotated[Path, typer.Argument(help="The float ONNX model (or a .tflite, which runs as it is).", show_default=False)],
     target: Annotated[str | None, typer.Option("--target", "-t", help="Target profile name or path to a profile TOML (default: the device's inventory profile, else local).")] = None,
@@ -25,27 +26,14 @@ def deploy(
     no_quantize: Annotated[bool, typer.Option("--no-quantize", help="Deploy the float model only.")] = False,
     no_bench: Annotated[bool, typer.Option("--no-bench", help="Build the bundle, don't push or benchmark.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and stop.")] = False,
-    calib: common.Calib = None,
-    eval_data: common.Eval = None,
-    labels: common.Labels = None,
-    method: common.Method = "minmax",
-    exclude: common.Exclude = None,
-    shape: common.Shape = None,
-    preprocess: common.PreprocessOpt = None,
-    warmup: common.Warmup = None,
-    iterations: common.Iterations = None,
-    duration: common.Duration = None,
-    threads: common.Threads = None,
     out_dir: Annotated[Path | None, typer.Option("--output", "-o", help="Bundle directory (default: edgekit-out/MODEL-TARGET).")] = None,
-    trust_new_host: common.TrustNewHost = False,
-    password: common.Password = False,
-    inventory: common.Inventory = None,
     jobs: common.Jobs = DEFAULT_JOBS,
     provision: Annotated[bool, typer.Option("--provision", help="Install the plan's runtime on the device first when it lacks it.")] = False,
     lock_wait: common.LockWait = DEFAULT_LOCK_WAIT,
     max_drop: Annotated[float, typer.Option("--max-drop", min=0, max=100, metavar="POINTS", help="The int8 gate: accuracy points int8 may lose against --labels (default 1).")] = 1.0,
     require_int8: Annotated[bool, typer.Option("--require-int8", help="Exit 5 when the int8 gate recommends float (int8 not faster on the device, or not accurate enough).")] = False,
     json_out: common.Json = False,
+    **opts,
 ) -> None:
     """Quantize MODEL, bundle it for a target, push it to the device, benchmark fp32 vs int8 there.
 
@@ -62,6 +50,7 @@ def deploy(
     from edgekit.devices import resolve_devices
 
     o = common.output(json_out)
+    inventory = opts["inventory"]
     entries = resolve_devices(device or [], inventory)
     entry = entries[0] if entries else None
     req = api.request(
@@ -71,20 +60,11 @@ def deploy(
         backend=backend,
         quantize=not no_quantize,
         goal="bundle" if no_bench else "deploy",
-        calib=calib,
-        eval=eval_data,
-        labels=labels,
-        method=common.check_method(method),
-        exclude=exclude,
-        shapes=common.shapes(shape),
-        preprocess=common.preprocess(preprocess),
-        warmup=warmup,
-        iterations=iterations,
-        duration_s=duration,
-        threads=threads,
+        **common.quantize_args(opts),
+        **common.bench_args(opts),
         output=out_dir,
-        trust_new_host=trust_new_host,
-        password=common.ssh_password(password, entry),
+        trust_new_host=opts["trust_new_host"],
+        password=common.ssh_password(opts["password"], entry),
         inventory=inventory,
         provision=provision,
         lock_wait=lock_wait,

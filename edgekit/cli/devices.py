@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import contextlib
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -22,19 +23,25 @@ TargetOpt = Annotated[
 ]
 
 
-def _connect(entry, profile, trust_new_host: bool, password: bool, o):
-    from edgekit.devices import connect
-
-    return connect(entry, profile, trust_new_host=trust_new_host, password=common.ssh_password(password, entry), log=o.info)
-
-
-def _entry_and_profile(device: str, target: str | None, inventory: Path | None):
+def _entry_and_profile(device: str, target: str | None, opts: dict):
     from edgekit.devices import resolve_devices
     from edgekit.profiles import load_profile
 
-    entry = resolve_devices([device], inventory)[0]
-    profile = load_profile(target or entry.profile or ("local" if entry.is_local else "linux-cpu"))
-    return entry, profile
+    entry = resolve_devices([device], opts["inventory"])[0]
+    return entry, load_profile(target or entry.profile or ("local" if entry.is_local else "linux-cpu"))
+
+
+@contextlib.contextmanager
+def _connect(entry, profile, opts: dict, o) -> Iterator:
+    """The device's transport for one command, closed on the way out."""
+    from edgekit.devices import connect
+
+    password = common.ssh_password(opts["password"], entry)
+    transport = connect(entry, profile, trust_new_host=opts["trust_new_host"], password=password, log=o.info)
+    try:
+        yield transport
+    finally:
+        transport.close()
 
 
 @app.command("list")
@@ -64,13 +71,12 @@ def list_devices(inventory: common.Inventory = None, json_out: common.Json = Fal
 
 
 @app.command("check")
+@common.options("ssh")
 def check(
     device: DeviceArg,
     target: TargetOpt = None,
-    inventory: common.Inventory = None,
-    trust_new_host: common.TrustNewHost = False,
-    password: common.Password = False,
     json_out: common.Json = False,
+    **opts,
 ) -> None:
     """Probe DEVICE and check it against a profile: arch, ISA, runtimes, memory, disk.
 
@@ -85,15 +91,11 @@ def check(
     from edgekit.devices.lock import describe_holder, lock_status
     from edgekit.devices.preflight import fact_rows, preflight
 
-    entry, profile = _entry_and_profile(device, target, inventory)
+    entry, profile = _entry_and_profile(device, target, opts)
     o = common.output(json_out)
-    transport = _connect(entry, profile, trust_new_host, password, o)
-    try:
-        with o.progress(f"probing {entry.name}"):
-            report = preflight(transport, profile, device=entry.name)
-            lock = lock_status(transport)
-    finally:
-        transport.close()
+    with _connect(entry, profile, opts, o) as transport, o.progress(f"probing {entry.name}"):
+        report = preflight(transport, profile, device=entry.name)
+        lock = lock_status(transport)
     if json_out:
         o.json({**report.to_dict(), "lock": lock})
     else:
@@ -109,6 +111,7 @@ def check(
 
 
 @app.command("provision")
+@common.options("ssh")
 def provision(
     device: DeviceArg,
     runtime: Annotated[
@@ -116,12 +119,10 @@ def provision(
         typer.Option("--runtime", "-r", metavar="NAME", help="onnxruntime, openvino, tflite or numpy. Default: what the profile's plan needs."),
     ] = None,
     target: TargetOpt = None,
-    inventory: common.Inventory = None,
     offline: Annotated[bool, typer.Option("--offline", help="Don't let the device try the registry: download wheels here and push them.")] = False,
     lock_wait: Annotated[float, typer.Option("--lock-wait", min=0, metavar="SECONDS", help="Wait this long for another job's lock on the device.")] = 0.0,
-    trust_new_host: common.TrustNewHost = False,
-    password: common.Password = False,
     json_out: common.Json = False,
+    **opts,
 ) -> None:
     """Install a runtime into edgekit's own venv on DEVICE (<workdir>/venv).
 
@@ -139,18 +140,15 @@ def provision(
     from edgekit.errors import UsageError
     from edgekit.targets import get_backend
 
-    entry, profile = _entry_and_profile(device, target, inventory)
+    entry, profile = _entry_and_profile(device, target, opts)
     if runtime is None:
         usable = [b.name for b in profile.backends if get_backend(b.name).implemented and provisionable(b.name)]
         runtime = next((n for n in usable if "onnx" in get_backend(n).formats), usable[0] if usable else None)
         if runtime is None:
             raise UsageError(f"profile {profile.name} names no runtime edgekit can provision", f"pass --runtime ({', '.join(RUNTIMES)})")
     o = common.output(json_out)
-    transport = _connect(entry, profile, trust_new_host, password, o)
-    try:
+    with _connect(entry, profile, opts, o) as transport:
         result = run_provision(transport, runtime, offline=offline, device=entry.name, events=o, lock_wait=lock_wait)
-    finally:
-        transport.close()
     if json_out:
         o.json(result.to_dict())
         return
@@ -165,13 +163,12 @@ def provision(
 
 
 @app.command("unlock")
+@common.options("ssh")
 def unlock(
     device: DeviceArg,
     target: TargetOpt = None,
-    inventory: common.Inventory = None,
-    trust_new_host: common.TrustNewHost = False,
-    password: common.Password = False,
     json_out: common.Json = False,
+    **opts,
 ) -> None:
     """Remove DEVICE's lock, whoever holds it: for a job that died (a lock also expires by itself).
 
@@ -181,13 +178,10 @@ def unlock(
     """
     from edgekit.devices.lock import break_lock, describe_holder
 
-    entry, profile = _entry_and_profile(device, target, inventory)
+    entry, profile = _entry_and_profile(device, target, opts)
     o = common.output(json_out)
-    transport = _connect(entry, profile, trust_new_host, password, o)
-    try:
+    with _connect(entry, profile, opts, o) as transport:
         holder = break_lock(transport)
-    finally:
-        transport.close()
     if json_out:
         o.json({"device": entry.name, "removed": holder is not None, "holder": holder})
     elif holder is not None:
