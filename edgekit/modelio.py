@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from edgekit.errors import ModelError, UsageError
 from edgekit.fsutil import sha256_file
 from edgekit.modelio_tflite import is_tflite, load_tflite
-from edgekit.tensorspec import IOSpec
+from edgekit.tensorspec import IOSpec, shape_overrides
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -187,17 +187,9 @@ def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = Non
         raise ModelError(f"invalid ONNX model {path}: {_first_line(exc)}", "re-export the model; its shapes do not fit together") from exc
 
     sidecar = read_sidecar(path)
-    wanted = dict(sidecar.shapes)
-    wanted.update(shapes or {})
     init_names = {t.name for t in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in init_names]
-    known = {i.name for i in graph_inputs}
-    for name in wanted:
-        if name not in known:
-            raise UsageError(
-                f"--shape names input '{name}', but the model's inputs are: {', '.join(sorted(known))}",
-                "use one of the model's input names",
-            )
+    wanted = shape_overrides(sidecar.shapes, shapes, {i.name for i in graph_inputs})
     inputs = []
     for inp in graph_inputs:
         tt = inp.type.tensor_type

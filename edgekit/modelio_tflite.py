@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from edgekit.errors import ModelError, UsageError
 from edgekit.fsutil import sha256_file
-from edgekit.tensorspec import IOSpec
+from edgekit.tensorspec import IOSpec, shape_overrides
 
 FORMAT = "tflite"
 SUFFIX = ".tflite"
@@ -126,15 +126,7 @@ def load_tflite(path: Path, raw: bytes, shapes: dict[str, tuple[int, ...]] | Non
     if not specs_in:
         raise ModelError(f"TFLite model {path} has no inputs", "re-export the model with its input tensors")
 
-    wanted = dict(sidecar.shapes)
-    wanted.update(shapes or {})
-    known = [name for name, *_ in specs_in]
-    for name in wanted:
-        if name not in known:
-            raise UsageError(
-                f"--shape names input '{name}', but the model's inputs are: {', '.join(sorted(known))}",
-                "use one of the model's input names",
-            )
+    wanted = shape_overrides(sidecar.shapes, shapes, [name for name, *_ in specs_in])
     inputs = []
     for name, shape, signature, dtype in specs_in:
         if dtype is None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from edgekit.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -17,3 +20,17 @@ class IOSpec:
 
 
 TensorSpec = IOSpec  # the name the bundle manifest's readers use
+
+
+def shape_overrides(
+    sidecar: Mapping[str, tuple[int, ...]], given: Mapping[str, tuple[int, ...]] | None, inputs: Collection[str]
+) -> dict[str, tuple[int, ...]]:
+    """The sidecar's input shapes, then ``--shape``'s over them; each must name one of ``inputs``."""
+    wanted = {**sidecar, **(given or {})}
+    for name in wanted:
+        if name not in inputs:
+            raise UsageError(
+                f"--shape names input '{name}', but the model's inputs are: {', '.join(sorted(inputs))}",
+                "use one of the model's input names",
+            )
+    return wanted

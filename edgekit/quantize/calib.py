@@ -8,9 +8,10 @@ images with the model's preprocessing, or random data (with a loud warning).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -212,25 +213,22 @@ def _check_array(arr: np.ndarray, spec: IOSpec, where: Path, expect_shape: tuple
     return arr.astype(want, copy=False)
 
 
-def _check_feed(feed: Feed, inputs: Sequence[IOSpec], where: Path) -> Feed:
-    names = {s.name for s in inputs}
-    missing = names - set(feed)
-    if missing:
-        raise CalibrationError(
-            f"{where}: no array for input(s) {', '.join(sorted(missing))} (has: {', '.join(sorted(feed)) or 'nothing'})",
-            "key each array by the model's input name",
-        )
-    return {s.name: _check_array(feed[s.name], s, where, s.shape) for s in inputs}
-
-
-def _stacked(arrays: dict[str, np.ndarray], inputs: Sequence[IOSpec], where: Path) -> list[Feed]:
-    names = {s.name for s in inputs}
-    missing = names - set(arrays)
+def _require_inputs(arrays: Mapping[str, Any], inputs: Sequence[IOSpec], where: Path) -> None:
+    missing = {s.name for s in inputs} - set(arrays)
     if missing:
         raise CalibrationError(
             f"{where}: no array for input(s) {', '.join(sorted(missing))} (has: {', '.join(sorted(arrays)) or 'nothing'})",
             "key each array by the model's input name",
         )
+
+
+def _check_feed(feed: Feed, inputs: Sequence[IOSpec], where: Path) -> Feed:
+    _require_inputs(feed, inputs, where)
+    return {s.name: _check_array(feed[s.name], s, where, s.shape) for s in inputs}
+
+
+def _stacked(arrays: dict[str, np.ndarray], inputs: Sequence[IOSpec], where: Path) -> list[Feed]:
+    _require_inputs(arrays, inputs, where)
     counts = set()
     for spec in inputs:
         arr = arrays[spec.name]
