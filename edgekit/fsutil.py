@@ -53,11 +53,13 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: Path, size: int | None = None) -> str:
+    """sha256 of a local file, or of its first ``size`` bytes (what a resumed upload keeps)."""
+    h, left = hashlib.sha256(), float("inf") if size is None else size
     with open(path, "rb") as fh:
-        while block := fh.read(chunk):
+        while left > 0 and (block := fh.read(int(min(1 << 20, left)))):
             h.update(block)
+            left -= len(block)
     return h.hexdigest()
 
 

@@ -6,7 +6,6 @@ cannot tell the implementations apart.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 import shlex
@@ -144,13 +143,3 @@ def part_name(dest: str, digest: str, resume: bool) -> str:
     parent, base = posixpath.split(dest)
     tag = digest[:16] if resume else uuid.uuid4().hex[:12]
     return posixpath.join(parent, f".{base}.{tag}.part")
-
-
-def prefix_sha256(path: Path, size: int) -> str:
-    """sha256 of the first ``size`` bytes of a local file (the part a resumed upload keeps)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while size > 0 and (block := fh.read(min(1 << 20, size))):
-            h.update(block)
-            size -= len(block)
-    return h.hexdigest()

@@ -18,14 +18,7 @@ from pathlib import Path
 
 from edgekit.errors import TransportError
 from edgekit.fsutil import atomic_path, cache_dir, fsync_path, sha256_file
-from edgekit.transport.base import (
-    CommandResult,
-    PutProgress,
-    PutStats,
-    Transport,
-    part_name,
-    prefix_sha256,
-)
+from edgekit.transport.base import CommandResult, PutProgress, PutStats, Transport, part_name
 
 
 def default_root() -> Path:
@@ -93,7 +86,7 @@ class LocalTransport(Transport):
         tmp = Path(part_name(str(dest), digest, resume))
         size = local.stat().st_size
         offset = tmp.stat().st_size if resume and tmp.is_file() else 0
-        if not 0 < offset <= size or sha256_file(tmp) != prefix_sha256(local, offset):
+        if not 0 < offset <= size or sha256_file(tmp) != sha256_file(local, offset):
             offset = 0
         if offset and progress is not None:
             progress(0, offset)

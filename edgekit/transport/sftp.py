@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import DeviceError, LinkError, TransportError
-from edgekit.fsutil import atomic_path
-from edgekit.transport.base import PutProgress, PutStats, part_name, prefix_sha256
+from edgekit.fsutil import atomic_path, sha256_file
+from edgekit.transport.base import PutProgress, PutStats, part_name
 from edgekit.transport.sshconnect import WINDOW_SIZE
 
 BLOCK = 256 * 1024  # local read size for uploads (SFTP splits it into 32 KiB requests)
@@ -109,7 +109,7 @@ class SftpFiles:
                 with contextlib.suppress(FileNotFoundError):
                     offset = sftp.stat(tmp).st_size or 0
         # what a dropped link left is kept only when the device's hash of it is the local prefix
-        if not 0 < offset <= size or self._hash(tmp, offset) != prefix_sha256(local, offset):
+        if not 0 < offset <= size or self._hash(tmp, offset) != sha256_file(local, offset):
             offset = 0
         sent = 0
         resumed_from = offset
