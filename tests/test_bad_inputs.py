@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 import pytest
 
+from tests.builders import onnx_model
 from tests.conftest import EXAMPLES, CliResult, assert_one_line_error
 
 USAGE, INPUT, DEVICE = 2, 3, 4
@@ -132,13 +133,6 @@ CASES = [
 XFAIL: dict[str, str] = {}
 
 
-def _model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
-    graph = onnx.helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    m = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    return m
-
-
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory) -> Path:
     from onnx import TensorProto, numpy_helper
@@ -156,12 +150,12 @@ def bad(tmp_path_factory) -> Path:
     onnx.save(m, d / "opset999.onnx")
     w = numpy_helper.from_array(np.ones((5, 3), np.float32), "w")
     mm = [make_node("MatMul", ["x", "w"], ["y"])]
-    onnx.save(_model(mm, [vi("x", TensorProto.FLOAT, [1, 4])], [vi("y", TensorProto.FLOAT, [1, 3])], [w]), d / "badmatmul.onnx")
-    onnx.save(_model(mm, [vi("x", TensorProto.FLOAT, [1, 4])], [vi("y", TensorProto.FLOAT, None)], [w]), d / "nograph_output.onnx")
-    onnx.save(_model([], [vi("x", TensorProto.FLOAT, [1, 4])], [vi("x", TensorProto.FLOAT, [1, 4])]), d / "nonodes.onnx")
+    onnx.save(onnx_model(mm, [vi("x", TensorProto.FLOAT, [1, 4])], [vi("y", TensorProto.FLOAT, [1, 3])], [w]), d / "badmatmul.onnx")
+    onnx.save(onnx_model(mm, [vi("x", TensorProto.FLOAT, [1, 4])], [vi("y", TensorProto.FLOAT, None)], [w]), d / "nograph_output.onnx")
+    onnx.save(onnx_model([], [vi("x", TensorProto.FLOAT, [1, 4])], [vi("x", TensorProto.FLOAT, [1, 4])]), d / "nonodes.onnx")
     relu = [make_node("Relu", ["x"], ["y"])]
-    onnx.save(_model(relu, [vi("x", TensorProto.FLOAT, ["N", 4])], [vi("y", TensorProto.FLOAT, ["N", 4])]), d / "dynamic.onnx")
-    ext = _model(mm, [vi("x", TensorProto.FLOAT, [1, 5])], [vi("y", TensorProto.FLOAT, [1, 3])], [w])
+    onnx.save(onnx_model(relu, [vi("x", TensorProto.FLOAT, ["N", 4])], [vi("y", TensorProto.FLOAT, ["N", 4])]), d / "dynamic.onnx")
+    ext = onnx_model(mm, [vi("x", TensorProto.FLOAT, [1, 5])], [vi("y", TensorProto.FLOAT, [1, 3])], [w])
     onnx.save(ext, d / "external.onnx", save_as_external_data=True, all_tensors_to_one_file=True, location="w.data", size_threshold=0)
     (d / "w.data").unlink()
 

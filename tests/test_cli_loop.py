@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tests.builders import float_io, onnx_model
 from tests.conftest import EXAMPLES, assert_one_line_error
 
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
@@ -141,15 +142,10 @@ def test_plan_targets(cli):
 
 
 def test_plan_lists_float_nodes_with_reasons(cli, tmp_path):
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])
     w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3], np.ones(12, dtype=np.float32))
-    g = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Softmax", ["h"], ["y"], name="sm")],
-        "g", [x], [y], [w],
-    )
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"), helper.make_node("Softmax", ["h"], ["y"], name="sm")]
     path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    onnx.save(onnx_model(nodes, [float_io("x", [1, 4])], [float_io("y", [1, 3])], [w], opset=13, ir_version=None), str(path))
     doc = json.loads(cli("plan", path, "--json").stdout)
     assert doc["float_nodes"] == [{"name": "sm", "op": "Softmax", "kind": "float", "reason": "no int8 rule for Softmax in the native scheme"}]
 

@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from edgekit.fsutil import atomic_path, write_bytes_atomic
+from tests.builders import float_io, onnx_model
 from tests.conftest import EXAMPLES, assert_one_line_error
 
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
@@ -44,15 +45,10 @@ def test_an_unknown_opset_is_an_input_error_not_a_bug(cli, tmp_path):
 
 
 def test_contradicting_shapes_are_an_input_error(cli, tmp_path):
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     w = numpy_helper.from_array(np.ones((5, 3), np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [w],
-    )  # fmt: skip
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
+    m = onnx_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [float_io("x", [1, 4])], [float_io("y", [1, 3])], [w])
     onnx.save(m, tmp_path / "mm.onnx")
     r = cli("quantize", "mm.onnx", "-o", "out.onnx")
     assert_one_line_error(r, 3, "invalid ONNX model mm.onnx: [ShapeInferenceError]")

@@ -19,19 +19,12 @@ import pytest
 from realmodels import cls_dataset, cls_samples, det_samples, rapidocr_model
 
 from edgekit.modelio import LoadedModel, load_model
-from edgekit.quantize import (
-    SCHEMES,
-    FeedSet,
-    load_feeds,
-    qmath,
-    quantize_model,
-    save_model,
-)
+from edgekit.quantize import SCHEMES, FeedSet, load_feeds, qmath, quantize_model, save_model
 from edgekit.quantize.prepare import prepare
+from tests.conftest import EXAMPLES
 
-REPO = Path(__file__).resolve().parents[1]
-DIGITS = REPO / "examples" / "digits" / "digits_cnn.onnx"
-MNV2 = REPO / "examples" / "mobilenetv2" / "mobilenetv2.onnx"
+DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
+MNV2 = EXAMPLES / "mobilenetv2" / "mobilenetv2.onnx"
 
 
 @dataclass
