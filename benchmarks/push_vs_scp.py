@@ -68,6 +68,41 @@ def bundle_files(bundle) -> list[Path]:
     return [bundle.path(f.path) for f in bundle.manifest.files] + [bundle.root / "manifest.json"]
 
 
+def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per round: scp of the bundle's files, a first push, and a push of the same bundle again."""
+    from paramiko import SSHConfig
+
+    known = work / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    config = SSHConfig.from_text(server.ssh_config("bench") + f"    UserKnownHostsFile {known}\n")
+    scp_opts = [*server.ssh_argv(), "-P", str(server.port), "-q"]
+    remote = f"{server.user}@127.0.0.1"
+    times: dict[str, list[float]] = {"scp": [], "push_cold": [], "push_warm": []}
+    for i in range(repeats):
+        dest = server.home / f"scp-{i}"
+        dest.mkdir()
+        start = time.perf_counter()
+        subprocess.run(["scp", *scp_opts, *map(str, files), f"{remote}:{dest}/"], check=True)
+        times["scp"].append(time.perf_counter() - start)
+        shutil.rmtree(dest)
+
+        workdir = str(server.home / f"push-{i}")
+        start = time.perf_counter()
+        dev = SshTransport("bench", workdir=workdir, python=sys.executable, ssh_config=config)
+        result = push_bundle(dev, bundle)
+        times["push_cold"].append(time.perf_counter() - start)
+        assert result.bytes_sent == total, (result.bytes_sent, total)
+        start = time.perf_counter()
+        again = push_bundle(dev, bundle)
+        times["push_warm"].append(time.perf_counter() - start)
+        assert again.bytes_sent == 0
+        dev.close()
+        shutil.rmtree(workdir)
+        print(f"round {i + 1}/{repeats}: scp {times['scp'][-1]:.3f}s, push {times['push_cold'][-1]:.3f}s, "
+              f"again {times['push_warm'][-1]:.3f}s", file=sys.stderr)  # fmt: skip
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=int, default=50, help="size of the random file in the bundle (default 50)")
@@ -81,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
         print("error: scp is not installed (apt-get install openssh-client)", file=sys.stderr)
         return 2
 
-    from paramiko import SSHConfig
-
     from tests.lab.sshd import LabUnavailable, Sshd
 
     with tempfile.TemporaryDirectory(prefix="edgekit-push-bench-") as tmp:
@@ -92,41 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         files = bundle_files(bundle)
         total = sum(p.stat().st_size for p in files)
         try:
-            server = Sshd(work / "sshd").start()
+            with Sshd(work / "sshd") as server:
+                times = _measure(server, work, bundle, files, total, args.repeats)
         except LabUnavailable as exc:
             print(f"error: cannot start the loopback sshd: {exc}", file=sys.stderr)
             return 1
-        try:
-            known = work / "known_hosts"
-            known.write_text(server.known_hosts_line())
-            config = SSHConfig.from_text(server.ssh_config("bench") + f"    UserKnownHostsFile {known}\n")
-            scp_opts = [*server.ssh_argv(), "-P", str(server.port), "-q"]
-            remote = f"{server.user}@127.0.0.1"
-            times: dict[str, list[float]] = {"scp": [], "push_cold": [], "push_warm": []}
-            for i in range(args.repeats):
-                dest = server.home / f"scp-{i}"
-                dest.mkdir()
-                start = time.perf_counter()
-                subprocess.run(["scp", *scp_opts, *map(str, files), f"{remote}:{dest}/"], check=True)
-                times["scp"].append(time.perf_counter() - start)
-                shutil.rmtree(dest)
-
-                workdir = str(server.home / f"push-{i}")
-                start = time.perf_counter()
-                dev = SshTransport("bench", workdir=workdir, python=sys.executable, ssh_config=config)
-                result = push_bundle(dev, bundle)
-                times["push_cold"].append(time.perf_counter() - start)
-                assert result.bytes_sent == total, (result.bytes_sent, total)
-                start = time.perf_counter()
-                again = push_bundle(dev, bundle)
-                times["push_warm"].append(time.perf_counter() - start)
-                assert again.bytes_sent == 0
-                dev.close()
-                shutil.rmtree(workdir)
-                print(f"round {i + 1}/{args.repeats}: scp {times['scp'][-1]:.3f}s, push {times['push_cold'][-1]:.3f}s, "
-                      f"again {times['push_warm'][-1]:.3f}s", file=sys.stderr)  # fmt: skip
-        finally:
-            server.stop()
 
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["scp"] / med["push_cold"]
