@@ -62,8 +62,8 @@ def bench(
     from edgekit.devices import resolve_devices
     from edgekit.errors import UsageError
 
-    json_, inventory = json_out, opts["inventory"]
-    out = common.output(json_)
+    inventory = opts["inventory"]
+    out = common.output(json_out)
     entries = resolve_devices(device or [], inventory)
     entry = entries[0] if entries else None
     options = dict(
@@ -84,16 +84,16 @@ def bench(
         result = api.bench(bundle_dir, events=out, target=target, output=output, **options)
         out.info(f"bundle: {result.bundle.root} (bench it again with: edgekit bench {result.bundle.root})")
         p = result.plan
-        _print(out, result, f"{p.model} on {p.device} (target {p.profile}, backend {p.backend})", json_)
+        _print(out, result, f"{p.model} on {p.device} (target {p.profile}, backend {p.backend})", json_out)
         return
     if common.is_fleet(entries, inventory):
-        _bench_fleet(out, bundle_dir, entries, target, variants, options, jobs=jobs, json_=json_)
+        _bench_fleet(out, bundle_dir, entries, target, variants, options, jobs=jobs, json_out=json_out)
         return
     result = api.bench(bundle_dir, variants=variants, events=out, target=target, **options)
-    _print(out, result, f"{result.plan.model} on {result.plan.device} (target {result.plan.profile})", json_)
+    _print(out, result, f"{result.plan.model} on {result.plan.device} (target {result.plan.profile})", json_out)
 
 
-def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, options: dict, *, jobs: int, json_: bool) -> None:
+def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, options: dict, *, jobs: int, json_out: bool) -> None:
     """The same bundle on every device in parallel; the records of each are stored under its name."""
     from edgekit import api
     from edgekit.bundle import load_bundle
@@ -120,14 +120,14 @@ def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, optio
 
     render.report_fleet(
         out, fleet, title=f"{bundle.manifest.model_name} on {len(entries)} device(s) (target {profile.name})",
-        columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=row, json_out=json_,
+        columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=row, json_out=json_out,
         to_json=lambda r: [{"id": rid, **rec} for rid, rec in zip(r.run_ids, r.records)],
     )  # fmt: skip
 
 
-def _print(out: Output, result, title: str, json_: bool) -> None:
+def _print(out: Output, result, title: str, json_out: bool) -> None:
     out.info(f"stored as run(s) {', '.join(map(str, result.run_ids))} (see: edgekit results show ID)")
-    if json_:
+    if json_out:
         out.json([{"id": rid, **rec} for rid, rec in zip(result.run_ids, result.records)])
         return
     render.print_runs(out, result.to_dict(), title)

@@ -16,24 +16,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from edgekit.devices.inventory import (
-    DeviceEntry,
-    Inventory,
-    default_inventory_path,
-    load_inventory,
-    resolve_devices,
-)
+from edgekit.devices.inventory import DeviceEntry, resolve_devices
 from edgekit.profiles import Profile
 from edgekit.transport.base import Transport
 
-__all__ = [
-    "DeviceEntry",
-    "Inventory",
-    "connect",
-    "default_inventory_path",
-    "load_inventory",
-    "resolve_devices",
-]
+__all__ = ["DeviceEntry", "connect", "resolve_devices"]
 
 
 def connect(

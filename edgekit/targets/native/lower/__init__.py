@@ -37,14 +37,12 @@ from edgekit.targets.native.lower.walk import Lowerer, LoweringError, LowerRepor
 def lower(model: onnx.ModelProto) -> tuple[ekm.EkmModel, LowerReport]:
     """Lower a QDQ ONNX model; LoweringError names the first node ekrt cannot run."""
     lw = Lowerer(model, LOWERINGS)
-    m = lw.run()
-    return m, lw.report
+    return lw.run(), lw.report
 
 
 def lower_file(onnx_path: str | Path, ekm_path: str | Path) -> LowerReport:
     """QDQ ``.onnx`` -> ``.ekm`` (written atomically)."""
-    model = onnx.load(str(onnx_path))
-    m, report = lower(model)
+    m, report = lower(onnx.load(str(onnx_path)))
     ekm.save(m, ekm_path)
     return report
 
