@@ -77,8 +77,8 @@ GROUPS: dict[str, dict[str, tuple]] = {
 }  # fmt: skip
 
 
-def options(*groups: str) -> Callable:
-    """Add the option ``groups`` to a command; it takes them as keyword arguments (``**opts``),
+def options(*groups: str | dict) -> Callable:
+    """Add the option ``groups`` (names in GROUPS, or such dicts) to a command; it takes them as keyword arguments (``**opts``),
     and ``--json`` (its ``json_out``) stays last in --help."""
 
     def add(command: Callable) -> Callable:
@@ -87,7 +87,7 @@ def options(*groups: str) -> Callable:
         last = [p for p in params if p.name == "json_out"]
         params = [p for p in params if p.name != "json_out"] + [
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=kind, default=default)
-            for group in groups for name, (kind, default) in GROUPS[group].items()
+            for group in groups for name, (kind, default) in (GROUPS[group] if isinstance(group, str) else group).items()
         ] + last  # fmt: skip
         command.__signature__ = inspect.Signature(params, return_annotation=None)
         command.__annotations__ = {p.name: p.annotation for p in params}

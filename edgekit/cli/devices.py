@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -21,14 +22,15 @@ TargetOpt = Annotated[
     str | None,
     typer.Option("--target", "-t", metavar="PROFILE", help="Target profile. Default: the device's inventory profile, else local / linux-cpu."),
 ]
+_DEVICE = {"device": (DeviceArg, inspect.Parameter.empty), "target": (TargetOpt, None)}
 
 
-def _entry_and_profile(device: str, target: str | None, opts: dict):
+def _entry_and_profile(opts: dict):
     from edgekit.devices import resolve_devices
     from edgekit.profiles import load_profile
 
-    entry = resolve_devices([device], opts["inventory"])[0]
-    return entry, load_profile(target or entry.profile or ("local" if entry.is_local else "linux-cpu"))
+    entry = resolve_devices([opts["device"]], opts["inventory"])[0]
+    return entry, load_profile(opts["target"] or entry.profile or ("local" if entry.is_local else "linux-cpu"))
 
 
 @contextlib.contextmanager
@@ -71,10 +73,8 @@ def list_devices(inventory: common.Inventory = None, json_out: common.Json = Fal
 
 
 @app.command("check")
-@common.options("ssh")
+@common.options(_DEVICE, "ssh")
 def check(
-    device: DeviceArg,
-    target: TargetOpt = None,
     json_out: common.Json = False,
     **opts,
 ) -> None:
@@ -91,7 +91,7 @@ def check(
     from edgekit.devices.lock import describe_holder, lock_status
     from edgekit.devices.preflight import fact_rows, preflight
 
-    entry, profile = _entry_and_profile(device, target, opts)
+    entry, profile = _entry_and_profile(opts)
     o = common.output(json_out)
     with _connect(entry, profile, opts, o) as transport, o.progress(f"probing {entry.name}"):
         report = preflight(transport, profile, device=entry.name)
@@ -111,14 +111,12 @@ def check(
 
 
 @app.command("provision")
-@common.options("ssh")
+@common.options(_DEVICE, "ssh")
 def provision(
-    device: DeviceArg,
     runtime: Annotated[
         str | None,
         typer.Option("--runtime", "-r", metavar="NAME", help="onnxruntime, openvino, tflite or numpy. Default: what the profile's plan needs."),
     ] = None,
-    target: TargetOpt = None,
     offline: Annotated[bool, typer.Option("--offline", help="Don't let the device try the registry: download wheels here and push them.")] = False,
     lock_wait: Annotated[float, typer.Option("--lock-wait", min=0, metavar="SECONDS", help="Wait this long for another job's lock on the device.")] = 0.0,
     json_out: common.Json = False,
@@ -140,7 +138,7 @@ def provision(
     from edgekit.errors import UsageError
     from edgekit.targets import get_backend
 
-    entry, profile = _entry_and_profile(device, target, opts)
+    entry, profile = _entry_and_profile(opts)
     if runtime is None:
         usable = [b.name for b in profile.backends if get_backend(b.name).implemented and provisionable(b.name)]
         runtime = next((n for n in usable if "onnx" in get_backend(n).formats), usable[0] if usable else None)
@@ -163,10 +161,8 @@ def provision(
 
 
 @app.command("unlock")
-@common.options("ssh")
+@common.options(_DEVICE, "ssh")
 def unlock(
-    device: DeviceArg,
-    target: TargetOpt = None,
     json_out: common.Json = False,
     **opts,
 ) -> None:
@@ -178,7 +174,7 @@ def unlock(
     """
     from edgekit.devices.lock import break_lock, describe_holder
 
-    entry, profile = _entry_and_profile(device, target, opts)
+    entry, profile = _entry_and_profile(opts)
     o = common.output(json_out)
     with _connect(entry, profile, opts, o) as transport:
         holder = break_lock(transport)

@@ -31,18 +31,10 @@ _EMPTY_HINT = (
 @app.command("list")
 def list_(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Show at most N runs.")] = 50,
-    model: Annotated[
-        str | None, typer.Option("--model", help="Only runs of this model name.")
-    ] = None,
-    target: Annotated[
-        str | None, typer.Option("--target", help="Only runs on this target profile.")
-    ] = None,
-    device: Annotated[
-        str | None, typer.Option("--device", help="Only runs on this device.")
-    ] = None,
-    variant: Annotated[
-        str | None, typer.Option("--variant", help="Only this variant (int8, fp16...).")
-    ] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Only runs of this model name.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Only runs on this target profile.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="Only runs on this device.")] = None,
+    variant: Annotated[str | None, typer.Option("--variant", help="Only this variant (int8, fp16...).")] = None,
     json_: JsonFlag = False,
 ) -> None:
     """List stored benchmark runs, newest first.
