@@ -124,3 +124,36 @@ def assert_nasty_names_round_trip(device, remote_dir: Path, local: Path) -> None
         device.get(remote, back)
         assert back.read_bytes() == src.read_bytes()
     assert sorted(os.listdir(remote_dir)) == sorted(NASTY)  # no temp files left
+
+
+def assert_put_replaces_atomically_and_fails_cleanly(device, root: Path, tmp_path: Path) -> None:
+    """put renames a complete file over the old one; bad puts, gets, mkdirs and sha256s are
+    TransportErrors that leave nothing behind. ``root`` is the device's workdir on this machine."""
+    from edgekit.errors import TransportError
+
+    device.mkdir("d")
+    remote = str(root / "d" / "f.bin")  # absolute remote paths work too
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.write_bytes(b"old" * 10)
+    new.write_bytes(os.urandom(3 << 20))
+    device.put(old, remote)
+    inode = os.stat(remote).st_ino
+    device.put(new, remote)
+    assert Path(remote).read_bytes() == new.read_bytes() and os.stat(remote).st_ino != inode  # renamed over
+    assert oct(Path(remote).stat().st_mode & 0o777) == "0o644"
+    with pytest.raises(TransportError, match="no such file"):
+        device.put(tmp_path / "missing", remote)
+    with pytest.raises(TransportError, match="does not exist on the device"):
+        device.put(new, "not/made/yet.bin")
+    with pytest.raises(TransportError, match="is a directory"):
+        device.put(new, "d")
+    with pytest.raises(TransportError, match="no such file on the device"):
+        device.get("d/missing.bin", tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    (root / "file").write_text("x")
+    with pytest.raises(TransportError, match="a file is in the way"):
+        device.mkdir("file/sub")
+    with pytest.raises(TransportError, match="is not a file"):
+        device.sha256("d")
+    assert Path(remote).read_bytes() == new.read_bytes()
+    assert os.listdir(root / "d") == ["f.bin"]

@@ -28,6 +28,7 @@ from tests.conftest import (
     NASTY,
     assert_nasty_names_round_trip,
     assert_one_line_error,
+    assert_put_replaces_atomically_and_fails_cleanly,
     assert_timeout_kills_the_process_group,
     wait_until,
 )
@@ -185,30 +186,7 @@ def test_put_get_sha256_mkdir_with_nasty_names(ssh_device, sshd_server, tmp_path
 
 @pytest.mark.ssh
 def test_put_replaces_atomically_and_fails_cleanly(ssh_device, sshd_server, tmp_path):
-    ssh_device.mkdir("d")
-    remote = str(sshd_server.home / ".edgekit" / "d" / "f.bin")  # absolute paths work too
-    old, new = tmp_path / "old", tmp_path / "new"
-    old.write_bytes(b"old" * 10)
-    new.write_bytes(os.urandom(3 << 20))
-    ssh_device.put(old, remote)
-    inode = os.stat(remote).st_ino
-    ssh_device.put(new, remote)
-    assert Path(remote).read_bytes() == new.read_bytes() and os.stat(remote).st_ino != inode  # renamed over
-    with pytest.raises(TransportError, match="no such file"):
-        ssh_device.put(tmp_path / "missing", remote)
-    with pytest.raises(TransportError, match="does not exist on the device"):
-        ssh_device.put(new, "not/made/yet.bin")
-    with pytest.raises(TransportError, match="is a directory"):
-        ssh_device.put(new, "d")
-    with pytest.raises(TransportError, match="no such file on the device"):
-        ssh_device.get("d/missing.bin", tmp_path / "x")
-    assert not (tmp_path / "x").exists()
-    (sshd_server.home / ".edgekit" / "file").write_text("x")
-    with pytest.raises(TransportError, match="a file is in the way"):
-        ssh_device.mkdir("file/sub")
-    with pytest.raises(TransportError, match="is not a file"):
-        ssh_device.sha256("d")
-    assert os.listdir(Path(remote).parent) == ["f.bin"]
+    assert_put_replaces_atomically_and_fails_cleanly(ssh_device, sshd_server.home / ".edgekit", tmp_path)
 
 
 @pytest.mark.ssh
