@@ -12,23 +12,16 @@ import onnx
 from edgekit.errors import ModelError
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel
-from edgekit.quantize.calib import (
-    METHODS,
-    FeedSet,
-    Preprocess,
-    collect_ranges,
-    load_feeds,
-    random_feeds,
-)
+from edgekit.quantize.calib import FeedSet, Preprocess, collect_ranges, load_feeds, random_feeds
 from edgekit.quantize.prepare import prepare
 from edgekit.quantize.report import AgreementReport, measure_agreement
 from edgekit.quantize.rewrite import Analysis, analyze, rewrite, tensor_params
 from edgekit.quantize.scheme import SCHEMES, QuantScheme, scheme_for
 
 __all__ = [
-    "METHODS", "SCHEMES", "AgreementReport", "Analysis", "FeedSet", "Preprocess", "QuantScheme",
-    "QuantizeResult", "analyze_model", "load_feeds", "quantize_model", "random_feeds", "save_model", "scheme_for",
-]
+    "SCHEMES", "FeedSet", "Preprocess", "QuantScheme", "QuantizeResult", "analyze_model", "load_feeds",
+    "quantize_model", "random_feeds", "save_model", "scheme_for",
+]  # fmt: skip
 
 
 @dataclass
