@@ -9,6 +9,7 @@ steps it ran (the very objects ``deploy --dry-run`` prints).
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import threading
 import time
@@ -27,7 +28,7 @@ from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 from edgekit.devices.lock import device_lock
 from edgekit.devices.preflight import ensure_ready
-from edgekit.errors import GateError, OutputPathError
+from edgekit.errors import GateError, ModelError, OutputPathError
 from edgekit.events import Events
 from edgekit.modelio import LoadedModel, load_model
 from edgekit.plan import (
@@ -125,6 +126,7 @@ class Job:
     eval: Path | None
     labels: Path | None
     output: Path
+    notes: tuple[str, ...] = ()  # what loading decided that the plan should say (shapes from data)
     memo: _Memo = field(default_factory=_Memo, repr=False)  # shared by a fleet's per-device copies
 
     def feeds(self, events: Events) -> tuple[FeedSet, FeedSet]:
@@ -138,7 +140,7 @@ class Job:
     def plan(self) -> Plan:
         """The plan on paper (no device facts yet)."""
         req = self.request
-        return make_plan(
+        plan = make_plan(
             self.model,
             self.profile,
             device=self.device.name,
@@ -157,11 +159,12 @@ class Job:
             max_drop=req.max_drop,
             require_int8=req.require_int8,
         )
+        return dataclasses.replace(plan, notes=self.notes + plan.notes)
 
 
 def open_job(req: DeployRequest, device: DeviceEntry | None = None) -> Job:
     """Load the model, the profile and the device entry of ``req``; check the output path."""
-    loaded = load_model(req.model, req.shapes)
+    loaded, notes = _load(req)
     if device is None:
         device = req.device if isinstance(req.device, DeviceEntry) else resolve_devices([req.device or "local"], req.inventory)[0]
     profile = load_profile(req.target)
@@ -174,7 +177,45 @@ def open_job(req: DeployRequest, device: DeviceEntry | None = None) -> Job:
         raise OutputPathError(f"output directory does not exist: {output.parent}", f"create it first (mkdir -p {output.parent})")
     if req.output is not None and output.exists() and not output.is_dir():
         raise OutputPathError(f"bundle output {output} is a file", "choose another output directory")
-    return Job(req, loaded, profile, device, calib, evaluation, labels, output)
+    return Job(req, loaded, profile, device, calib, evaluation, labels, output, notes)
+
+
+def _load(req: DeployRequest) -> tuple[Any, tuple[str, ...]]:
+    """The model, its dynamic input dimensions taken from the data when --shape does not give them
+    (a dynamic batch runs at 1, the data's sample shape decides the rest)."""
+    try:
+        return load_model(req.model, req.shapes), ()
+    except ModelError as exc:
+        if "dynamic shape" not in exc.message:
+            raise
+        from edgekit.modelio import read_sidecar
+
+        sidecar = read_sidecar(Path(req.model))
+        guessed = {**_sample_shapes(req.calib or sidecar.calibration or req.eval or sidecar.evaluation, req.model), **req.shapes}
+        if guessed == req.shapes:
+            raise
+        model = load_model(req.model, guessed)
+        taken = ", ".join(f"{k}:{','.join(map(str, v))}" for k, v in guessed.items() if k not in req.shapes)
+        return model, (f"dynamic input shapes taken from the data (batch 1): {taken}; give --shape to choose others",)
+
+
+def _sample_shapes(data: Path | None, model: Path) -> dict[str, tuple[int, ...]]:
+    """Input name -> the shape of one sample (batch 1) in a stacked .npz (or a .npy, for a
+    single-input model); {} when the data says nothing (a folder, images, an unreadable file)."""
+    if data is None or not Path(data).is_file():
+        return {}
+    try:
+        if Path(data).suffix == ".npy":
+            import onnx
+
+            graph = onnx.load(str(model), load_external_data=False).graph
+            names = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+            arr = np.load(data, mmap_mode="r", allow_pickle=False)
+            return {names[0]: (1, *arr.shape[1:])} if len(names) == 1 and arr.ndim >= 1 else {}
+        with np.load(data, allow_pickle=False) as z:
+            return {k: (1, *z[k].shape[1:]) for k in z.files if z[k].ndim >= 1}
+    except (OSError, ValueError, KeyError):
+        return {}  # the data loader reports a bad file, with its own words
 
 
 def deploy(req: DeployRequest, events: Events | None = None) -> DeployResult:
@@ -196,6 +237,7 @@ def run(job: Job, plan: Plan, events: Events) -> DeployResult:
         # push, when the device cannot run the plan; the real plan is made with those facts.
         ready = ensure_ready(transport, job.profile, plan, device=job.device.name, provision=req.provision, events=events)
         plan = replan(plan, job.model, job.profile, ready.facts)
+        plan = dataclasses.replace(plan, notes=job.notes + plan.notes)
         for note in plan.notes:
             events.info(f"note: {note}")
         with device_lock(transport, wait=req.lock_wait, on_wait=events.info) as lock:  # no other job benches it meanwhile

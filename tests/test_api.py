@@ -116,3 +116,23 @@ def test_runs_measured_after_the_lock_was_lost_are_not_stored(tmp_path):
         execute(job.plan(), job, device, Thief(), lock=lock)
     with api.results() as store:
         assert store.list() == []
+
+
+@pytest.mark.slow
+def test_a_dynamic_batch_model_deploys_with_calib_data_and_no_shape(cli, tmp_path):
+    import onnx
+
+    model = onnx.load(str(DIGITS))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"  # a dynamic batch, as most exports have
+    dyn = tmp_path / "dyn.onnx"
+    onnx.save(model, str(dyn))
+    calib = EXAMPLES / "digits" / "calib.npz"
+    refused = cli("deploy", dyn, "--no-bench", "-o", tmp_path / "x")  # nothing says the shape
+    assert refused.returncode == 3 and "has a dynamic shape [?,1,8,8]" in refused.stderr
+    r = cli("deploy", dyn, "--calib", calib, "--iterations", "5", "--json", "-o", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["plan"]["inputs"] == [{"name": "input", "shape": [1, 1, 8, 8], "dtype": "float32"}]
+    assert any("dynamic input shapes taken from the data (batch 1): input:1,1,8,8" in n for n in doc["plan"]["notes"])
+    assert doc["summary"]["agreement"]["estimate"] is False and doc["summary"]["variants"]["int8"]["p50_ms"] > 0
