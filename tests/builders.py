@@ -141,24 +141,26 @@ def tiny_onnx(path: Path) -> Path:
     return path
 
 
-def tiny_bundle(out: Path, *, backend: str = "onnxruntime", inputs: Path | None = None):
-    """A bundle of ``tiny_onnx`` as one fp32 variant run by ``backend`` (its sources next to ``out``)."""
+def tiny_bundle(out: Path, *, backend: str = "onnxruntime", precision: str = "fp32", inputs: Path | None = None,
+                options: dict | None = None, profile: str = "local", model_sha256: str | None = None):
+    """A bundle of ``tiny_onnx`` as one variant named ``precision`` run by ``backend`` (its
+    sources next to ``out``); ``model_sha256`` defaults to the model file's."""
     from edgekit.bundle import TensorSpec, Variant, write_bundle
     from edgekit.fsutil import sha256_file
 
     src = out.parent / "src"
     src.mkdir(exist_ok=True)
     model = tiny_onnx(src / "tiny.onnx")
-    files = {"fp32/tiny.onnx": model}
+    files = {f"{precision}/tiny.onnx": model}
     if inputs is not None:
-        files["fp32/inputs.npz"] = inputs
+        files[f"{precision}/inputs.npz"] = inputs
     variant = Variant(
-        "fp32", backend, "fp32", "fp32/tiny.onnx",
-        (TensorSpec("x", (-1, 16), "float32"),), (TensorSpec("y", (-1, 8), "float32"),),
+        precision, backend, precision, f"{precision}/tiny.onnx",
+        (TensorSpec("x", (-1, 16), "float32"),), (TensorSpec("y", (-1, 8), "float32"),), options or {},
     )  # fmt: skip
     return write_bundle(
-        out, files=files, model_name="tiny", model_sha256=sha256_file(model),
-        profile="local", backend=backend, precision="fp32", variants=[variant], plan={},
+        out, files=files, model_name="tiny", model_sha256=model_sha256 or sha256_file(model),
+        profile=profile, backend=backend, precision=precision, variants=[variant], plan={},
     )  # fmt: skip
 
 

@@ -29,7 +29,6 @@ from edgekit.agent import runner as agent_runner
 from edgekit.agent.backends.tensorrt import probe as trt_probe
 from edgekit.agent.backends.tensorrt import trtexec as trt_exec
 from edgekit.bench.record import make_record
-from edgekit.bundle import TensorSpec, Variant, write_bundle
 from edgekit.errors import EXIT_DEVICE, ModelError
 from edgekit.modelio import load_model
 from edgekit.profiles import load_profile
@@ -52,6 +51,7 @@ from edgekit.targets.tensorrt import (
     trtexec_build_argv,
 )
 from tests import realmodels
+from tests.builders import tiny_bundle
 from tests.conftest import EXAMPLES, assert_one_line_error
 
 FIXTURES = Path(__file__).parent / "fixtures" / "trtexec"
@@ -653,34 +653,11 @@ def fake_trtexec(tmp_path, monkeypatch):
     return Fake
 
 
-def _tiny_model(path: Path) -> Path:
-    w = numpy_helper.from_array(np.random.RandomState(1).randn(16, 8).astype(np.float32), "W")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])], "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], [w],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save(model, path)
-    return path
-
-
 def _trt_bundle(tmp_path: Path, precision: str = "int8", inputs: Path | None = None) -> Path:
-    src = tmp_path / "src"
-    src.mkdir(exist_ok=True)
-    files = {f"{precision}/tiny.onnx": _tiny_model(src / "tiny.onnx")}
-    if inputs is not None:
-        files[f"{precision}/inputs.npz"] = inputs
-    variant = Variant(
-        precision, "tensorrt", precision, f"{precision}/tiny.onnx",
-        (TensorSpec("x", (-1, 16), "float32"),), (TensorSpec("y", (-1, 8), "float32"),),
-        BACKEND.variant_options(None, precision),
-    )  # fmt: skip
-    bundle = write_bundle(
-        tmp_path / "bundle", files=files, model_name="tiny", model_sha256=SHA, profile="jetson-orin-nano",
-        backend="tensorrt", precision=precision, variants=[variant], plan={},
-    )  # fmt: skip
-    return bundle.root
+    return tiny_bundle(
+        tmp_path / "bundle", backend="tensorrt", precision=precision, inputs=inputs,
+        options=BACKEND.variant_options(None, precision), profile="jetson-orin-nano", model_sha256=SHA,
+    ).root  # fmt: skip
 
 
 def test_agent_builds_then_reuses_the_engine(tmp_path, fake_trtexec):
