@@ -92,6 +92,13 @@ class Transport(Protocol):
             )
         return result
 
+    def _ensure_root(self) -> str:
+        """``root``, created the first time a command runs in it."""
+        if not getattr(self, "_root_ready", False):
+            self.mkdir(self.root)
+            self._root_ready = True
+        return self.root
+
     def _run(self, argv: tuple[str, ...], *, timeout: float, cwd: str | None, env: Mapping[str, str] | None) -> CommandResult:
         """``run`` without the argument normalising and the exit-code check it shares."""
         ...

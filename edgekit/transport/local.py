@@ -33,12 +33,11 @@ class LocalTransport(Transport):
         self._root = Path(root) if root is not None else default_root()
         self.root = str(self._root)
         self.python = sys.executable
-        self._ready = False
 
     # -- commands ---------------------------------------------------------------------------
     def _run(self, argv: tuple[str, ...], *, timeout: float, cwd: str | None, env: Mapping[str, str] | None) -> CommandResult:
         command = shlex.join(argv)
-        workdir = self._path(cwd) if cwd is not None else self._ensure_root()
+        workdir = self._path(cwd if cwd is not None else self._ensure_root())
         if not workdir.is_dir():
             raise TransportError(f"working directory does not exist on the device: {workdir}", "create it first")
         full_env = dict(os.environ)
@@ -148,12 +147,6 @@ class LocalTransport(Transport):
     def _path(self, remote: str) -> Path:
         path = Path(remote)
         return path if path.is_absolute() else self._root / path
-
-    def _ensure_root(self) -> Path:
-        if not self._ready:
-            self.mkdir(self.root)
-            self._ready = True
-        return self._root
 
     def __repr__(self) -> str:
         return f"LocalTransport(root={self.root!r})"

@@ -109,7 +109,6 @@ class SshTransport(Transport):
         # the Transport's file operations are the SFTP half's own (same signatures)
         self._put, self.get, self.sha256, self.mkdir = self.files.put, self.files.get, self.files.sha256, self.files.mkdir
         self._root: str | None = None
-        self._root_ready = False
         self._lock = threading.RLock()
         self.connects = 0  # how many times a connection was opened (reconnects included)
         # The watchdog: paramiko can block for ever in a socket write when the peer stops
@@ -324,12 +323,6 @@ class SshTransport(Transport):
         if remote.startswith("/"):
             return posixpath.normpath(remote)
         return posixpath.normpath(posixpath.join(self.root, remote))
-
-    def _ensure_root(self) -> str:
-        if not self._root_ready:
-            self.mkdir(self.root)
-            self._root_ready = True
-        return self.root
 
     def __repr__(self) -> str:
         return f"SshTransport({self.device!r} -> {self.target.display})"
