@@ -16,6 +16,7 @@ from edgekit.fsutil import sha256_file
 from edgekit.transport.local import LocalTransport
 from edgekit.transport.push import PushProgress, current_bundle, describe, push_bundle, rollback
 from edgekit.transport.ssh import SshTransport
+from tests.conftest import wait_until
 from tests.lab import sshd as sshd_mod
 from tests.lab.proxy import TcpProxy
 
@@ -336,6 +337,8 @@ def test_a_push_cut_for_good_says_how_far_it_got_and_the_next_push_resumes(ssh_h
         assert proxy.cuts == 1
     assert err.value.exit_code == 4 and "push interrupted after" in err.value.message
     assert err.value.message.endswith("; run again to resume")
+    # the cut connection's sftp-server may still be writing what it had buffered: wait until it is gone
+    assert wait_until(lambda: not sshd_server.connection_pids(), timeout=30)
     (part,) = _parts(root)
     kept = part.stat().st_size
     assert 0 < kept < size
