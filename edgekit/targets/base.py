@@ -58,6 +58,7 @@ class Backend:
     archs: tuple[str, ...] = ("x86_64", "aarch64", "armv7l")
     formats: tuple[str, ...] = ("onnx",)  # model file formats it runs
     runtimes: tuple[str, ...] = ()  # facts["device"]["runtimes"] keys; any one present will do
+    missing: str = ""  # why, when none of ``runtimes`` is on the device (default: their names)
     evaluates: bool = True  # the agent can run held-out samples through it one by one (Eval steps)
 
     def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
@@ -78,7 +79,7 @@ class Backend:
             return Verdict(True)
         version = runtime_version(facts, *self.runtimes)
         if version is None:
-            return Verdict(False, (f"{' or '.join(self.runtimes)} is not installed on the device",), "missing")
+            return Verdict(False, (self.missing or f"{' or '.join(self.runtimes)} is not installed on the device",), "missing")
         problem = self.version_problem(profile, version)
         if problem:
             return Verdict(False, (problem,), "version")

@@ -47,11 +47,10 @@ class OpenVinoBackend(Backend):
     name = "openvino"
     scheme = OPENVINO
     runtimes = ("openvino",)
+    missing = "openvino is not installed on the device (python3 -m pip install openvino)"
 
     def runs_on(self, profile: Profile, facts: dict | None = None) -> Verdict:
         verdict = super().runs_on(profile, facts)
-        if verdict.kind == "missing":
-            return Verdict(False, ("openvino is not installed on the device (python3 -m pip install openvino)",), "missing")
         if not verdict.ok:
             return verdict
         spec = profile.backend(self.name)

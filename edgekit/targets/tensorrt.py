@@ -300,11 +300,10 @@ class TensorRTBackend(Backend):
     archs = ("aarch64", "x86_64")
     runtimes = ("tensorrt",)
     evaluates = False  # trtexec times engines; it gives no per-sample outputs to compare
+    missing = "TensorRT is not installed on the device (no libnvinfer, tensorrt package or trtexec found)"
 
     def runs_on(self, profile: Profile, facts: dict | None = None) -> Verdict:
         verdict = super().runs_on(profile, facts)
-        if verdict.kind == "missing":
-            return Verdict(False, ("TensorRT is not installed on the device (no libnvinfer, tensorrt package or trtexec found)",), "missing")
         if not verdict.ok:
             return verdict
         spec = profile.backend(self.name)
