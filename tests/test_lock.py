@@ -20,11 +20,7 @@ import pytest
 from edgekit.devices.lock import DeviceLock, break_lock, device_lock, lock_status
 from edgekit.errors import DeviceError, LockLostError
 from edgekit.transport.local import LocalTransport
-from tests import test_devices
 from tests.conftest import EXAMPLES, REPO, assert_one_line_error
-
-sshd = test_devices.sshd  # fixtures: a real sshd on loopback, and a client HOME that names it "lab"
-ssh_home = test_devices.ssh_home
 
 # One job on the device: takes the lock, says so on stdout, and holds it until told on stdin
 # ("hold"), or exits still holding it, like a job that died ("keep").
@@ -221,11 +217,12 @@ def test_bench_refuses_a_locked_device_and_unlock_frees_it(cli, tmp_path):
     assert len(json.loads(r.stdout)) == 1
 
 
-def test_lock_over_ssh_between_two_connections(sshd, ssh_home):
+def test_lock_over_ssh_between_two_connections(sshd_server, ssh_home):
     from edgekit.devices import connect
     from edgekit.profiles import load_profile
 
-    (ssh_home / ".ssh" / "known_hosts").write_text(sshd.known_hosts_line())
+    sshd = sshd_server  # the lab's real sshd on loopback; ssh_home names it "lab"
+    ssh_home.trust()
     profile = load_profile("linux-cpu")
     one, two = connect("lab", profile), connect("lab", profile)
     try:
