@@ -11,12 +11,9 @@ from edgekit.devices.fleet import CANCELLED, INTERRUPTED, run_fleet, safe_name
 from edgekit.errors import DeviceError, ModelError
 from edgekit.events import DeviceEvents
 from edgekit.transport.local import LocalTransport
-from tests import test_devices
 from tests.conftest import EXAMPLES, assert_one_line_error
 
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
-sshd = test_devices.sshd  # fixtures: a real sshd on loopback, and a client HOME that names it "lab"
-ssh_home = test_devices.ssh_home
 
 
 def test_concurrency_is_bounded_by_jobs():
@@ -175,8 +172,9 @@ def test_a_device_from_the_default_inventory_uses_its_profile_and_workdir(cli, t
 
 
 @pytest.mark.slow
-def test_fleet_over_ssh_and_local_with_one_device_down(cli, sshd, ssh_home, tmp_path):
-    (ssh_home / ".ssh" / "known_hosts").write_text(sshd.known_hosts_line())
+def test_fleet_over_ssh_and_local_with_one_device_down(cli, sshd_server, ssh_home, tmp_path):
+    sshd = sshd_server  # the lab's real sshd on loopback; ssh_home names it "lab"
+    ssh_home.trust()
     r = cli(
         "deploy", DIGITS, "--device", "lab", "--device", "local", "--device", "nobody@127.0.0.1:1",
         "--jobs", "3", "--iterations", "5", "-o", tmp_path / "out", "--json",
