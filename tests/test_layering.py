@@ -259,3 +259,19 @@ def test_no_import_cycles():
 def test_the_cycle_finder_finds_cycles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_cli_spells_the_calibration_methods_as_the_quantizer_does():
+    from edgekit.cli import common
+    from edgekit.quantize.calib import METHODS
+
+    assert common.METHODS == METHODS
+
+
+def test_the_cli_starts_without_the_quantizer():
+    # `edgekit --help`, `results`, `profiles`, `devices`: no onnx import on the way (start-up time)
+    import subprocess
+
+    code = "import sys; from edgekit.cli import _register; _register(); print(sorted(m for m in ('onnx', 'onnxruntime', 'edgekit.quantize') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
