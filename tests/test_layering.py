@@ -156,10 +156,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("edgekit.bundle",),
     ("edgekit.transport",),
     ("edgekit.transport.push", "edgekit.transport.agentzip"),
-    ("edgekit.agentclient", "edgekit.bench"),
+    ("edgekit.agentclient", "edgekit.bench", "edgekit.report"),
     ("edgekit.devices",),
     ("edgekit.plan",),
     ("edgekit.deploy", "edgekit.api"),
+    ("edgekit.ci",),
     ("edgekit.cli", "edgekit.__main__"),
 )
 
