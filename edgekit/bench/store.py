@@ -91,7 +91,7 @@ class ResultsStore:
         All or nothing: every record is validated first, and the inserts are one transaction.
         Duplicates (same run_uuid, in the store or earlier in the document) are skipped.
         """
-        records = _check_export(document)
+        records = check_export(document)
         with self._write() as conn:
             imported = skipped = 0
             for record in records:
@@ -127,8 +127,31 @@ class ResultsStore:
         target: str | None = None,
         device: str | None = None,
         variant: str | None = None,
+        branch: str | None = None,
     ) -> list[dict]:
-        """Summary rows, newest first, optionally filtered by exact model/target/device/variant."""
+        """Summary rows, newest first, optionally filtered by exact model/target/device/variant/branch."""
+        where, params = self._where(limit, model, target, device, variant, branch)
+        sql = f"SELECT {', '.join(_SUMMARY)} FROM runs{where} ORDER BY created DESC, id DESC LIMIT ?"
+        rows = self._connect().execute(sql, params).fetchall()
+        return [dict(zip(_SUMMARY, row, strict=True)) for row in rows]
+
+    def records(
+        self,
+        *,
+        limit: int = 50,
+        model: str | None = None,
+        target: str | None = None,
+        device: str | None = None,
+        variant: str | None = None,
+        branch: str | None = None,
+    ) -> list[dict]:
+        """Whole records (with their ``id``), newest first, filtered as ``list``."""
+        where, params = self._where(limit, model, target, device, variant, branch)
+        sql = f"SELECT id, record FROM runs{where} ORDER BY created DESC, id DESC LIMIT ?"
+        return [{"id": row[0], **json.loads(row[1])} for row in self._connect().execute(sql, params)]
+
+    @staticmethod
+    def _where(limit: int, model, target, device, variant, branch) -> tuple[str, list]:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
         where, params = [], []
@@ -137,16 +160,14 @@ class ResultsStore:
             ("target", target),
             ("device", device),
             ("variant", variant),
+            # The branch lives in the record only (record["vcs"], older records have none):
+            # a scan of the filtered rows, fine at a store's size.
+            ("json_extract(record, '$.vcs.branch')", branch),
         ):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
-        sql = f"SELECT {', '.join(_SUMMARY)} FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created DESC, id DESC LIMIT ?"
-        rows = self._connect().execute(sql, (*params, limit)).fetchall()
-        return [dict(zip(_SUMMARY, row, strict=True)) for row in rows]
+        return (" WHERE " + " AND ".join(where) if where else ""), [*params, limit]
 
     def export(self, ids: Sequence[int] | None = None) -> dict:
         """An import-ready document with the given runs (all runs when ``ids`` is None), oldest first."""
@@ -271,8 +292,8 @@ class ResultsStore:
         )
 
 
-def _check_export(document: Any) -> list[dict]:
-    """Validate an export document as a whole; return its normalised records."""
+def check_export(document: Any) -> list[dict]:
+    """Validate an export document as a whole; return its normalised records (ResultsError naming the first bad one)."""
     hint = "give a file written by `edgekit results export`"
     if not isinstance(document, dict) or document.get("kind") != EXPORT_KIND:
         got = document.get("kind") if isinstance(document, dict) else type(document).__name__

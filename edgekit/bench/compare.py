@@ -1,0 +1,316 @@
+"""Two runs side by side, honestly: refuse to compare what is not comparable, and call a change
+only when it stands out of the noise.
+
+The rule for latency (p50, p99, mean, throughput): a change is real when the 95 % bootstrap
+interval of the ratio (``edgekit.bench.verdict.speedup_interval``, resampling the raw samples of
+both runs) excludes 1 AND the change is larger than ``max(MIN_CHANGE, drift)``, where ``drift``
+is the larger of the two runs' own wander: each run cut into ``DRIFT_BLOCKS`` consecutive
+blocks, half the spread of the blocks' medians relative to the run's median. Samples of one
+run are not independent (a hot board, another process, a frequency change move many in a row),
+so the bootstrap alone would call a busy machine's back-to-back runs different; a run that
+wanders by 8 % within itself cannot show a 4 % change. On a quiet device the drift is well
+under 1 % and the 1 % floor rules.
+
+Peak RSS and energy have one number per run: a change below 1 % is "no change". Accuracy is
+measured on the same samples each run: any change of the rate is a change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.bench.record import validate_record
+from edgekit.bench.stats import Stats
+from edgekit.bench.store import EXPORT_KIND, ResultsStore, check_export
+from edgekit.bench.verdict import CONFIDENCE, speedup_interval
+from edgekit.errors import ResultsError
+
+MIN_CHANGE = 0.01
+DRIFT_BLOCKS = 10
+_MIN_BLOCK = 10  # fewer samples per block than this: too few to say a run drifted
+_REF_HINT = "give a run id (edgekit results list), an export file (FILE or FILE#N), or latest@BRANCH"
+
+
+@dataclass(frozen=True)
+class LatencyChange:
+    """Candidate vs baseline at one statistic: ratio candidate/baseline, its CI, and the runs' drift."""
+
+    ratio: float
+    low: float
+    high: float
+    drift: float
+
+    @property
+    def change(self) -> float:
+        return self.ratio - 1.0
+
+    @property
+    def significant(self) -> bool:
+        return (self.low > 1.0 or self.high < 1.0) and abs(self.change) > max(MIN_CHANGE, self.drift)
+
+    @property
+    def verdict(self) -> str:
+        if not self.significant:
+            return "no change"
+        return "slower" if self.ratio > 1.0 else "faster"
+
+    def why(self) -> str:
+        """Why a change is not significant (empty when it is)."""
+        if self.significant:
+            return ""
+        if self.low <= 1.0 <= self.high:
+            return "the 95% CI includes no change"
+        if self.drift > MIN_CHANGE:
+            return f"within the runs' own drift of {self.drift * 100:.1f}%"
+        return f"below {MIN_CHANGE * 100:g}%"
+
+
+def run_drift(samples_ns: Sequence[int]) -> float:
+    """How far a run's median wanders within the run: half the spread of its block medians, relative."""
+    ns = np.asarray(samples_ns, dtype=np.float64)
+    if ns.size < DRIFT_BLOCKS * _MIN_BLOCK:
+        return 0.0
+    medians = [float(np.median(b)) for b in np.array_split(ns, DRIFT_BLOCKS)]
+    return (max(medians) - min(medians)) / 2 / float(np.median(ns))
+
+
+def latency_change(baseline_ns: Sequence[int], candidate_ns: Sequence[int], q: float | None = 50.0) -> LatencyChange:
+    """Candidate vs baseline latency at percentile ``q`` (None: the mean)."""
+    speed, lo, hi = speedup_interval(list(baseline_ns), list(candidate_ns), q=q)
+    return LatencyChange(1 / speed, 1 / hi, 1 / lo, max(run_drift(baseline_ns), run_drift(candidate_ns)))
+
+
+# -- what may be compared -------------------------------------------------------------------
+def comparable(a: dict, b: dict, *, allow_model_change: bool = False) -> str | None:
+    """Why records ``a`` and ``b`` must not be compared, or None when they may.
+
+    Same model (sha256 of the benched file, else its name), device (name and facts), backend,
+    variant, precision and batch. ``allow_model_change`` lets the model differ (a changed
+    model against the main branch's run), nothing else.
+    """
+    pa, pb = a["agent"], b["agent"]
+    if not allow_model_change:
+        sa, sb = pa.get("model_sha256"), pb.get("model_sha256")
+        if sa and sb and sa != sb:
+            return f"different models: sha256 {sa[:12]} vs {sb[:12]}"
+        if not (sa and sb) and a["model_name"] != b["model_name"]:
+            return f"different models: {a['model_name']} vs {b['model_name']}"
+    if a["device"] != b["device"]:
+        return f"different devices: {a['device']} vs {b['device']}"
+    da, db = pa.get("device") or {}, pb.get("device") or {}
+    for key in ("hostname", "arch", "cpu_model"):
+        if da.get(key) and db.get(key) and da[key] != db[key]:
+            return f"different devices under one name {a['device']!r}: {key} {da[key]} vs {db[key]}"
+    for key in ("backend", "variant", "precision"):
+        if pa[key] != pb[key]:
+            return f"different {key}s: {pa[key]} vs {pb[key]}"
+    ba, bb = pa["config"]["batch"], pb["config"]["batch"]
+    if ba != bb:
+        return f"different batch sizes: {ba} vs {bb}"
+    return None
+
+
+# -- the comparison -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MetricChange:
+    metric: str
+    unit: str
+    a: float | None
+    b: float | None
+    change: float | None  # b vs a: a fraction (accuracy: points)
+    ci: tuple[float, float] | None  # 95 % interval of the change (latency only)
+    verdict: str  # faster/slower (latency, throughput), better/worse (others), no change, not measured
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric, "unit": self.unit, "a": self.a, "b": self.b, "change": self.change,
+            "ci95": list(self.ci) if self.ci else None, "verdict": self.verdict, "note": self.note,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """B (candidate) against A (baseline), one row per metric."""
+
+    a: dict
+    b: dict
+    rows: tuple[MetricChange, ...]
+    confidence: float = CONFIDENCE
+
+    def row(self, metric: str) -> MetricChange:
+        return next(r for r in self.rows if r.metric == metric)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "a": _ident(self.a), "b": _ident(self.b), "confidence": self.confidence,
+            "rule": f"change beyond max({MIN_CHANGE * 100:g}%, the runs' drift) with the {self.confidence * 100:g}% bootstrap CI excluding no change",
+            "metrics": [r.to_dict() for r in self.rows],
+        }  # fmt: skip
+
+
+_LATENCY = (("p50", 50.0), ("p99", 99.0), ("mean", None))
+
+
+def compare(a: dict, b: dict) -> Comparison:
+    """Per-metric verdicts of ``b`` against ``a`` (check ``comparable`` first)."""
+    sa, sb = _stats(a), _stats(b)
+    na, nb = a["agent"]["samples_ns"], b["agent"]["samples_ns"]
+    rows = []
+    for name, q in _LATENCY:
+        ch = latency_change(na, nb, q)
+        rows.append(MetricChange(name, "ms", sa.get(name), sb.get(name), ch.change, (ch.low - 1, ch.high - 1), ch.verdict, ch.why()))
+    mean = latency_change(na, nb, None)
+    ta, tb = sa.throughput, sb.throughput
+    rows.append(MetricChange("throughput", "/s", ta, tb, tb / ta - 1, (1 / mean.high - 1, 1 / mean.low - 1), mean.verdict, mean.why()))
+    for name, unit, get in (("rss", "B", _rss), ("energy", "mJ", _energy)):
+        va, vb = get(a), get(b)
+        if va is None and vb is None:
+            continue
+        if va is None or vb is None or va <= 0:
+            rows.append(MetricChange(name, unit, va, vb, None, None, "not measured", f"{'A' if va is None else 'B'} has no {name}"))
+            continue
+        change = vb / va - 1
+        verdict = "no change" if abs(change) < MIN_CHANGE else ("worse" if change > 0 else "better")
+        rows.append(MetricChange(name, unit, va, vb, change, None, verdict))
+    va, vb = accuracy(a), accuracy(b)
+    if va is not None or vb is not None:
+        if va is None or vb is None:
+            rows.append(MetricChange("accuracy", "%", va, vb, None, None, "not measured", f"{'A' if va is None else 'B'} has no accuracy"))
+        else:
+            delta = vb - va
+            verdict = "no change" if abs(delta) < 1e-9 else ("better" if delta > 0 else "worse")
+            rows.append(MetricChange("accuracy", "%", va, vb, delta, None, verdict))
+    return Comparison(a, b, tuple(rows))
+
+
+def accuracy(record: dict) -> float | None:
+    """The record's accuracy on labels in percent: int8's on an int8 record, float's otherwise."""
+    agreement = record.get("agreement") or {}
+    value = agreement.get("accuracy_int8" if record["agent"]["precision"] == "int8" else "accuracy_fp32")
+    return None if value is None else value * 100
+
+
+def _rss(record: dict) -> float | None:
+    return record["agent"].get("peak_rss_bytes")
+
+
+def _energy(record: dict) -> float | None:
+    return (record["agent"].get("energy") or {}).get("mj_per_inference")
+
+
+def _stats(record: dict) -> Stats:
+    agent = record["agent"]
+    return Stats.from_samples(agent["samples_ns"], agent["config"]["batch"])
+
+
+def _ident(record: dict) -> dict[str, Any]:
+    agent = record["agent"]
+    return {
+        "id": record.get("id"), "run_uuid": record["run_uuid"], "created": record["created"],
+        "model_name": record["model_name"], "target": record["target"], "device": record["device"],
+        "variant": agent["variant"], "backend": agent["backend"], "model_sha256": agent.get("model_sha256"),
+        "vcs": record.get("vcs"),
+    }  # fmt: skip
+
+
+# -- naming a run -----------------------------------------------------------------------------
+def resolve(
+    ref: str,
+    store: ResultsStore,
+    *,
+    like: dict | None = None,
+    model: str | None = None,
+    target: str | None = None,
+    device: str | None = None,
+    variant: str | None = None,
+) -> dict:
+    """The record ``ref`` names: a store id, ``latest@BRANCH`` (newest stored run on that branch),
+    or an export file (``FILE``: its newest matching record; ``FILE#N``: its ``records[N]``).
+
+    Among several candidates, only those with ``like``'s model name, target, device and variant
+    (when ``like`` is given) and the given filters count; the newest wins.
+    """
+    filters = {"model_name": model, "target": target, "device": device, "variant": variant}
+    if ref.isdigit():
+        return store.get(int(ref))
+    if ref.startswith("latest@"):
+        branch = ref.removeprefix("latest@")
+        if not branch:
+            raise ResultsError(f"no branch in {ref!r}", _REF_HINT)
+        found = _pick(store.records(branch=branch, limit=1000), like, filters)
+        if found is None:
+            raise ResultsError(f"no stored run on branch {branch!r}{_matching(like, filters)}", "run the benchmark on that branch first, or list them: edgekit results list --branch " + branch)
+        return found
+    path, _, index = ref.partition("#")
+    records = read_records(Path(path))
+    if index:
+        if not index.isdigit() or int(index) >= len(records):
+            raise ResultsError(f"{path} has no record #{index} (it holds {len(records)}, #0 to #{len(records) - 1})", _REF_HINT)
+        return records[int(index)]
+    found = _pick(sorted(records, key=lambda r: r["created"], reverse=True), like, filters)
+    if found is None:
+        raise ResultsError(f"no record in {path}{_matching(like, filters)}", "pick one by position: FILE#N")
+    return found
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of an export file (or of one record, as `edgekit results show --json` prints it)."""
+    hint = "give a file written by `edgekit results export`"
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultsError(f"no such file: {path}", _REF_HINT) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResultsError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}", hint) from None
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{path} is not JSON: {exc.msg} (line {exc.lineno})", hint) from None
+    if isinstance(document, dict) and document.get("kind") == EXPORT_KIND:
+        records = check_export(document)
+    elif isinstance(document, dict) and "agent" in document:
+        records = [validate_record(document)]
+    else:
+        raise ResultsError(f"{path} is not an edgekit results export", hint)
+    if not records:
+        raise ResultsError(f"{path} holds no records", hint)
+    return records
+
+
+def default_baseline(store: ResultsStore, record: dict, exclude: Sequence[int] = ()) -> dict | None:
+    """The newest earlier stored run of ``record``'s model name, target, device and variant (not in ``exclude``)."""
+    for candidate in store.records(
+        model=record["model_name"], target=record["target"], device=record["device"], variant=record["agent"]["variant"], limit=50
+    ):
+        if candidate["id"] in exclude or candidate["created"] > record["created"]:
+            continue
+        if comparable(candidate, record, allow_model_change=True) is None:
+            return candidate
+    return None
+
+
+def _pick(records: list[dict], like: dict | None, filters: dict) -> dict | None:
+    for r in records:
+        fields = {"model_name": r["model_name"], "target": r["target"], "device": r["device"], "variant": r["agent"]["variant"]}
+        if any(v is not None and fields[k] != v for k, v in filters.items()):
+            continue
+        if like is not None and (
+            any(fields[k] != v for k, v in _fields(like).items()) or comparable(r, like, allow_model_change=True)
+        ):
+            continue
+        return r
+    return None
+
+
+def _fields(record: dict) -> dict[str, str]:
+    return {"model_name": record["model_name"], "target": record["target"], "device": record["device"], "variant": record["agent"]["variant"]}
+
+
+def _matching(like: dict | None, filters: dict) -> str:
+    wanted = {**(_fields(like) if like else {}), **{k: v for k, v in filters.items() if v is not None}}
+    return " matching " + ", ".join(f"{k.removesuffix('_name')} {v}" for k, v in wanted.items()) if wanted else ""

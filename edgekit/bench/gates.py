@@ -1,0 +1,251 @@
+"""Regression gates: ``p50:+5%``, ``p99:<20ms``, ``accuracy:-0.5pt``, ``rss:<64MB``, ``energy:+10%``.
+
+A gate is ``METRIC:LIMIT``. The limit is either
+
+* relative to a baseline run: ``+N%`` (the metric may get worse by at most N %; worse is up for
+  latency, memory, energy, and down for throughput: ``throughput:-5%``), or in accuracy points
+  for ``accuracy`` (``accuracy:-0.5pt``) and ``drop`` (``drop:+0.5pt``);
+* absolute: ``<VALUE UNIT`` or ``>VALUE UNIT`` (also ``<=``, ``>=``).
+
+A relative latency gate (p50, p90, p99, mean, throughput) fails only when the slowdown is beyond
+the limit AND significant by the rule of ``edgekit.bench.compare`` (bootstrap CI of the ratio
+excludes 1, the change exceeds the runs' own drift): noise never fails a build.
+
+A metric the device did not measure (no energy sensor, no labels for accuracy) FAILS the gate
+with "not measured on this device": a gate the user asked for that silently checks nothing
+would be worse. ``METRIC?:LIMIT`` (e.g. ``energy?:+10%``) makes it optional: skipped when not
+measured. A relative gate without a baseline run (or whose baseline lacks the metric) is
+neither passed nor failed: "no baseline yet" (``passed`` is None).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edgekit.bench.compare import accuracy, latency_change
+from edgekit.errors import GateError, UsageError
+
+_MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
+_BYTES = {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str  # the unit values are kept and shown in
+    units: dict[str, float]  # unit accepted in an absolute limit -> factor to ``unit``
+    higher_is_better: bool
+    get: Callable[[dict], float | None]
+    q: float | None | bool = False  # the bootstrap statistic (percentile, None: mean); False: no samples behind it
+    describe: str = ""
+
+
+def _stat(name: str) -> Callable[[dict], float | None]:
+    return lambda r: (r.get("stats") or {}).get(name)
+
+
+def _agent_ms(key: str) -> Callable[[dict], float | None]:
+    return lambda r: None if r["agent"].get(key) is None else r["agent"][key] / 1e6
+
+
+def _drop(record: dict) -> float | None:
+    value = (record.get("agreement") or {}).get("accuracy_drop")
+    return None if value is None else value * 100
+
+
+def _energy(record: dict) -> float | None:
+    return (record["agent"].get("energy") or {}).get("mj_per_inference")
+
+
+_LATENCY = {name: Metric(name, "ms", _MS, False, _stat(name), q) for name, q in
+            (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("mean", None), ("min", False), ("max", False))}  # fmt: skip
+METRICS: dict[str, Metric] = {
+    **_LATENCY,
+    "throughput": Metric("throughput", "/s", {"/s": 1.0, "": 1.0}, True, _stat("throughput"), None),
+    "accuracy": Metric("accuracy", "%", {"%": 1.0, "pt": 1.0}, True, accuracy, describe="accuracy on --labels, in %"),
+    "drop": Metric("drop", "pt", {"pt": 1.0, "%": 1.0}, False, _drop, describe="int8's accuracy drop vs fp32, in points"),
+    "rss": Metric("rss", "B", _BYTES, False, lambda r: r["agent"].get("peak_rss_bytes"), describe="peak RSS; 1 MB = 2^20 B"),
+    "energy": Metric("energy", "mJ", {"mj": 1.0, "uj": 1e-3, "j": 1e3}, False, _energy, describe="mJ per inference"),
+    "load": Metric("load", "ms", _MS, False, _agent_ms("load_ns")),
+    "first": Metric("first", "ms", _MS, False, _agent_ms("first_inference_ns")),
+}
+SYNTAX_HINT = (
+    "write METRIC:+N% (vs baseline), METRIC:<VALUE UNIT or METRIC:>VALUE UNIT, accuracy:-0.5pt; "
+    f"metrics: {', '.join(METRICS)}"
+)
+_GATE = re.compile(r"^\s*(?P<metric>[A-Za-z0-9_]+)(?P<opt>\?)?\s*:\s*(?P<op><=|>=|<|>|\+|-)?\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>\S*)\s*$")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One parsed gate. ``limit`` is in ``unit``: the metric's unit for absolute gates, % or pt for relative ones."""
+
+    text: str
+    metric: str
+    relative: bool
+    op: str  # "<", "<=", ">", ">=" (absolute); "+" or "-" (relative: the direction that is worse)
+    limit: float
+    unit: str
+    optional: bool = False
+
+    def check(self, record: dict, baseline: dict | None) -> GateResult:
+        """This gate on ``record`` against ``baseline`` (needed by relative gates only)."""
+        m = METRICS[self.metric]
+        value = m.get(record)
+        if value is None:
+            status = "skipped, optional" if self.optional else "FAIL"
+            return self._result(None if self.optional else False, None, None, f"{self.metric} not measured on this device ({self._limit_text()}): {status}")
+        shown = f"{self.metric} {_fmt(m, value)}"
+        if not self.relative:
+            ok = {"<": value < self.limit, "<=": value <= self.limit, ">": value > self.limit, ">=": value >= self.limit}[self.op]
+            return self._result(ok, value, None, f"{shown} ({self._limit_text()}): {'pass' if ok else 'FAIL'}")
+        old = None if baseline is None else m.get(baseline)
+        if old is None:
+            why = "no baseline yet" if baseline is None else f"no baseline yet (the baseline run has no {self.metric})"
+            return self._result(None, value, None, f"{shown} ({self._limit_text()} vs a baseline): {why}")
+        shown += f" vs {_fmt(m, old)}"
+        sign = 1.0 if self.op == "+" else -1.0  # worse is up (+) or down (-)
+        if self.unit == "pt":
+            delta = value - old
+            ok = sign * delta <= self.limit + 1e-9
+            return self._result(ok, value, old, f"{shown} ({delta:+.2f} pt, {self._limit_text()}): {'pass' if ok else 'FAIL'}", change=delta)
+        if old == 0:
+            return self._result(None, value, old, f"{shown}: the baseline is 0, no relative change to gate on")
+        change = value / old - 1
+        beyond = sign * change * 100 > self.limit
+        text = f"{change * 100:+.1f}%"
+        if m.q is not False:  # latency: the slowdown must also stand out of the noise
+            lat = latency_change(baseline["agent"]["samples_ns"], record["agent"]["samples_ns"], m.q)
+            lo, hi = (lat.low, lat.high) if not m.higher_is_better else (1 / lat.high, 1 / lat.low)
+            text += f", 95% CI {(lo - 1) * 100:+.1f}..{(hi - 1) * 100:+.1f}%"
+            if beyond and not lat.significant:
+                return self._result(True, value, old, f"{shown} ({text}, {self._limit_text()}): pass (not significant: {lat.why()})", change=change, ci=(lo - 1, hi - 1))
+            return self._result(not beyond, value, old, f"{shown} ({text}, {self._limit_text()}): {'FAIL' if beyond else 'pass'}", change=change, ci=(lo - 1, hi - 1))
+        return self._result(not beyond, value, old, f"{shown} ({text}, {self._limit_text()}): {'FAIL' if beyond else 'pass'}", change=change)
+
+    def _limit_text(self) -> str:
+        if self.relative:
+            return f"limit {self.op}{self.limit:g}{' pt' if self.unit == 'pt' else '%'}"
+        m = METRICS[self.metric]
+        return f"limit {self.op} {_fmt(m, self.limit)}"
+
+    def _result(self, passed: bool | None, value, baseline, line: str, **extra: Any) -> GateResult:
+        return GateResult(self, passed, value, baseline, self.limit, line, extra.get("change"), extra.get("ci"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "metric": self.metric, "relative": self.relative, "op": self.op, "limit": self.limit, "unit": self.unit, "optional": self.optional}
+
+
+@dataclass(frozen=True)
+class GateResult:
+    gate: Gate
+    passed: bool | None  # None: not decided (no baseline yet, or an optional metric not measured)
+    value: float | None  # the metric's value in the gate's metric unit (ms, /s, %, pt, B, mJ)
+    baseline: float | None
+    limit: float | None
+    line: str  # one human line: "p50 0.031 ms vs 0.030 ms (+3.3%, ..., limit +5%): pass"
+    change: float | None = None  # relative: a fraction (pt gates: points)
+    ci: tuple[float, float] | None = None  # latency: 95 % interval of the change
+
+    @property
+    def status(self) -> str:
+        return {True: "pass", False: "fail", None: "skipped"}[self.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gate": self.gate.text, "metric": self.gate.metric, "passed": self.passed, "status": self.status,
+            "value": self.value, "baseline": self.baseline, "limit": self.limit, "unit": self.gate.unit,
+            "relative": self.gate.relative, "change": self.change, "ci95": list(self.ci) if self.ci else None,
+            "line": self.line,
+        }  # fmt: skip
+
+
+def parse_gate(text: str) -> Gate:
+    """Parse ``METRIC:LIMIT``; anything else is a UsageError naming what is wrong."""
+    m = _GATE.match(text)
+    name = text.split(":", 1)[0].strip().rstrip("?")
+    if ":" in text and name and name not in METRICS:
+        raise UsageError(f"unknown gate metric {name!r} in {text!r}", SYNTAX_HINT)
+    if m is None:
+        raise UsageError(f"cannot read the gate {text!r}", SYNTAX_HINT)
+    metric, op, unit, number = METRICS[m["metric"]], m["op"] or "", m["unit"], float(m["num"])
+    if op in ("", "+", "-") and unit in ("%", "pt") and not (metric.name == "accuracy" and unit == "%" and op == ""):
+        return _relative(text, metric, op, number, unit, bool(m["opt"]))
+    if op in ("", "+", "-"):
+        raise UsageError(
+            f"gate {text!r}: a relative limit is +N% (accuracy, drop: N pt); an absolute one starts with < or >",
+            f"e.g. {metric.name}:{_relative_example(metric)} or {metric.name}:<{_example(metric)}",
+        )
+    key = unit if metric.unit in ("%", "pt", "/s") else unit.lower()
+    if key not in metric.units:
+        said = f"unit {unit!r}" if unit else "no unit"
+        units = "B, KB, MB, GB (1 MB = 2^20 B)" if metric.unit == "B" else ", ".join(u for u in metric.units if u) or metric.unit
+        raise UsageError(f"gate {text!r}: {said} for {metric.name}", f"say the unit, one of: {units} (e.g. {metric.name}:{op}{_example(metric)})")
+    return Gate(text, metric.name, False, op, number * metric.units[key], metric.unit, bool(m["opt"]))
+
+
+def _relative(text: str, metric: Metric, op: str, number: float, unit: str, optional: bool) -> Gate:
+    points = metric.name in ("accuracy", "drop")
+    if points != (unit == "pt"):
+        raise UsageError(
+            f"gate {text!r}: {metric.name} changes are " + ("in accuracy points (pt)" if points else "percentages (%)"),
+            f"e.g. {metric.name}:{_relative_example(metric)}",
+        )
+    worse = "-" if metric.higher_is_better else "+"
+    if op and op != worse:
+        raise UsageError(
+            f"gate {text!r} would fail when {metric.name} gets better",
+            f"a gate names how much worse {metric.name} may get: {metric.name}:{worse}{number:g}{unit}",
+        )
+    return Gate(text, metric.name, True, worse, number, unit, optional)
+
+
+def _relative_example(metric: Metric) -> str:
+    points = metric.name in ("accuracy", "drop")
+    return ("-" if metric.higher_is_better else "+") + ("0.5pt" if points else "5%")
+
+
+def _example(metric: Metric) -> str:
+    return {"ms": "20ms", "/s": "1000/s", "%": "98%", "pt": "1pt", "B": "64MB", "mJ": "5mJ"}[metric.unit]
+
+
+def _fmt(metric: Metric, value: float) -> str:
+    if metric.unit == "ms":
+        return f"{value:.3f} ms" if value >= 1 else f"{value:.4g} ms"
+    if metric.unit == "B":
+        return f"{value / 2**20:.1f} MB"
+    if metric.unit == "/s":
+        return f"{value:.1f}/s"
+    if metric.unit in ("%", "pt"):
+        return f"{value:.2f}{'%' if metric.unit == '%' else ' pt'}"
+    return f"{value:.4g} {metric.unit}"
+
+
+def parse_gates(texts: Sequence[str] | None) -> list[Gate]:
+    return [parse_gate(t) for t in texts or ()]
+
+
+def check_gates(gates: Sequence[Gate], record: dict, baseline: dict | None) -> list[GateResult]:
+    return [g.check(record, baseline) for g in gates]
+
+
+def gate_error(results: Sequence[GateResult]) -> GateError | None:
+    """The GateError to raise when any gate failed (None when none did)."""
+    failed = [r for r in results if r.passed is False]
+    if not failed:
+        return None
+    return GateError(
+        f"{len(failed)} of {len(results)} gate(s) failed: {', '.join(r.gate.text for r in failed)}",
+        "each gate's line above says by how much; compare the runs with: edgekit results compare A B",
+    )
+
+
+def gated_record(records: Sequence[dict]) -> dict:
+    """The run the gates judge among one deploy's or bench's records: int8's when there is one
+    (it carries the on-device agreement and the int8 gate's recommendation), else the first."""
+    if not records:
+        raise ValueError("no records to gate")
+    return next((r for r in records if r["agent"]["variant"] == "int8"), records[0])
