@@ -22,6 +22,7 @@ import numpy as np
 from edgekit.agentclient import bench_variant, eval_variant
 from edgekit.bench.record import make_record
 from edgekit.bench.store import ResultsStore
+from edgekit.bench.vcs import vcs_info
 from edgekit.bench.verdict import Verdict, int8_verdict
 from edgekit.bundle import Bundle, Variant, write_bundle
 from edgekit.devices import DeviceEntry, connect, resolve_devices
@@ -544,6 +545,9 @@ def _store(w: _Walk, step: Store) -> None:
             r["agreement"] = w.agreement.to_dict()
         if r["agent"]["variant"] == "int8" and w.verdict is not None:
             r["recommendation"] = w.verdict.to_dict()
+    vcs = vcs_info()  # the branch the runs belong to: `latest@BRANCH` baselines find them by it
+    for r in w.records:
+        r["vcs"] = dict(vcs)
     with ResultsStore() as store:
         w.run_ids = [store.add(r) for r in w.records]
 
