@@ -46,7 +46,7 @@ from edgekit.plan import (
     replan,
     step_dict,
 )
-from edgekit.profiles import Profile, load_profile
+from edgekit.profiles import Profile, load_profile, resolve
 from edgekit.quantize import (
     FeedSet,
     Preprocess,
@@ -169,6 +169,8 @@ def open_job(req: DeployRequest, device: DeviceEntry | None = None) -> Job:
     if device is None:
         device = req.device if isinstance(req.device, DeviceEntry) else resolve_devices([req.device or "local"], req.inventory)[0]
     profile = load_profile(req.target)
+    if device.is_local:
+        profile = resolve(profile)  # a probe profile on this machine: its CPU is the host's, known now
     sc = loaded.sidecar
     calib = req.calib or sc.calibration
     evaluation = req.eval or (sc.evaluation if req.eval is None else None)
@@ -432,7 +434,7 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
         w.events.info(f"int8 model of {job.model.path.name} unchanged: reusing the cached quantization ({k[:12]})")
         _, analysis = analyze_model(job.model, step.scheme, job.request.exclude)
         cal = report["calibration"]
-        return QuantizeResult(model, step.scheme, step.method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True)
+        return QuantizeResult(model, step.scheme, step.method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True, layers=report.get("layers") or [])
     w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
     passes = 1 if step.method == "minmax" else 2
     with w.events.progress(f"calibrating on {len(calibration.feeds)} samples ({step.method})", total=passes * len(calibration.feeds)) as prog:
@@ -545,6 +547,8 @@ def _store(w: _Walk, step: Store) -> None:
             r["agreement"] = w.agreement.to_dict()
         if r["agent"]["variant"] == "int8" and w.verdict is not None:
             r["recommendation"] = w.verdict.to_dict()
+        if r["agent"]["variant"] == "int8" and w.qresult is not None and w.qresult.layers:
+            r["quantization"] = w.qresult.quantization_record()  # each int8 node's local error
     vcs = vcs_info()  # the branch the runs belong to: `latest@BRANCH` baselines find them by it
     for r in w.records:
         r["vcs"] = dict(vcs)

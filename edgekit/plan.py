@@ -330,7 +330,9 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         precision = next((p for p in precisions if p != "int8"), "fp32")
         if options.quantize and "int8" not in precisions:
             notes.append(f"{name} on {profile.name} has no int8 path: running {precision}")
-    scheme = impl.scheme if precision == "int8" and model.format == "onnx" else None
+    scheme = impl.quant_scheme(profile) if precision == "int8" and model.format == "onnx" else None
+    if scheme is not None and scheme.weight_qmax < 127:
+        notes.append(f"{name} on this CPU: {scheme.notes[-1]}")
     counts: dict[str, int] = {}
     float_nodes: tuple[NodeDecision, ...] = ()
     if scheme is not None:

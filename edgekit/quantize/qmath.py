@@ -76,14 +76,20 @@ def _broadcastable(x, scale, zero_point, axis):
     return scale, zero_point
 
 
-def weight_params(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 params for a weight, per channel along ``axis`` (or per tensor if None)."""
+def weight_params(w: np.ndarray, axis: int | None, qmax: int = SYMMETRIC_QMAX) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 params for a weight, per channel along ``axis`` (or per tensor if None).
+
+    ``qmax`` below 127 narrows the weights (63: 7-bit) for kernels whose int16 sums saturate.
+    """
     if axis is None:
         absmax = np.abs(w).max(initial=0.0)
     else:
         moved = np.moveaxis(np.abs(w), axis, 0).reshape(w.shape[axis], -1)
         absmax = moved.max(axis=1, initial=0.0)
-    return scale_zero_point(-absmax, absmax, "int8", symmetric=True)
+    scale, zero_point = scale_zero_point(-absmax, absmax, "int8", symmetric=True)
+    if qmax != SYMMETRIC_QMAX:
+        scale = np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32)
+    return scale, zero_point
 
 
 def quantize_bias(bias: np.ndarray, input_scale: float, weight_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

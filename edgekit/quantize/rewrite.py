@@ -12,6 +12,7 @@ from onnx import helper, numpy_helper
 
 from edgekit.errors import UsageError
 from edgekit.quantize import qmath
+from edgekit.quantize.prepare import reads
 from edgekit.quantize.rules import RULES, NodeRule, RuleContext, passthrough_rule
 from edgekit.quantize.scheme import FUSED_ACTIVATIONS, QuantScheme
 
@@ -251,7 +252,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
             w_name = orig_inputs[r.weight]
             key = ("w", w_name, r.weight_axis)
             w = analysis.consts[w_name]
-            s, z = qmath.weight_params(w, r.weight_axis)
+            s, z = qmath.weight_params(w, r.weight_axis, scheme.weight_qmax)
             w_scale = s
             if key not in done:
                 base = f"{w_name}__w{'' if r.weight_axis is None else r.weight_axis}"
@@ -320,7 +321,7 @@ def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.Nod
         progressed = False
         rest = []
         for n in pending:
-            if all((not i) or i in ready or i not in produced_by for i in n.input):
+            if all(i in ready or i not in produced_by for i in reads(n)):  # reads: If branches' outer names too
                 out.append(n)
                 ready.update(n.output)
                 progressed = True

@@ -6,7 +6,7 @@ never in a second file format.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 # Ops whose int8 form the backends implement (their inputs get Q/DQ, weights are int8).
 COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Concat", "AveragePool", "GlobalAveragePool"})
@@ -31,6 +31,7 @@ class QuantScheme:
     # int32 bias through DequantizeLinear (input scale x weight scale); False keeps bias float,
     # for runtimes that fold the bias themselves and reject an int32 DequantizeLinear (TensorRT).
     quantize_bias: bool = True
+    weight_qmax: int = 127  # 63: 7-bit weights, for x86 int8 kernels without VNNI (narrow_weights)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict:
@@ -60,6 +61,27 @@ TENSORRT = QuantScheme(
 OPENVINO = QuantScheme(name="openvino", notes=("int8 asymmetric activations, per-channel int8 weights",))
 # edgekit's own runtime: same as ORT, so ORT on the same QDQ model is its oracle.
 NATIVE = QuantScheme(name="native", notes=("int8 asymmetric activations, per-channel int8 weights, int32 bias",))
+
+# x86 int8 kernels without VNNI (AVX2; AVX-512 before VNNI) multiply uint8 x int8 pairs with
+# VPMADDUBSW, whose int16 sum of two products saturates: 255 x 127 x 2 > 32767. ONNX Runtime's
+# CPU provider (it shifts int8 activations to uint8 for this kernel) and OpenVINO's CPU plugin
+# both use it there. 7-bit weights (|q| <= 63) keep every pair inside int16: 255 x 63 x 2 = 32130.
+# ORT calls this reduce_range, OpenVINO's NNCF overflow_fix. With VNNI (VPDPBUSD sums in int32)
+# the full 8-bit range is safe.
+X86_ARCHS = ("x86_64", "amd64", "i686", "i386", "x86")
+VNNI = ("avx512_vnni", "avx_vnni")
+
+
+def saturates_int16(arch: str | None, isa: tuple[str, ...] | list[str]) -> bool:
+    """Does this CPU's int8 dot product go through a saturating int16 sum (x86 without VNNI)?"""
+    return (arch or "").lower() in X86_ARCHS and not any(f in isa for f in VNNI)
+
+
+def narrow_weights(scheme: QuantScheme) -> QuantScheme:
+    """``scheme`` with 7-bit weights, so a VPMADDUBSW kernel cannot saturate."""
+    note = "7-bit weights (|q| <= 63): this x86 CPU has no VNNI, and its int8 kernels sum pairs in a saturating int16"
+    return replace(scheme, weight_qmax=63, notes=(*scheme.notes, note))
+
 
 SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (ONNXRUNTIME, TENSORRT, OPENVINO, NATIVE)}
 

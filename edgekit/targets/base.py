@@ -61,6 +61,10 @@ class Backend:
     missing: str = ""  # why, when none of ``runtimes`` is on the device (default: their names)
     evaluates: bool = True  # the agent can run held-out samples through it one by one (Eval steps)
 
+    def quant_scheme(self, profile: Profile) -> QuantScheme | None:
+        """The scheme this backend wants on ``profile``'s CPU (resolved with the device's facts once probed)."""
+        return self.scheme
+
     def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
         """Can this backend run ``model`` on ``profile``'s device? ``facts``: the probed device."""
         if model.format not in self.formats:

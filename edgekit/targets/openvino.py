@@ -14,7 +14,7 @@ from typing import Any
 
 from edgekit.profiles import BackendSpec, Profile
 from edgekit.profiles.model import version_tuple
-from edgekit.quantize.scheme import OPENVINO
+from edgekit.quantize.scheme import OPENVINO, QuantScheme, narrow_weights, saturates_int16
 from edgekit.targets.base import Backend, DeviceStep, Verdict, runtime_version
 
 # The agent uses OpenVINO's API 2.0 (openvino.runtime.Core), which arrived in 2022.1.
@@ -48,6 +48,13 @@ class OpenVinoBackend(Backend):
     scheme = OPENVINO
     runtimes = ("openvino",)
     missing = "openvino is not installed on the device (python3 -m pip install openvino)"
+
+    def quant_scheme(self, profile: Profile) -> QuantScheme:
+        # only the CPU plugin runs VPMADDUBSW kernels; NPU/VPU/GPU plugins have their own int8 paths
+        cpu = profile.cpu
+        if device_of(profile.backend(self.name)) in ("CPU", "AUTO") and saturates_int16(cpu.arch, cpu.isa):
+            return narrow_weights(self.scheme)
+        return self.scheme
 
     def runs_on(self, profile: Profile, facts: dict | None = None) -> Verdict:
         verdict = super().runs_on(profile, facts)
