@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.agentclient import BenchConfig
+from edgekit.bench.gates import Gate, GateReport, run_gates
 from edgekit.bench.store import ResultsStore
 from edgekit.bundle import load_bundle
 from edgekit.deploy import DeployRequest, DeployResult, Job, execute, open_job, run
@@ -160,6 +161,21 @@ def bench_bundle(
         transport.close()
 
 
+def check_gates(result: DeployResult, gates: Sequence[str | Gate], *, baseline: str | None = None) -> GateReport:
+    """Regression gates (``"p50:+5%"``, ``"p99:<20ms"``...) on the runs ``deploy`` or ``bench`` just
+    stored: the int8 run when there is one, else the first, against ``baseline`` (a run id, an
+    export file ``FILE``/``FILE#N``, or ``latest@BRANCH``; default: the newest earlier run of the
+    same model, target, device and variant). ``report.error()`` is the GateError to raise, if any.
+
+    >>> report = ek.check_gates(ek.deploy("examples/digits/digits_cnn.onnx"), ["p50:+5%"])  # doctest: +SKIP
+    """
+    records = [{"id": rid, **r} for r, rid in zip(result.records, result.run_ids)]
+    if not records:
+        raise UsageError("gates check a benchmark, and this run stored none", "drop --no-bench (gates need a run on the device)")
+    with ResultsStore() as store:
+        return run_gates(gates, records, store, baseline=baseline)
+
+
 def results(path: str | Path | None = None) -> ResultsStore:
     """The results store (default: the user data dir's); use it as a context manager.
 
@@ -169,4 +185,4 @@ def results(path: str | Path | None = None) -> ResultsStore:
     return ResultsStore(Path(path) if path is not None else None)
 
 
-__all__ = ["bench", "deploy", "plan", "quantize", "request", "results"]
+__all__ = ["bench", "check_gates", "deploy", "plan", "quantize", "request", "results"]

@@ -4,8 +4,8 @@ only when it stands out of the noise.
 The rule for latency (p50, p99, mean, throughput): a change is real when the 95 % bootstrap
 interval of the ratio (``edgekit.bench.verdict.speedup_interval``, resampling the raw samples of
 both runs) excludes 1 AND the change is larger than ``max(MIN_CHANGE, drift)``, where ``drift``
-is the larger of the two runs' own wander: each run cut into ``DRIFT_BLOCKS`` consecutive
-blocks, half the spread of the blocks' medians relative to the run's median. Samples of one
+is the larger of the two runs' own wander: each run cut into (up to) ``DRIFT_BLOCKS`` consecutive
+blocks, half the spread of the blocks' statistic (median, p99, mean) relative to the run's. Samples of one
 run are not independent (a hot board, another process, a frequency change move many in a row),
 so the bootstrap alone would call a busy machine's back-to-back runs different; a run that
 wanders by 8 % within itself cannot show a 4 % change. On a quiet device the drift is well
@@ -71,19 +71,27 @@ class LatencyChange:
         return f"below {MIN_CHANGE * 100:g}%"
 
 
-def run_drift(samples_ns: Sequence[int]) -> float:
-    """How far a run's median wanders within the run: half the spread of its block medians, relative."""
+def run_drift(samples_ns: Sequence[int], q: float | None = 50.0) -> float:
+    """How far a run's statistic (percentile ``q``, None: the mean) wanders within the run: half
+    the spread of its values over consecutive blocks, relative to the whole run's. 0.0 when the
+    run is too short to cut into blocks that hold that statistic (a p99 needs 100 samples a block)."""
     ns = np.asarray(samples_ns, dtype=np.float64)
-    if ns.size < DRIFT_BLOCKS * _MIN_BLOCK:
+    per_block = max(_MIN_BLOCK, int(np.ceil(100 / (100 - q))) if q is not None else 0)
+    blocks = min(DRIFT_BLOCKS, ns.size // per_block)
+    if blocks < 2:
         return 0.0
-    medians = [float(np.median(b)) for b in np.array_split(ns, DRIFT_BLOCKS)]
-    return (max(medians) - min(medians)) / 2 / float(np.median(ns))
+
+    def stat(x: np.ndarray) -> float:
+        return float(np.mean(x) if q is None else np.percentile(x, q))
+
+    values = [stat(b) for b in np.array_split(ns, blocks)]
+    return (max(values) - min(values)) / 2 / stat(ns)
 
 
 def latency_change(baseline_ns: Sequence[int], candidate_ns: Sequence[int], q: float | None = 50.0) -> LatencyChange:
     """Candidate vs baseline latency at percentile ``q`` (None: the mean)."""
     speed, lo, hi = speedup_interval(list(baseline_ns), list(candidate_ns), q=q)
-    return LatencyChange(1 / speed, 1 / hi, 1 / lo, max(run_drift(baseline_ns), run_drift(candidate_ns)))
+    return LatencyChange(1 / speed, 1 / hi, 1 / lo, max(run_drift(baseline_ns, q), run_drift(candidate_ns, q)))
 
 
 # -- what may be compared -------------------------------------------------------------------
@@ -258,6 +266,17 @@ def resolve(
     if found is None:
         raise ResultsError(f"no record in {path}{_matching(like, filters)}", "pick one by position: FILE#N")
     return found
+
+
+def check_ref(ref: str) -> None:
+    """Fail early (before a long run) on a reference that cannot name a run: a missing file, an empty branch."""
+    if ref.isdigit() or (ref.startswith("latest@") and len(ref) > len("latest@")):
+        return
+    if ref.startswith("latest@"):
+        raise ResultsError(f"no branch in {ref!r}", _REF_HINT)
+    path = Path(ref.partition("#")[0])
+    if not path.is_file():
+        raise ResultsError(f"no such file: {path}", _REF_HINT)
 
 
 def read_records(path: Path) -> list[dict]:

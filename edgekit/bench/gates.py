@@ -25,8 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edgekit.bench.compare import accuracy, latency_change
-from edgekit.errors import GateError, UsageError
+from edgekit.bench.compare import accuracy, comparable, default_baseline, latency_change, resolve
+from edgekit.bench.store import ResultsStore
+from edgekit.errors import GateError, ResultsError, UsageError
 
 _MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
 _BYTES = {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -249,3 +250,59 @@ def gated_record(records: Sequence[dict]) -> dict:
     if not records:
         raise ValueError("no records to gate")
     return next((r for r in records if r["agent"]["variant"] == "int8"), records[0])
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """The gates of one run: the record judged, the baseline it was judged against, each result."""
+
+    record: dict
+    baseline: dict | None
+    results: tuple[GateResult, ...]
+
+    @property
+    def failed(self) -> list[GateResult]:
+        return [r for r in self.results if r.passed is False]
+
+    def lines(self) -> list[str]:
+        """One line per gate, naming the variant and the runs: "gate p50:+5% (int8, run 7 vs run 3): ..."."""
+        base = "no baseline" if self.baseline is None else f"vs run {_run_name(self.baseline)}"
+        where = f"{self.record['agent']['variant']}, run {_run_name(self.record)} {base}"
+        return [f"gate {r.gate.text} ({where}): {r.line}" for r in self.results]
+
+    def error(self) -> GateError | None:
+        return gate_error(self.results)
+
+    def to_dict(self) -> list[dict[str, Any]]:
+        extra = {
+            "variant": self.record["agent"]["variant"], "run_id": self.record.get("id"), "run_uuid": self.record["run_uuid"],
+            "baseline_id": None if self.baseline is None else self.baseline.get("id"),
+            "baseline_uuid": None if self.baseline is None else self.baseline["run_uuid"],
+        }  # fmt: skip
+        return [{**r.to_dict(), **extra} for r in self.results]
+
+
+def run_gates(
+    gates: Sequence[Gate | str], records: Sequence[dict], store: ResultsStore, *, baseline: str | None = None
+) -> GateReport:
+    """Check ``gates`` on the gated record of a run just stored (``records`` with their ``id``).
+
+    The baseline is ``baseline`` (a reference as ``edgekit.bench.compare.resolve`` reads it), else
+    the newest earlier stored run of the same model name, target, device and variant. An explicit
+    baseline that is not comparable (other device, backend, variant; a changed model is fine) is
+    an error; a default one that is not is skipped.
+    """
+    parsed = [g if isinstance(g, Gate) else parse_gate(g) for g in gates]
+    record = gated_record(records)
+    if baseline is None:
+        base = default_baseline(store, record, exclude=[r["id"] for r in records if r.get("id") is not None])
+    else:
+        base = resolve(baseline, store, like=record)
+        reason = comparable(base, record, allow_model_change=True)
+        if reason:
+            raise ResultsError(f"baseline {baseline} cannot be compared with this run: {reason}", "give a baseline run of the same device, backend and variant")
+    return GateReport(record, base, tuple(check_gates(parsed, record, base)))
+
+
+def _run_name(record: dict) -> str:
+    return str(record["id"]) if record.get("id") is not None else record["run_uuid"][:8]

@@ -17,7 +17,7 @@ from edgekit.devices.fleet import DEFAULT_JOBS
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 
 
-@common.options("bench", "ssh")
+@common.options("bench", "gates", "ssh")
 def bench(
     bundle_dir: Annotated[
         Path,
@@ -38,7 +38,9 @@ def bench(
     shape: common.Shape = None,
     jobs: common.Jobs = DEFAULT_JOBS,
     lock_wait: common.LockWait = DEFAULT_LOCK_WAIT,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the stored records as one JSON list.")] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the stored records as one JSON list (with --fail: {\"runs\": [...], \"gates\": [...]}).")
+    ] = False,
     **opts,
 ) -> None:
     """Benchmark a bundle's variants on a device and store each run.
@@ -64,6 +66,7 @@ def bench(
 
     inventory = opts["inventory"]
     out = common.output(json_out)
+    gates = common.gates(opts, fleet=common.is_fleet(device or [], inventory))
     entries = resolve_devices(device or [], inventory)
     entry = entries[0] if entries else None
     options = dict(
@@ -84,13 +87,13 @@ def bench(
         result = api.bench(bundle_dir, events=out, target=target, output=output, **options)
         out.info(f"bundle: {result.bundle.root} (bench it again with: edgekit bench {result.bundle.root})")
         p = result.plan
-        _print(out, result, f"{p.model} on {p.device} (target {p.profile}, backend {p.backend})", json_out)
+        _print(out, result, f"{p.model} on {p.device} (target {p.profile}, backend {p.backend})", json_out, gates, opts["baseline"])
         return
     if common.is_fleet(entries, inventory):
         _bench_fleet(out, bundle_dir, entries, target, variants, options, jobs=jobs, json_out=json_out)
         return
     result = api.bench(bundle_dir, variants=variants, events=out, target=target, **options)
-    _print(out, result, f"{result.plan.model} on {result.plan.device} (target {result.plan.profile})", json_out)
+    _print(out, result, f"{result.plan.model} on {result.plan.device} (target {result.plan.profile})", json_out, gates, opts["baseline"])
 
 
 def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, options: dict, *, jobs: int, json_out: bool) -> None:
@@ -125,12 +128,17 @@ def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, optio
     )  # fmt: skip
 
 
-def _print(out: Output, result, title: str, json_out: bool) -> None:
+def _print(out: Output, result, title: str, json_out: bool, gates: list, baseline: str | None) -> None:
+    from edgekit import api
+
     out.info(f"stored as run(s) {', '.join(map(str, result.run_ids))} (see: edgekit results show ID)")
+    report = api.check_gates(result, gates, baseline=baseline) if gates else None
     if json_out:
-        out.json([{"id": rid, **rec} for rid, rec in zip(result.run_ids, result.records)])
-        return
-    render.print_runs(out, result.to_dict(), title)
+        runs = [{"id": rid, **rec} for rid, rec in zip(result.run_ids, result.records)]
+        out.json({"runs": runs, "gates": report.to_dict()} if report else runs)
+    else:
+        render.print_runs(out, result.to_dict(), title)
+    common.finish_gates(out, report, json_out)
 
 
 def register(app: typer.Typer) -> None:

@@ -73,6 +73,24 @@ Iterations = Annotated[int | None, typer.Option("--iterations", "-n", min=1, met
 Duration = Annotated[float | None, typer.Option("--duration", min=0.001, metavar="SECONDS", help="Time for this many seconds instead of a count.")]
 Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else all cores).")]
 
+Fail = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--fail", metavar="GATE",
+        help="Exit 5 when this gate fails (repeatable): p50:+5% (vs the baseline, only when significant), p99:<20ms, "
+        "accuracy:-0.5pt, drop:<1pt, rss:<64MB (1 MB = 2^20 B), energy:+10%, throughput:-5%. Metrics: p50 p90 p99 mean min max "
+        "throughput accuracy drop rss energy load first; a metric not measured fails unless written METRIC?:...",
+    ),
+]  # fmt: skip
+Baseline = Annotated[
+    str | None,
+    typer.Option(
+        "--baseline", metavar="REF",
+        help="The run relative gates compare with: a run id, an export file (FILE, FILE#N) or latest@BRANCH. "
+        "Default: the latest earlier run of the same model, target, device and variant.",
+    ),
+]  # fmt: skip
+
 # Option groups several commands take: name -> (annotation, default). ``options`` adds them.
 GROUPS: dict[str, dict[str, tuple]] = {
     "quantize": {
@@ -80,6 +98,7 @@ GROUPS: dict[str, dict[str, tuple]] = {
         "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None),
     },
     "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "threads": (Threads, None)},
+    "gates": {"fail": (Fail, None), "baseline": (Baseline, None)},
     "ssh": {"trust_new_host": (TrustNewHost, False), "password": (Password, False), "inventory": (Inventory, None)},
 }  # fmt: skip
 
@@ -114,6 +133,36 @@ def quantize_args(opts: dict) -> dict:
 def bench_args(opts: dict) -> dict:
     """The "bench" group as the API's keyword arguments."""
     return dict(warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], threads=opts["threads"])
+
+
+def gates(opts: dict, *, fleet: bool, runs: bool = True) -> list:
+    """The "gates" group's --fail gates, parsed before any work (a typo costs no benchmark run)."""
+    from edgekit.bench.compare import check_ref
+    from edgekit.bench.gates import parse_gates
+    from edgekit.errors import UsageError
+
+    parsed = parse_gates(opts["fail"])
+    if opts["baseline"] is not None and not parsed:
+        raise UsageError("--baseline is what --fail gates compare with, and no --fail was given", "add --fail GATE, e.g. --fail p50:+5%")
+    if parsed and fleet:
+        raise UsageError("--fail gates one device's run", "gate each device on its own, or use edgekit ci")
+    if parsed and not runs:
+        raise UsageError("--fail gates a benchmark run, and --no-bench/--dry-run make none", "drop --no-bench/--dry-run, or drop --fail")
+    if opts["baseline"] is not None:
+        check_ref(opts["baseline"])
+    return parsed
+
+
+def finish_gates(o: Output, report, json_out: bool) -> None:
+    """Print each gate's line (human mode), then raise the GateError (exit 5) if any failed."""
+    if report is None:
+        return
+    if not json_out:
+        for line in report.lines():
+            o.line(line)
+    err = report.error()
+    if err:
+        raise err
 
 
 def output(json_mode: bool) -> Output:

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     app.command("deploy")(deploy)
 
 
-@common.options("quantize", "bench", "ssh")
+@common.options("quantize", "bench", "gates", "ssh")
 def deploy(
     model: Annotated[Path, typer.Argument(help="The float ONNX model (or a .tflite, which runs as it is).", show_default=False)],
     target: Annotated[str | None, typer.Option("--target", "-t", help="Target profile name or path to a profile TOML (default: the device's inventory profile, else local).")] = None,
@@ -50,6 +50,7 @@ def deploy(
     from edgekit.devices import resolve_devices
 
     o = common.output(json_out)
+    gates = common.gates(opts, fleet=common.is_fleet(device or [], opts["inventory"]), runs=not (no_bench or dry_run))
     inventory = opts["inventory"]
     entries = resolve_devices(device or [], inventory)
     entry = entries[0] if entries else None
@@ -87,11 +88,14 @@ def deploy(
             render.print_plan(o, plan.to_dict())
             o.info("dry run: nothing was quantized, written, pushed or benchmarked")
         return
-    doc = run(job, plan, o).to_dict()
+    result = run(job, plan, o)
+    report = api.check_gates(result, gates, baseline=opts["baseline"]) if gates else None
+    doc = result.to_dict()
     if json_out:
-        o.json(doc)
-        return
-    render.print_summary(o, doc)
+        o.json({**doc, "gates": report.to_dict()} if report else doc)
+    else:
+        render.print_summary(o, doc)
+    common.finish_gates(o, report, json_out)
 
 
 def _deploy_fleet(o: Output, req, entries: list, target: str | None, jobs: int, json_out: bool) -> None:

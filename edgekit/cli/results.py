@@ -11,6 +11,7 @@ import typer
 
 from edgekit.bench.stats import STAT_FIELDS
 from edgekit.bench.store import ResultsStore
+from edgekit.cli import common
 from edgekit.cli.output import Output
 from edgekit.errors import ResultsError
 from edgekit.fsutil import atomic_path, check_output_path
@@ -35,6 +36,7 @@ def list_(
     target: Annotated[str | None, typer.Option("--target", help="Only runs on this target profile.")] = None,
     device: Annotated[str | None, typer.Option("--device", help="Only runs on this device.")] = None,
     variant: Annotated[str | None, typer.Option("--variant", help="Only this variant (int8, fp16...).")] = None,
+    branch: Annotated[str | None, typer.Option("--branch", help="Only runs made on this branch (CI's, or the checkout's).")] = None,
     json_: JsonFlag = False,
 ) -> None:
     """List stored benchmark runs, newest first.
@@ -43,9 +45,10 @@ def list_(
     Examples:
       edgekit results list
       edgekit results list --target rpi5 --model resnet18 -n 5 --json
+      edgekit results list --branch main
     """
     out = Output("json" if json_ else "human")
-    filters = {"model": model, "target": target, "device": device, "variant": variant}
+    filters = {"model": model, "target": target, "device": device, "variant": variant, "branch": branch}
     with ResultsStore() as store:
         rows = store.list(limit=limit, **filters)
     if not rows:
@@ -185,6 +188,106 @@ def import_(
         out.json({"imported": imported, "skipped": skipped})
     else:
         out.line(f"imported {_runs(imported)}, skipped {skipped} already in the store")
+
+
+@app.command("compare")
+def compare(
+    a: Annotated[str, typer.Argument(metavar="A", help="The baseline: a run id, an export file (FILE or FILE#N), or latest@BRANCH.")],
+    b: Annotated[str, typer.Argument(metavar="B", help="The run to judge against A, named the same ways.")],
+    fail: common.Fail = None,
+    allow_model_change: Annotated[
+        bool, typer.Option("--allow-model-change", help="Compare runs of different model files (a changed model vs the main branch's); device, backend and variant must still match.")
+    ] = False,
+    model: Annotated[str | None, typer.Option("--model", help="Pick runs of this model name (for FILE and latest@BRANCH).")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Pick runs on this target profile.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="Pick runs on this device.")] = None,
+    variant: Annotated[str | None, typer.Option("--variant", help="Pick runs of this variant (int8, fp32...).")] = None,
+    json_: JsonFlag = False,
+) -> None:
+    """Compare run B with run A: per metric, the change and whether it stands out of the noise.
+
+    A latency change counts ("faster"/"slower") when the 95% bootstrap CI of the ratio excludes
+    no change and the change exceeds both 1% and the runs' own drift; else "no change".
+    Runs of different models, devices, backends, variants or batch sizes are refused.
+
+    \b
+    Examples:
+      edgekit results compare 7 12
+      edgekit results compare latest@main latest@my-branch --variant int8 --fail p50:+5%
+      edgekit results compare baseline.json 12 --fail p99:<20ms --json
+    """
+    from edgekit.bench.compare import comparable, resolve
+    from edgekit.bench.compare import compare as compare_runs
+    from edgekit.bench.gates import GateReport, check_gates, parse_gates
+    from edgekit.errors import InputError
+
+    out = Output("json" if json_ else "human")
+    gates = parse_gates(fail)
+    filters = {"model": model, "target": target, "device": device, "variant": variant}
+    refs = {"A": a, "B": b}
+    picked: dict[str, dict] = {}
+    # A ref naming one run exactly goes first: the other (newest in a file or on a branch) is picked like it.
+    for side in sorted(refs, key=lambda k: not _exact(refs[k])):
+        other = next(iter(picked.values()), None)
+        with ResultsStore() as store:
+            picked[side] = resolve(refs[side], store, like=other, **filters)
+    ra, rb = picked["A"], picked["B"]
+    reason = comparable(ra, rb, allow_model_change=allow_model_change)
+    if reason:
+        hint = (
+            "to compare a changed model with its baseline, add --allow-model-change"
+            if reason.startswith("different models")
+            else "compare runs of the same device, backend, variant and batch (edgekit results list --model M --device D --variant V)"
+        )
+        raise InputError(f"will not compare {a} with {b}: {reason}", hint)
+    result = compare_runs(ra, rb)
+    report = GateReport(rb, ra, tuple(check_gates(gates, rb, ra))) if gates else None
+    if json_:
+        out.json({**result.to_dict(), "gates": report.to_dict() if report else []})
+    else:
+        out.table(
+            ["metric", "A", "B", "change", "95% CI", "verdict"],
+            [[r.metric, _value(r.metric, r.a), _value(r.metric, r.b), _change(r.metric, r.change),
+              "" if r.ci is None else f"{r.ci[0] * 100:+.1f}..{r.ci[1] * 100:+.1f}%", r.verdict + (f" ({r.note})" if r.note else "")]
+             for r in result.rows],
+            title=f"B {_describe(rb)} vs A {_describe(ra)}",
+        )  # fmt: skip
+        for line in report.lines() if report else ():
+            out.line(line)
+    err = report.error() if report else None
+    if err:
+        raise err
+
+
+def _exact(ref: str) -> bool:
+    return ref.isdigit() or ("#" in ref and not ref.startswith("latest@"))
+
+
+def _describe(record: dict) -> str:
+    agent, vcs = record["agent"], record.get("vcs") or {}
+    name = f"run {record['id']}" if record.get("id") is not None else f"run {record['run_uuid'][:8]}"
+    on = f", branch {vcs['branch']}" if vcs.get("branch") else ""
+    return f"({name}: {record['model_name']} {agent['variant']} on {record['device']}, {agent['backend']}{on})"
+
+
+def _value(metric: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if metric == "rss":
+        return f"{value / 2**20:.1f} MB"
+    if metric == "energy":
+        return f"{value:.4g} mJ"
+    if metric == "accuracy":
+        return f"{value:.2f}%"
+    if metric == "throughput":
+        return f"{value:.1f}/s"
+    return f"{_ms(value)} ms"
+
+
+def _change(metric: str, change: float | None) -> str:
+    if change is None:
+        return "-"
+    return f"{change:+.2f} pt" if metric == "accuracy" else f"{change * 100:+.1f}%"
 
 
 _RECORD_KEYS = {
