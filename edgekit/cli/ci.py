@@ -59,6 +59,9 @@ def ci(
     if step_summary:
         with open(step_summary, "a", encoding="utf-8") as fh:  # GitHub collects what each step appends
             fh.write(text)
+    if report is not None and not any(run.records for run in result.runs):
+        o.warn(f"no run finished: no report written to {report}")
+        report = None
     if report is not None:
         _write_report(result, report)
     if json_out:
@@ -90,9 +93,16 @@ def ci(
 
 
 def _write_report(result, path: Path) -> None:
+    """The HTML report of every run, with each run's earlier stored runs as its history."""
+    from edgekit.bench.store import ResultsStore
     from edgekit.report import write_report
 
     records = [r for run in result.runs for r in run.records]
-    baselines = [run.baseline for run in result.runs if run.baseline is not None]
-    gates = [{**g.to_dict(), "run": run.classname} for run in result.runs for g in run.gates]
-    write_report(records, path, title=f"edgekit ci: {result.config.path.name}", history=baselines or None, gates=gates)
+    mine = {r["id"] for r in records}
+    history = []
+    with ResultsStore() as store:
+        for r in records:
+            like = dict(model=r["model_name"], target=r["target"], device=r["device"], variant=r["agent"]["variant"])
+            history += [h for h in store.records(limit=20, **like) if h["id"] not in mine]
+    gates = [{**g.to_dict(), "model": run.model, "target": run.target, "device": run.device} for run in result.runs for g in run.gates]
+    write_report(records, path, title=f"edgekit ci: {result.config.path.name}", history=history or None, gates=gates)
