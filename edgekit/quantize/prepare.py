@@ -126,7 +126,7 @@ def _fold_constants(m: onnx.ModelProto) -> None:
     if not folded_any:
         return
     _set_nodes(m, keep)
-    used = {i for n in keep for i in n.input} | {o.name for o in m.graph.output}
+    used = {i for n in keep for i in reads(n)} | {o.name for o in m.graph.output}
     existing = {t.name for t in m.graph.initializer}
     for name, value in consts.items():
         if name in used and name not in existing:
@@ -137,7 +137,7 @@ def _fold_batchnorm(m: onnx.ModelProto) -> None:
     inits = {t.name: t for t in m.graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in m.graph.node:
-        for i in node.input:
+        for i in reads(node):
             consumers.setdefault(i, []).append(node)
     outputs = {o.name for o in m.graph.output}
     producer = {o: n for n in m.graph.node for o in n.output}
@@ -173,13 +173,24 @@ def _fold_batchnorm(m: onnx.ModelProto) -> None:
         _set_nodes(m, [n for n in m.graph.node if id(n) not in removed])
 
 
+def reads(node: onnx.NodeProto) -> list[str]:
+    """Every tensor ``node`` reads: its inputs, and the outer-scope names its subgraphs (If/Loop/Scan
+    branches and bodies) use, which are not listed as inputs."""
+    names = [i for i in node.input if i]
+    for attr in node.attribute:
+        for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+            local = {i.name for i in g.input} | {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
+            names += [i for n in g.node for i in reads(n) if i not in local]
+    return names
+
+
 def _remove_dead(m: onnx.ModelProto) -> None:
     needed = {o.name for o in m.graph.output}
     live = []
     for node in reversed(list(m.graph.node)):
         if any(o in needed for o in node.output if o):
             live.append(node)
-            needed.update(i for i in node.input if i)
+            needed.update(reads(node))
     live.reverse()
     _set_nodes(m, live)
     inits = [t for t in m.graph.initializer if t.name in needed]
