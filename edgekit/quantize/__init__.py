@@ -12,9 +12,17 @@ import onnx
 from edgekit.errors import ModelError
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel
-from edgekit.quantize.calib import FeedSet, Preprocess, collect_ranges, load_feeds, random_feeds
+from edgekit.quantize import sensitivity
+from edgekit.quantize.calib import (
+    ElementSample,
+    FeedSet,
+    Preprocess,
+    collect_ranges,
+    load_feeds,
+    random_feeds,
+)
 from edgekit.quantize.prepare import prepare
-from edgekit.quantize.report import AgreementReport, measure_agreement
+from edgekit.quantize.report import HOST_ESTIMATE, AgreementReport, measure_agreement
 from edgekit.quantize.rewrite import Analysis, analyze, rewrite, tensor_params
 from edgekit.quantize.scheme import SCHEMES, QuantScheme, scheme_for
 
@@ -36,6 +44,11 @@ class QuantizeResult:
     agreement: AgreementReport
     seconds: dict[str, float]
     cached: bool = False  # taken from the quantize cache (quantize.cache), not calibrated again
+    layers: list[dict] = field(default_factory=list)  # per int8 node: name, op, snr_db (its local error)
+
+    def quantization_record(self) -> dict:
+        """What a results-store record keeps of the quantization: the per-layer error."""
+        return {"layers": self.layers, "method": sensitivity.LOCAL_METHOD, "estimate": True, "measured_on": HOST_ESTIMATE}
 
     def to_dict(self) -> dict:
         return {
@@ -51,6 +64,7 @@ class QuantizeResult:
             "agreement": self.agreement.to_dict(),
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
             "cached": self.cached,
+            "layers": self.layers,
         }
 
 
@@ -78,6 +92,7 @@ def quantize_model(
             "nothing in this model can be quantized with the " + scheme.name + " scheme",
             "deploy it in float with --no-quantize",
         )
+    sample = ElementSample(len(calibration.feeds))
     ranges = collect_ranges(
         prepared,
         analysis.calibrated,
@@ -85,6 +100,7 @@ def quantize_model(
         method=method,
         symmetric=scheme.activation_symmetric,
         progress=progress,
+        sample=sample,
     )
     t2 = time.perf_counter()
     params = tensor_params(analysis, ranges, scheme)
@@ -93,6 +109,9 @@ def quantize_model(
         onnx.checker.check_model(qmodel)
     except onnx.checker.ValidationError as exc:  # pragma: no cover - a rewrite bug
         raise ModelError(f"the quantized model failed onnx.checker: {exc}", "rerun with --exclude on the node named, and report it") from exc
+    found = sensitivity.units(prepared, analysis)
+    snr = sensitivity.local_snr(qmodel, found, sample)
+    layers = [{"name": u.name, "op": u.op, "snr_db": snr[u.name]} for u in found]
     t3 = time.perf_counter()
     agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
     t4 = time.perf_counter()
@@ -106,6 +125,7 @@ def quantize_model(
         calibration_random=calibration.random,
         agreement=agreement,
         seconds={"prepare": t1 - t0, "calibrate": t2 - t1, "rewrite": t3 - t2, "evaluate": t4 - t3},
+        layers=layers,
     )
 
 

@@ -22,7 +22,7 @@ from edgekit.quantize.calib import FeedSet
 from edgekit.quantize.report import AgreementReport, OutputAgreement
 from edgekit.quantize.scheme import QuantScheme
 
-FORMAT = 1
+FORMAT = 2  # 2: the report carries per-layer errors (layers)
 MODEL, REPORT = "int8.onnx", "report.json"
 
 
