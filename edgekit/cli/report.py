@@ -1,0 +1,73 @@
+"""`edgekit report`: one self-contained HTML file from stored runs or an export file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgekit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)
+
+
+def report(
+    runs: Annotated[
+        list[str],
+        typer.Argument(metavar="RUN...", help="Run ids (see `edgekit results list`) or results export JSON files.", show_default=False),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write (atomically).")] = Path("edgekit-report.html"),
+    history: Annotated[int, typer.Option("--history", min=0, help="Draw up to N earlier stored runs of each model/device/variant.")] = 20,
+    json_out: common.Json = False,
+) -> None:
+    """Write an HTML report of benchmark runs: verdict, latency charts, layers, device, history.
+
+    The file works offline (inline CSS and SVG, no scripts, nothing fetched).
+
+    \b
+    Examples:
+      edgekit report 7 8 -o report.html
+      edgekit report lab-results.json --history 0
+    """
+    from edgekit.bench.compare import read_records
+    from edgekit.bench.store import ResultsStore
+    from edgekit.fsutil import check_output_path
+    from edgekit.report import write_report
+
+    o = common.output(json_out)
+    check_output_path(output)  # before any work: a bad -o fails fast and leaves nothing
+    records: list[dict] = []
+    with ResultsStore() as store:
+        for run in runs:
+            if run.isdigit():
+                records.append(store.get(int(run)))
+            else:
+                records += read_records(Path(run))
+        older = _history(store, records, history) if history else []
+    path = write_report(records, output, history=older)
+    doc = {
+        "report": str(path),
+        "bytes": path.stat().st_size,
+        "runs": [{"id": r.get("id"), "run_uuid": r["run_uuid"], "model": r["model_name"], "variant": r["agent"]["variant"]} for r in records],
+        "history_runs": len(older),
+    }
+    if json_out:
+        o.json(doc)
+    else:
+        o.info(f"report of {len(records)} run(s) ({len(older)} earlier for history) written to {path}")
+
+
+def _history(store, records: list[dict], limit: int) -> list[dict]:
+    """Up to ``limit`` stored runs of each record's model/target/device/variant, older than it."""
+    seen = {r["run_uuid"] for r in records}
+    older: dict[str, dict] = {}
+    for r in records:
+        like = dict(model=r["model_name"], target=r["target"], device=r["device"], variant=r["agent"]["variant"])
+        earlier = [h for h in store.records(limit=limit + 100, **like) if h["created"] < r["created"]]
+        for h in earlier[:limit]:
+            if h["run_uuid"] not in seen:
+                older.setdefault(h["run_uuid"], h)
+    return list(older.values())
