@@ -23,13 +23,15 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here so `import edgekit.cli` stays cheap and the order of --help is fixed.
-    from edgekit.cli import bench, deploy, devices, plan, profiles, quantize, results
+    from edgekit.cli import bench, ci, deploy, devices, plan, profiles, quantize, report, results
 
     for module in (quantize, plan, deploy, bench):
         module.register(app)
     app.add_typer(profiles.app, name="profiles")
     app.add_typer(results.app, name="results")
     app.add_typer(devices.app, name="devices")
+    ci.register(app)
+    report.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
