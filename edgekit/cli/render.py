@@ -194,6 +194,31 @@ def print_quantize_report(o: Output, doc: dict) -> None:
         )
 
 
+def print_layer_report(o: Output, doc: dict, rows: int = 20) -> None:
+    """``quantize --report``: the int8 nodes, most harmful first."""
+    sens, layers = doc["sensitivity"], doc["layers"]
+    measured = sens["samples"] > 0
+
+    def db(value: float | None) -> str:
+        return "inf" if value is None else f"{value:.1f}"
+
+    table = [
+        [x["name"], x["op"], db(x["snr_db"])]
+        + ([db(x["output_snr_db_alone"]), f"{x['output_snr_db_gain_float']:+.2f}" if x["output_snr_db_gain_float"] is not None else "inf"] if measured else [])
+        + [fmt_pct(x["macs_share"])]
+        for x in layers[:rows]
+    ]
+    head = ["node", "op", "local SNR dB"] + (["out SNR alone int8", "gain kept float dB"] if measured else []) + ["MACs"]
+    where = f"{sens['samples']} held-out samples, Q/DQ reference" if measured else "local error only"
+    o.table(head, table, title=f"per-layer sensitivity, most harmful first ({where}; whole int8 model: out SNR {db(sens['output_snr_db'])} dB)"
+            if measured else f"per-layer sensitivity, worst local error first ({where})")
+    if len(layers) > rows:
+        o.line(f"... {len(layers) - rows} more int8 nodes (--json lists all)")
+    for note in sens["notes"]:
+        o.line(f"note: {note}")
+    o.info(f"sensitivity measured in {sens['seconds']:.1f} s")
+
+
 def report_fleet(o: Output, fleet: Any, *, title: str, columns: list[str], row, json_out: bool, to_json=None) -> None:
     """One row per device (or a JSON list of outcomes); then an error naming the failed devices.
 
