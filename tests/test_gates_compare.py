@@ -1,0 +1,396 @@
+"""Regression gates, comparisons of two runs, run references (ids, export files, latest@BRANCH) and
+the CLI around them: `edgekit results compare`, `--fail`/`--baseline` on bench and deploy."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+from conftest import EXAMPLES, assert_one_line_error
+
+from edgekit.bench.compare import comparable, compare, latency_change, resolve, run_drift
+from edgekit.bench.gates import METRICS, parse_gate, run_gates
+from edgekit.bench.record import make_record
+from edgekit.bench.store import ResultsStore
+from edgekit.bench.vcs import vcs_info
+from edgekit.errors import EXIT_GATE, EXIT_INPUT, EXIT_USAGE, ResultsError, UsageError
+from tests.builders import bench_doc
+
+MODEL = EXAMPLES / "digits" / "digits_cnn.onnx"
+BENCH = ("bench", MODEL, "--target", "local", "--iterations", "2000", "--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory) -> dict:
+    """One real local bench of the digits model (2000 samples), as the store recorded it."""
+    home = tmp_path_factory.mktemp("real-bench")
+    env = {**os.environ, "CI": "1", "EDGEKIT_BRANCH": "main"}
+    for var in ("EDGEKIT_DATA_DIR", "EDGEKIT_CONFIG_DIR", "EDGEKIT_CACHE_DIR"):
+        env[var] = str(home / var.lower())
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgekit", *map(str, BENCH), "--json"], env=env, cwd=home, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    (record,) = json.loads(proc.stdout)
+    assert record["vcs"]["branch"] == "main"
+    return record
+
+
+def derived(record: dict, samples=None, **agent) -> dict:
+    """A new record of ``record``'s run with other samples or agent fields (a fresh run_uuid, no id)."""
+    doc = copy.deepcopy(record["agent"])
+    if samples is not None:
+        doc["samples_ns"] = [int(s) for s in samples]
+        doc["config"]["iterations"] = len(doc["samples_ns"])
+    doc.update(agent)
+    extra = {k: copy.deepcopy(v) for k, v in record.items() if k in ("agreement", "vcs")}
+    return make_record(doc, model_name=record["model_name"], target=record["target"], device=record["device"], extra=extra)
+
+
+def lognormal(n: int, median_ns: float, sigma: float, seed: int) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).lognormal(np.log(median_ns), sigma, n)]
+
+
+# -- parsing ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, metric, relative, op, limit, unit",
+    [
+        ("p50:+5%", "p50", True, "+", 5.0, "%"),
+        ("p90:5%", "p90", True, "+", 5.0, "%"),
+        ("p99:<20ms", "p99", False, "<", 20.0, "ms"),
+        ("p99: < 20 ms", "p99", False, "<", 20.0, "ms"),
+        ("mean:<=500us", "mean", False, "<=", 0.5, "ms"),
+        ("min:>100ns", "min", False, ">", 1e-4, "ms"),
+        ("max:<1s", "max", False, "<", 1000.0, "ms"),
+        ("throughput:-5%", "throughput", True, "-", 5.0, "%"),
+        ("throughput:>1000/s", "throughput", False, ">", 1000.0, "/s"),
+        ("throughput:>=1000", "throughput", False, ">=", 1000.0, "/s"),
+        ("accuracy:-0.5pt", "accuracy", True, "-", 0.5, "pt"),
+        ("accuracy:>98%", "accuracy", False, ">", 98.0, "%"),
+        ("drop:<1pt", "drop", False, "<", 1.0, "pt"),
+        ("drop:+0.5pt", "drop", True, "+", 0.5, "pt"),
+        ("rss:<64MB", "rss", False, "<", 64 * 2**20, "B"),
+        ("rss:<1.5GB", "rss", False, "<", 1.5 * 2**30, "B"),
+        ("rss:<512kb", "rss", False, "<", 512 * 2**10, "B"),
+        ("rss:+10%", "rss", True, "+", 10.0, "%"),
+        ("energy:+10%", "energy", True, "+", 10.0, "%"),
+        ("energy:<5mJ", "energy", False, "<", 5.0, "mJ"),
+        ("energy:<500uJ", "energy", False, "<", 0.5, "mJ"),
+        ("load:<2s", "load", False, "<", 2000.0, "ms"),
+        ("first:<50ms", "first", False, "<", 50.0, "ms"),
+    ],
+)
+def test_parse_every_syntax(text, metric, relative, op, limit, unit):
+    g = parse_gate(text)
+    assert (g.text, g.metric, g.relative, g.op, g.unit, g.optional) == (text, metric, relative, op, unit, False)
+    assert g.limit == pytest.approx(limit)
+
+
+def test_optional_marker():
+    assert parse_gate("energy?:+10%").optional and parse_gate("energy?:+10%").metric == "energy"
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("p42:+5%", "unknown gate metric 'p42'"),
+        ("latency:<3ms", "unknown gate metric 'latency'"),
+        ("garbage", "cannot read the gate"),
+        ("", "cannot read the gate"),
+        ("p50:", "cannot read the gate"),
+        ("p50:<<3ms", "cannot read the gate"),
+        ("p50:+five%", "cannot read the gate"),
+        ("p99:<20", "no unit for p99"),
+        ("p99:<20parsecs", "unit 'parsecs' for p99"),
+        ("rss:<64XB", "unit 'XB' for rss"),
+        ("energy:<5W", "unit 'W' for energy"),
+        ("p50:-5%", "would fail when p50 gets better"),
+        ("throughput:+5%", "would fail when throughput gets better"),
+        ("accuracy:+0.5pt", "would fail when accuracy gets better"),
+        ("p50:+5pt", "p50 changes are percentages"),
+        ("accuracy:-1%", "accuracy changes are in accuracy points"),
+        ("accuracy:98%", "a relative limit is +N%"),
+        ("p50:+5ms", "a relative limit is +N%"),
+    ],
+)
+def test_parse_bad_gates(text, needle):
+    with pytest.raises(UsageError) as err:
+        parse_gate(text)
+    assert needle in err.value.message
+    assert "\n" not in err.value.message and err.value.hint
+
+
+def test_unknown_metric_hint_lists_the_metrics():
+    with pytest.raises(UsageError) as err:
+        parse_gate("p42:+5%")
+    assert all(m in err.value.hint for m in METRICS)
+
+
+# -- gates on records ------------------------------------------------------------------------
+def test_absolute_gates_pass_and_fail(real):
+    p99 = real["stats"]["p99"]
+    assert parse_gate(f"p99:<{p99 * 2}ms").check(real, None).passed is True
+    failed = parse_gate(f"p99:<{p99 / 2}ms").check(real, None)
+    assert failed.passed is False and failed.line.endswith("FAIL") and failed.value == pytest.approx(p99)
+    rss = real["agent"]["peak_rss_bytes"]
+    assert parse_gate(f"rss:<{rss / 2**20 + 1}MB").check(real, None).passed is True
+    assert parse_gate(f"rss:<{rss / 2**20 - 1}MB").check(real, None).passed is False
+    assert parse_gate("throughput:>1/s").check(real, None).passed is True
+    assert parse_gate("load:<0.001ms").check(real, None).passed is False
+
+
+def test_not_measured_fails_unless_optional(real):
+    assert "energy" not in real["agent"] or real["agent"]["energy"] is None  # no sensor on this VM
+    strict = parse_gate("energy:<5mJ").check(real, None)
+    assert strict.passed is False and "not measured on this device" in strict.line
+    optional = parse_gate("energy?:<5mJ").check(real, None)
+    assert optional.passed is None and "skipped" in optional.line
+    assert parse_gate("accuracy:>90%").check(real, None).passed is False  # bench without labels
+    powered = derived(real, energy={"source": "rapl", "joules": 1.0, "mj_per_inference": 0.25})
+    assert parse_gate("energy:<0.3mJ").check(powered, None).passed is True
+    assert parse_gate("energy:<200uJ").check(powered, None).passed is False
+
+
+def test_relative_gate_without_baseline_is_undecided(real):
+    r = parse_gate("p50:+5%").check(real, None)
+    assert r.passed is None and "no baseline yet" in r.line
+    # a baseline that did not measure the metric is no baseline for it
+    powered = derived(real, energy={"source": "rapl", "joules": 1.0, "mj_per_inference": 0.25})
+    r = parse_gate("energy:+10%").check(powered, real)
+    assert r.passed is None and "no baseline yet" in r.line
+
+
+def test_relative_latency_gate_fails_on_a_real_slowdown(real):
+    slow = derived(real, np.asarray(real["agent"]["samples_ns"]) * 1.3)
+    r = parse_gate("p50:+5%").check(slow, real)
+    assert r.passed is False and r.change == pytest.approx(0.3, abs=1e-3)
+    assert r.ci[0] > 0.05 and "FAIL" in r.line
+    assert parse_gate("p50:+50%").check(slow, real).passed is True
+    assert parse_gate("mean:+5%").check(real, slow).passed is True  # faster is never a failure
+    # The mean of a run with a few multi-ms outliers is too noisy to gate; of a tidy run it is not.
+    tidy = make_record(bench_doc(lognormal(2000, 1e6, 0.05, seed=5)), model_name="m", target="rpi5", device="pi")
+    tidy_slow = make_record(bench_doc(lognormal(2000, 1.3e6, 0.05, seed=6)), model_name="m", target="rpi5", device="pi")
+    assert parse_gate("throughput:-5%").check(tidy_slow, tidy).passed is False
+    assert parse_gate("throughput:-5%").check(tidy, tidy_slow).passed is True
+
+
+def test_relative_gate_with_noise_level_difference_passes():
+    base = make_record(bench_doc(lognormal(30, 1e6, 0.5, seed=1)), model_name="m", target="rpi5", device="pi")
+    cand = make_record(bench_doc(lognormal(30, 1.08e6, 0.5, seed=2)), model_name="m", target="rpi5", device="pi")
+    r = parse_gate("p50:+5%").check(cand, base)
+    assert r.change > 0.05  # beyond the limit...
+    assert r.passed is True and "not significant" in r.line  # ...but within 30 samples' noise
+    assert r.ci[0] < 0 < r.ci[1]
+
+
+def test_accuracy_gates_in_points(real):
+    agreement = {"accuracy_fp32": 0.99, "accuracy_int8": 0.985, "accuracy_drop": 0.005, "outputs": []}
+    base = derived(real, variant="int8", precision="int8")
+    base["agreement"] = agreement
+    worse = copy.deepcopy(base)
+    worse["agreement"] = {**agreement, "accuracy_int8": 0.975, "accuracy_drop": 0.015}
+    r = parse_gate("accuracy:-0.5pt").check(worse, base)
+    assert r.passed is False and r.change == pytest.approx(-1.0)
+    assert parse_gate("accuracy:-1pt").check(worse, base).passed is True
+    assert parse_gate("accuracy:>98%").check(base, None).passed is True
+    assert parse_gate("accuracy:>98%").check(worse, None).passed is False
+    assert parse_gate("drop:<1pt").check(base, None).passed is True
+    assert parse_gate("drop:<1pt").check(worse, None).passed is False
+    assert parse_gate("drop:+0.5pt").check(worse, base).passed is False
+
+
+# -- comparisons ------------------------------------------------------------------------------
+def test_halves_of_one_run_show_no_change(real):
+    samples = real["agent"]["samples_ns"]
+    even, odd = derived(real, samples[0::2]), derived(real, samples[1::2])  # interleaved: same conditions
+    result = compare(even, odd)
+    assert result.row("p50").verdict == "no change"
+    assert result.row("mean").verdict == "no change"
+    assert [r.metric for r in result.rows][:4] == ["p50", "p99", "mean", "throughput"]
+
+
+def test_a_slower_run_is_slower(real):
+    slow = derived(real, np.asarray(real["agent"]["samples_ns"]) * 1.3)
+    result = compare(real, slow)
+    p50 = result.row("p50")
+    assert p50.verdict == "slower" and p50.change == pytest.approx(0.3, abs=1e-3)
+    assert p50.ci[0] > 0.2
+    assert compare(slow, real).row("p50").verdict == "faster"
+    json.dumps(result.to_dict())  # serialisable
+
+
+def test_throughput_verdicts():
+    fast = make_record(bench_doc(lognormal(2000, 1e6, 0.05, seed=7)), model_name="m", target="rpi5", device="pi")
+    slow = make_record(bench_doc(lognormal(2000, 1.3e6, 0.05, seed=8)), model_name="m", target="rpi5", device="pi")
+    assert compare(fast, slow).row("throughput").verdict == "slower"
+    assert compare(slow, fast).row("throughput").verdict == "faster"
+    assert compare(fast, slow).row("throughput").change == pytest.approx(1 / 1.3 - 1, abs=0.01)
+
+
+def test_drift_absorbs_a_wandering_run():
+    steady = lognormal(2000, 1e6, 0.05, seed=3)
+    assert run_drift(steady) < 0.01
+    wandering = [s * (1.2 if (i // 200) % 2 else 1.0) for i, s in enumerate(lognormal(2000, 1e6, 0.05, seed=4))]
+    assert run_drift(wandering) > 0.08
+    change = latency_change(steady, wandering)
+    assert change.change > 0.05 and change.low > 1.0  # the bootstrap alone would call it slower
+    assert change.verdict == "no change" and "drift" in change.why()
+
+
+def test_comparable_refuses_apples_and_oranges(real):
+    assert comparable(real, derived(real)) is None
+    assert "different models" in comparable(real, derived(real, model_sha256="b" * 64))
+    assert comparable(real, derived(real, model_sha256="b" * 64), allow_model_change=True) is None
+    other = derived(real)
+    other["device"] = "pi@10.0.0.7"
+    assert "different devices" in comparable(real, other)
+    assert "different variants" in comparable(real, derived(real, variant="int8"), allow_model_change=True)
+    assert "different backends" in comparable(real, derived(real, backend="openvino"), allow_model_change=True)
+    batch = derived(real)
+    batch["agent"]["config"]["batch"] = 4
+    assert "different batch sizes" in comparable(real, batch)
+    facts = derived(real)
+    facts["agent"]["device"]["hostname"] = "another-box"
+    assert "hostname" in comparable(real, facts)
+
+
+# -- references, the store, vcs ------------------------------------------------------------------
+def test_references_and_branches(real, tmp_path):
+    def on(branch, variant="fp32"):
+        r = derived(real, variant=variant, precision=variant)
+        r["vcs"] = {"branch": branch, "commit": uuid.uuid4().hex}
+        return r
+
+    with ResultsStore() as store:
+        ids = [store.add(on("main")), store.add(on("main", "int8")), store.add(on("feature")), store.add(on("main"))]
+        assert [r["id"] for r in store.records(branch="main")] == [ids[3], ids[1], ids[0]]
+        assert [r["id"] for r in store.list(branch="feature")] == [ids[2]]
+        assert resolve("latest@main", store)["id"] == ids[3]
+        assert resolve("latest@main", store, variant="int8")["id"] == ids[1]
+        assert resolve("latest@main", store, like=store.get(ids[1]))["id"] == ids[1]
+        assert resolve(str(ids[2]), store)["id"] == ids[2]
+        with pytest.raises(ResultsError, match="no stored run on branch 'nope'"):
+            resolve("latest@nope", store)
+        export = tmp_path / "baseline.json"
+        export.write_text(json.dumps(store.export(ids)))
+        assert resolve(f"{export}#2", store)["run_uuid"] == store.get(ids[2])["run_uuid"]
+        assert resolve(str(export), store, variant="int8")["run_uuid"] == store.get(ids[1])["run_uuid"]
+        with pytest.raises(ResultsError, match="has no record #9"):
+            resolve(f"{export}#9", store)
+
+
+def test_vcs_from_env_then_git(monkeypatch, tmp_path):
+    for var in ("EDGEKIT_BRANCH", "GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME", "EDGEKIT_COMMIT", "GITHUB_SHA", "CI_COMMIT_SHA"):
+        monkeypatch.delenv(var, raising=False)
+    assert vcs_info(tmp_path) == {"branch": None, "commit": None}  # not a repository
+    monkeypatch.setenv("GITHUB_REF_NAME", "main")
+    monkeypatch.setenv("GITHUB_HEAD_REF", "")  # a push, not a pull request
+    monkeypatch.setenv("GITHUB_SHA", "c" * 40)
+    assert vcs_info(tmp_path) == {"branch": "main", "commit": "c" * 40}
+    monkeypatch.setenv("EDGEKIT_BRANCH", "mine")
+    assert vcs_info(tmp_path)["branch"] == "mine"
+    monkeypatch.delenv("GITHUB_SHA")
+    monkeypatch.delenv("EDGEKIT_BRANCH")
+    monkeypatch.delenv("GITHUB_REF_NAME")
+    git = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "PATH": os.environ["PATH"]}
+    subprocess.run(["git", "init", "-q", "-b", "trunk", str(tmp_path)], check=True, env=git)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"], check=True, env=git)
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert vcs_info(tmp_path) == {"branch": "trunk", "commit": head}
+
+
+def test_default_baseline_is_the_latest_earlier_comparable_run(real):
+    with ResultsStore() as store:
+        first = store.add(derived(real))
+        store.add(derived(real, variant="int8", precision="int8"))  # other variant: never a baseline for fp32
+        newest = derived(real)
+        new_id = store.add(newest)
+        report = run_gates(["p50:+5%"], [store.get(new_id)], store)
+    assert report.baseline["id"] == first
+    assert f"run {new_id} vs run {first}" in report.lines()[0]
+
+
+# -- the CLI --------------------------------------------------------------------------------------
+def test_back_to_back_benches_show_no_change(cli):
+    for branch in ("main", "feature"):
+        r = cli(*BENCH, env={"EDGEKIT_BRANCH": branch})
+        assert r.returncode == 0, r.stderr
+    r = cli("results", "list", "--branch", "feature", "--json")
+    assert [row["id"] for row in json.loads(r.stdout)] == [2]
+    r = cli("results", "compare", "latest@main", "latest@feature", "--fail", "p50:+5%", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["a"]["id"], doc["b"]["id"]) == (1, 2)
+    p50 = next(m for m in doc["metrics"] if m["metric"] == "p50")
+    assert p50["verdict"] == "no change", p50
+    assert [g["status"] for g in doc["gates"]] == ["pass"]
+    # the second bench, gated: the default baseline is the first run, and a gate made to fail exits 5
+    r = cli(*BENCH, "--fail", "p50:+50%", "--fail", "p99:<0.0001ms")
+    assert r.returncode == EXIT_GATE, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("gate ")]
+    assert len(lines) == 2 and "run 3 vs run 2" in lines[0] and lines[0].endswith("pass") and lines[1].endswith("FAIL")
+    assert "error: 1 of 2 gate(s) failed: p99:<0.0001ms" in r.stderr
+
+
+def test_compare_cli_slower_and_refusals(cli, real, tmp_path):
+    slow = derived(real, np.asarray(real["agent"]["samples_ns"]) * 1.3)
+    with ResultsStore() as store:
+        a, b = store.add(derived(real)), store.add(slow)
+        other_model = store.add(derived(real, model_sha256="b" * 64))
+        other_variant = store.add(derived(real, variant="int8", precision="int8", model_sha256="b" * 64))
+    r = cli("results", "compare", a, b, "--fail", "p50:+5%", "--fail", "p99:<1s", env={"COLUMNS": "200"})
+    assert r.returncode == EXIT_GATE, r.stderr
+    assert "slower" in r.stdout and "+30.0%" in r.stdout
+    gates = [ln for ln in r.stdout.splitlines() if ln.startswith("gate ")]
+    assert len(gates) == 2 and gates[0].endswith("FAIL") and gates[1].endswith("pass")  # every line before the exit
+    assert_one_line_error(r, EXIT_GATE, "1 of 2 gate(s) failed: p50:+5%")
+
+    r = cli("results", "compare", a, other_model)
+    assert_one_line_error(r, EXIT_INPUT, "different models")
+    assert "--allow-model-change" in r.stderr
+    assert cli("results", "compare", a, other_model, "--allow-model-change").returncode == 0
+    r = cli("results", "compare", a, other_variant, "--allow-model-change")
+    assert_one_line_error(r, EXIT_INPUT, "different variants: fp32 vs int8")
+
+    export = tmp_path / "runs.json"
+    assert cli("results", "export", a, b, "-o", export).returncode == 0
+    r = cli("results", "compare", f"{export}#0", str(b), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["metrics"][0]["verdict"] == "slower"
+
+
+@pytest.mark.parametrize(
+    "args, code, needle",
+    [
+        (("results", "compare", "1", "999"), EXIT_INPUT, "no result with id"),
+        (("results", "compare", "missing.json", "1"), EXIT_INPUT, "no such file: missing.json"),
+        (("results", "compare", "latest@nowhere", "1"), EXIT_INPUT, "no stored run on branch 'nowhere'"),
+        (("results", "compare", "1", "1", "--fail", "p42:+5%"), EXIT_USAGE, "unknown gate metric 'p42'"),
+        (("results", "compare", "1", "1", "--fail", "p99:<20"), EXIT_USAGE, "no unit for p99"),
+        (("bench", MODEL, "--target", "local", "--fail", "rss:<64XB"), EXIT_USAGE, "unit 'XB' for rss"),
+        (("bench", MODEL, "--target", "local", "--fail", "p50:+5%", "--baseline", "gone.json"), EXIT_INPUT, "no such file: gone.json"),
+        (("bench", MODEL, "--target", "local", "--baseline", "1"), EXIT_USAGE, "no --fail was given"),
+        (("deploy", MODEL, "--no-bench", "--fail", "p50:+5%"), EXIT_USAGE, "--no-bench/--dry-run"),
+    ],
+)
+def test_cli_bad_inputs(cli, real, args, code, needle):
+    with ResultsStore() as store:
+        store.add(derived(real))
+    assert_one_line_error(cli(*args), code, needle)
+
+
+def test_deploy_gates_the_int8_run_in_json(cli):
+    r = cli("deploy", MODEL, "--target", "local", "--iterations", "300", "--fail", "drop:<5pt", "--fail", "p50:+5%", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    gates = {g["gate"]: g for g in doc["gates"]}
+    assert gates["drop:<5pt"]["status"] == "pass" and gates["drop:<5pt"]["variant"] == "int8"
+    assert gates["p50:+5%"]["status"] == "skipped" and "no baseline yet" in gates["p50:+5%"]["line"]
+    int8 = next(run for run in doc["runs"] if run["variant"] == "int8")
+    assert gates["drop:<5pt"]["run_id"] == int8["id"]
