@@ -305,3 +305,22 @@ def test_the_repo_edgekit_toml_is_valid():
     for m in c.models:
         assert [g.text for g in m.gates] == ["p50:+5%", "accuracy:-0.5pt", "p99:<20ms"]
         assert [t for t, _ in m.runs] == ["local"]
+
+
+def test_a_model_that_cannot_deploy_is_an_error_and_the_others_still_run(cli, tmp_path):
+    (tmp_path / "broken.onnx").write_bytes(b"not an onnx model")
+    (tmp_path / "edgekit.toml").write_text(
+        FAST + '[[models]]\npath = "broken.onnx"\ngates = ["p99:<10000ms"]\n'
+        f'[[models]]\npath = "{DIGITS}"\ngates = ["p99:<10000ms"]\n'
+    )
+    r = cli("ci", "--junit", "junit.xml", "--summary", "summary.md", "--json")
+    assert_one_line_error(r, 3, "1 of 2 run(s) failed: broken/local/local")
+    doc = json.loads(r.stdout)
+    assert [x["status"] for x in doc["runs"]] == ["error", "passed"]
+    root = _junit(tmp_path / "junit.xml")
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert (suites["broken"].get("errors"), suites["digits_cnn"].get("errors"), suites["digits_cnn"].get("failures")) == ("1", "0", "0")
+    error = _cases(root)[("broken/local/local", "p99:<10000ms")].find("error")
+    assert error.get("message").startswith("deploy failed: ") and error.get("type") == "exit 3"
+    md = (tmp_path / "summary.md").read_text()
+    assert md.startswith("## edgekit ci: ❌ error") and "**broken/local/local**: error:" in md
