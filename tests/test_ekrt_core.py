@@ -875,7 +875,7 @@ def test_runner_bench_json_is_the_agent_schema(runner, every_op, tmp_path):
     doc = json.loads(r.stdout)
     assert doc["kind"] == "edgekit.bench" and doc["schema"] == 1 and doc["backend"] == "native"
     assert len(doc["samples_ns"]) == 7 and all(s > 0 for s in doc["samples_ns"])
-    assert doc["config"] == {"warmup": 2, "iterations": 7, "duration_s": None, "threads": 2, "batch": 1}
+    assert doc["config"] == {"warmup": 2, "warmup_mode": "fixed", "iterations": 7, "duration_s": None, "threads": 2, "batch": 1}
     assert doc["model_sha256"] == hashlib.sha256(every_op[1]).hexdigest() and doc["bundle_hash"] == "ab12"
     assert [layer["op"] for layer in doc["layers"]] == [ekm.OP_NAMES[op.type] for op in every_op[0].m.ops]
     assert doc["backend_info"]["isa"] == _ekrt.isa() and doc["backend_info"]["threads"] == 2

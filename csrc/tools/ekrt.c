@@ -2,14 +2,18 @@
  *
  *   ekrt info  [MODEL.ekm] [--json]
  *   ekrt run   MODEL.ekm [--inputs A.npy ...] [--seed N] [--threads N] [--save DIR] [--json]
- *   ekrt bench MODEL.ekm [--iterations N | --duration S] [--warmup N] [--threads N] [--profile]
+ *   ekrt bench MODEL.ekm [--iterations N | --duration S] [--warmup N|auto] [--threads N] [--profile]
  *                        [--inputs A.npy ...] [--seed N] [--variant NAME] [--bundle-hash HEX] [--json]
  *
  * bench --json prints one document in the agent's bench schema (docs/bundle-and-agent.md).
  * Without --threads ekrt chooses from the op sizes, at most one per usable core (config.threads
  * is then null; backend_info.threads says how many ran).
  * Without --inputs, inputs are numpy.random.RandomState(seed).standard_normal(shape) as
- * float32 (seed 0), the same values the Python agent feeds other backends. Failures print
+ * float32 (seed 0), the same values the Python agent feeds other backends. --warmup auto (the
+ * default) warms up until latency is stable, bounded (warmup_done). --profile times each op in a
+ * separate pass of up to PROFILE_RUNS runs after the timed loop, so the samples stay clean.
+ * timed_window_ns is the timed loop's [start, end] on CLOCK_MONOTONIC (the agent's energy meter
+ * stamps its samples with the same clock). Failures print
  * {"kind": "edgekit.error", "error", "hint"} with --json, else error:/hint: lines; exit 1
  * (2 for a usage error). */
 #define _POSIX_C_SOURCE 200809L
@@ -211,6 +215,48 @@ static int cmp_u64(const void* a, const void* b) {
   return x < y ? -1 : x > y;
 }
 
+/* Warm-up "auto", the rule and numbers of edgekit/agent/runner.py (warmup_done): run at least
+ * AUTO_MIN warm-up iterations; stop when the median of the last AUTO_WINDOW is within 5% of the
+ * median of the AUTO_WINDOW before them, or after AUTO_MAX_RUNS iterations or AUTO_MAX_NS of
+ * warm-up, whichever comes first (a board that never settles still gets timed). */
+#define AUTO_MIN 5
+#define AUTO_WINDOW 5
+#define AUTO_MAX_RUNS 200
+#define AUTO_MAX_NS 2000000000ull
+#define MAX_WARMUP_SAMPLES 1000 /* reported; a longer fixed warm-up still runs in full */
+#define PROFILE_RUNS 20
+
+static uint64_t median_window(const uint64_t* s) {
+  uint64_t w[AUTO_WINDOW];
+  memcpy(w, s, sizeof w);
+  qsort(w, AUTO_WINDOW, sizeof *w, cmp_u64);
+  return w[AUTO_WINDOW / 2];
+}
+
+static int warmup_done(const uint64_t* s, size_t n, uint64_t elapsed_ns) {
+  if (n < AUTO_MIN) return 0;
+  if (n >= AUTO_MAX_RUNS || elapsed_ns >= AUTO_MAX_NS) return 1;
+  if (n < 2 * AUTO_WINDOW) return 0;
+  uint64_t before = median_window(s + n - 2 * AUTO_WINDOW), last = median_window(s + n - AUTO_WINDOW);
+  uint64_t diff = last > before ? last - before : before - last;
+  return diff * 20 <= before; /* within 5% */
+}
+
+static size_t warm_up(const struct opts* o, struct loaded* l, uint64_t* kept, size_t* n_kept) {
+  size_t n = 0;
+  *n_kept = 0;
+  uint64_t begin = now_ns();
+  while (o->warmup_auto || n < (size_t)o->warmup) {
+    uint64_t a = now_ns();
+    run_once(l);
+    uint64_t b = now_ns();
+    if (*n_kept < MAX_WARMUP_SAMPLES) kept[(*n_kept)++] = b - a > 0 ? b - a : 1;
+    n++;
+    if (o->warmup_auto && warmup_done(kept, *n_kept, b - begin)) break;
+  }
+  return n;
+}
+
 static int cmd_bench(const struct opts* o) {
   char started[64];
   time_t now = time(NULL);
@@ -225,12 +271,14 @@ static int cmd_bench(const struct opts* o) {
   uint64_t t0 = now_ns();
   run_once(&l);
   uint64_t first_ns = now_ns() - t0;
-  for (long i = 0; i < o->warmup; i++) run_once(&l);
-  if (o->profile) ekrt_profile(l.m, 1);
+  static uint64_t warm[MAX_WARMUP_SAMPLES];
+  size_t n_warm;
+  size_t warmup = warm_up(o, &l, warm, &n_warm);
   size_t cap = o->duration > 0 ? 1024 : (size_t)o->iterations, n = 0;
   uint64_t* samples = malloc(cap * sizeof *samples);
   if (!samples) die(1, "use fewer --iterations", "out of memory");
-  uint64_t deadline = o->duration > 0 ? now_ns() + (uint64_t)(o->duration * 1e9) : 0;
+  uint64_t loop_start = now_ns();
+  uint64_t deadline = o->duration > 0 ? loop_start + (uint64_t)(o->duration * 1e9) : 0;
   for (;;) {
     uint64_t a = now_ns();
     run_once(&l);
@@ -243,6 +291,12 @@ static int cmd_bench(const struct opts* o) {
     }
     samples[n++] = b - a > 0 ? b - a : 1;
     if (o->duration > 0 ? (b >= deadline || n >= MAX_SAMPLES) : n >= (size_t)o->iterations) break;
+  }
+  uint64_t loop_end = now_ns();
+  size_t profiled = n < PROFILE_RUNS ? n : PROFILE_RUNS;
+  if (o->profile) {
+    ekrt_profile(l.m, 1);
+    for (size_t i = 0; i < profiled; i++) run_once(&l); /* ekrt_profile(m, 0) would reset the totals */
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -260,23 +314,25 @@ static int cmd_bench(const struct opts* o) {
     json_cstr(sha[0] ? sha : NULL);
     fputs(", \"bundle_hash\": ", stdout);
     json_cstr(o->bundle_hash);
-    printf(", \"config\": {\"warmup\": %ld, \"iterations\": ", o->warmup);
+    printf(", \"config\": {\"warmup\": %zu, \"warmup_mode\": \"%s\", \"iterations\": ", warmup, o->warmup_auto ? "auto" : "fixed");
     if (o->duration > 0) printf("null, \"duration_s\": %g", o->duration);
     else printf("%ld, \"duration_s\": null", o->iterations);
     if (o->threads) printf(", \"threads\": %d", o->threads);
     else fputs(", \"threads\": null", stdout);
-    printf(", \"batch\": %u}, \"samples_ns\": [", batch);
+    printf(", \"batch\": %u}, \"warmup_samples_ns\": [", batch);
+    for (size_t i = 0; i < n_warm; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)warm[i]);
+    fputs("], \"samples_ns\": [", stdout);
     for (size_t i = 0; i < n; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)samples[i]);
-    printf("], \"load_ns\": %llu, \"first_inference_ns\": %llu, \"peak_rss_bytes\": %lld, \"layers\": ",
-           (unsigned long long)l.load_ns, (unsigned long long)first_ns, peak);
+    printf("], \"timed_window_ns\": [%llu, %llu], \"load_ns\": %llu, \"first_inference_ns\": %llu, \"peak_rss_bytes\": %lld, \"layers\": ",
+           (unsigned long long)loop_start, (unsigned long long)loop_end, (unsigned long long)l.load_ns, (unsigned long long)first_ns, peak);
     if (o->profile) {
       putchar('[');
       for (int j = 0; j < ekrt_num_ops(l.m); j++) {
         const char* name;
         uint64_t ns;
         ekrt_op_times(l.m, j, &name, &ns);
-        printf("%s{\"name\": \"%s#%d\", \"op\": \"%s\", \"ns\": %llu}", j ? ", " : "", name, j, name,
-               (unsigned long long)(ns / (n ? n : 1)));
+        printf("%s{\"name\": \"%s#%d\", \"op\": \"%s\", \"ns\": %llu, \"calls\": %zu}", j ? ", " : "", name, j, name,
+               (unsigned long long)(ns / (profiled ? profiled : 1)), profiled);
       }
       putchar(']');
     } else {
@@ -292,15 +348,15 @@ static int cmd_bench(const struct opts* o) {
     fputs(", \"device_state\": null}\n", stdout);
   } else {
     qsort(samples, n, sizeof *samples, cmp_u64);
-    printf("%s: %zu runs, p50 %.3f ms, min %.3f ms, max %.3f ms, load %.3f ms, peak RSS %.1f MB, isa %s, threads %d\n",
-           o->model, n, samples[n / 2] / 1e6, samples[0] / 1e6, samples[n - 1] / 1e6, l.load_ns / 1e6, peak / 1048576.0,
+    printf("%s: %zu warm-up (%s) + %zu runs, p50 %.3f ms, min %.3f ms, max %.3f ms, load %.3f ms, peak RSS %.1f MB, isa %s, threads %d\n",
+           o->model, warmup, o->warmup_auto ? "auto" : "fixed", n, samples[n / 2] / 1e6, samples[0] / 1e6, samples[n - 1] / 1e6, l.load_ns / 1e6, peak / 1048576.0,
            ekrt_isa_name(), ekrt_get_threads(l.m));
     if (o->profile)
       for (int j = 0; j < ekrt_num_ops(l.m); j++) {
         const char* name;
         uint64_t ns;
         ekrt_op_times(l.m, j, &name, &ns);
-        printf("  %4d %-16s %10.1f us\n", j, name, ns / (double)(n ? n : 1) / 1e3);
+        printf("  %4d %-16s %10.1f us\n", j, name, ns / (double)(profiled ? profiled : 1) / 1e3);
       }
   }
   free(samples);

@@ -6,7 +6,7 @@
 
 #include "runner.h"
 
-const char* USAGE_HINT = "usage: ekrt info|run|bench MODEL.ekm [--json] [--iterations N] [--warmup N] "
+const char* USAGE_HINT = "usage: ekrt info|run|bench MODEL.ekm [--json] [--iterations N] [--warmup N|auto] "
                                 "[--duration S] [--threads N] [--profile] [--inputs A.npy ...] [--seed N] [--save DIR]";
 
 static long parse_long(const char* flag, const char* v, long lo, long hi) {
@@ -27,7 +27,8 @@ static int safe_token(const char* s) {
 void parse(int argc, char** argv, struct opts* o) {
   memset(o, 0, sizeof *o);
   o->iterations = 100;
-  o->warmup = 10;
+  o->warmup = 0;
+  o->warmup_auto = 1;
   o->threads = 0;
   o->variant = "int8";
   for (int i = 1; i < argc; i++)
@@ -40,8 +41,11 @@ void parse(int argc, char** argv, struct opts* o) {
     if (strcmp(a, "--json") == 0) continue;
     if (strcmp(a, "--profile") == 0) o->profile = 1;
     else if (strcmp(a, "--iterations") == 0) o->iterations = parse_long(a, v, 1, MAX_SAMPLES), i++;
-    else if (strcmp(a, "--warmup") == 0) o->warmup = parse_long(a, v, 0, 1000000), i++;
-    else if (strcmp(a, "--threads") == 0) o->threads = (int)parse_long(a, v, 1, 256), i++;
+    else if (strcmp(a, "--warmup") == 0) {
+      o->warmup_auto = v && strcmp(v, "auto") == 0;
+      if (!o->warmup_auto) o->warmup = parse_long(a, v, 0, 1000000);
+      i++;
+    } else if (strcmp(a, "--threads") == 0) o->threads = (int)parse_long(a, v, 1, 256), i++;
     else if (strcmp(a, "--seed") == 0) o->seed = (unsigned long)parse_long(a, v, 0, 0x7fffffffL), i++;
     else if (strcmp(a, "--duration") == 0) {
       char* end;

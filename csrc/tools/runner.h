@@ -39,6 +39,7 @@ struct opts {
   const char* model;
   int json, profile, threads;
   long iterations, warmup;
+  int warmup_auto; /* --warmup auto (the default): until stable, bounded */
   double duration;
   int n_inputs;
   const char* inputs[MAX_IO];
