@@ -22,10 +22,11 @@ _OUT_OF_STEP = "the agent on the device is out of step with this edgekit; bench 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    warmup: int = 10
+    warmup: int | str = "auto"  # untimed runs, or "auto": until latency is stable (bounded; the agent's rule)
     iterations: int = 100
     duration_s: float | None = None  # when set, run for this long instead of `iterations`
     threads: int | None = None  # None: the runtime's default (all cores)
+    profile: bool = True  # per-layer times, from a separate pass after the timed loop
 
     def agent_args(self) -> list[str]:
         args = ["--warmup", str(self.warmup), "--iterations", str(self.iterations)]
@@ -33,6 +34,8 @@ class BenchConfig:
             args += ["--duration", repr(float(self.duration_s))]
         if self.threads is not None:
             args += ["--threads", str(self.threads)]
+        if self.profile:
+            args.append("--profile")
         return args
 
 

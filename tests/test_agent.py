@@ -68,7 +68,7 @@ def test_facts_run_with_the_stdlib_only(agent_zip):
     assert dev["memory_bytes"] > 0 and dev["arch"]
     runtimes = ("onnxruntime", "openvino", "tflite_runtime", "ai_edge_litert", "numpy", "tensorrt")
     assert dev["runtimes"] == {k: None for k in runtimes}
-    assert set(doc["device_state"]) == {"governor", "temp_c"}
+    assert set(doc["device_state"]) == {"governor", "temp_c", "freq_mhz", "freq_max_mhz", "thermal", "throttled"}
 
 
 def test_facts_see_installed_runtimes(agent_zip):
@@ -89,7 +89,8 @@ def test_bench_document(tmp_path, agent_zip):
     assert doc["model"] == "fp32/tiny.onnx"
     assert doc["model_sha256"] == sha256_file(bundle.path("fp32/tiny.onnx"))
     assert doc["bundle_hash"] == bundle.manifest.bundle_hash
-    assert doc["config"] == {"warmup": 2, "iterations": 7, "duration_s": None, "threads": 1, "batch": 1}
+    assert doc["config"] == {"warmup": 2, "warmup_mode": "fixed", "iterations": 7, "duration_s": None, "threads": 1, "batch": 1}
+    assert len(doc["warmup_samples_ns"]) == 2 and "energy" in doc
     assert len(doc["samples_ns"]) == 7 and all(type(s) is int and s > 0 for s in doc["samples_ns"])
     assert doc["load_ns"] > 0 and doc["first_inference_ns"] > 0 and doc["peak_rss_bytes"] > 10 * 2**20
     assert doc["layers"] is None and doc["started_at"].endswith("+00:00")

@@ -662,7 +662,7 @@ def _trt_bundle(tmp_path: Path, precision: str = "int8", inputs: Path | None = N
 
 def test_agent_builds_then_reuses_the_engine(tmp_path, fake_trtexec):
     root = _trt_bundle(tmp_path)
-    doc = agent_runner.bench(str(root), "int8", warmup=50, iterations=100)
+    doc = agent_runner.bench(str(root), "int8", warmup=50, iterations=100, profile=True)
     info = doc["backend_info"]
     assert doc["backend"] == "tensorrt" and doc["backend_version"] == "8.6.0"
     assert info["engine_cached"] is False and info["engine_build_ns"] > 0 and info["trtexec_build_s"] == 46.6611

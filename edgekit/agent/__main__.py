@@ -39,6 +39,15 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _warmup(text: str):
+    if text == "auto":
+        return text
+    try:
+        return _non_negative_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 0, got {text!r}") from None
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -53,10 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="time one variant of a bundle")
     bench.add_argument("bundle_dir")
     bench.add_argument("--variant", required=True)
-    bench.add_argument("--warmup", type=_non_negative_int, default=10)
+    bench.add_argument("--warmup", type=_warmup, default="auto", help="untimed runs, or 'auto': until stable (bounded)")
     bench.add_argument("--iterations", type=_positive_int, default=100)
     bench.add_argument("--duration", type=_positive_float, default=None, help="seconds; replaces --iterations")
     bench.add_argument("--threads", type=_positive_int, default=None)
+    bench.add_argument("--profile", action="store_true", help="per-layer times, from a separate pass after the timed loop")
     ev = sub.add_parser("eval", help="run held-out samples through one variant, save its outputs")
     ev.add_argument("bundle_dir")
     ev.add_argument("--variant", required=True)
@@ -104,6 +114,7 @@ def _run(args: argparse.Namespace) -> dict:
         iterations=args.iterations,
         duration_s=args.duration,
         threads=args.threads,
+        profile=args.profile,
     )
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shutil
 import socket
+import subprocess
 
 from .backends.tensorrt.probe import find_trtexec, tensorrt_version
 
@@ -68,8 +70,12 @@ _RUNTIMES = {
     "numpy": ("numpy",),
 }
 
-_GOVERNOR = "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"
-_THERMAL = "/sys/class/thermal/thermal_zone0/temp"
+_CPUS = "sys/devices/system/cpu"
+_THERMAL = "sys/class/thermal"
+# vcgencmd get_throttled bits 0-3 ("now"); the same conditions since boot are bits 16-19.
+PI_THROTTLE_BITS = ("under-voltage", "arm frequency capped", "throttled", "soft temperature limit")
+# A core under the performance governor that runs this far below its hardware maximum is capped.
+CAPPED_BELOW = 0.95
 
 
 def parse_cpuinfo(text: str, machine: str) -> tuple[str | None, list[str]]:
@@ -150,15 +156,135 @@ def device_facts() -> dict:
     }
 
 
+def sysfs_root() -> str:
+    """Where /sys is read from: ``EDGEKIT_SYSFS_ROOT`` (tests point it at a fake tree), else "/"."""
+    return os.environ.get("EDGEKIT_SYSFS_ROOT") or "/"
+
+
+def sysfs(*parts: str) -> str:
+    return os.path.join(sysfs_root(), *parts)
+
+
 def device_state() -> dict:
-    """CPU frequency governor and SoC temperature right now (null where not exposed)."""
-    governor = _read(_GOVERNOR)
-    temp = _read(_THERMAL)
+    """Clocks, heat and throttling right now; each field null where the device does not expose it.
+
+    ``governor`` and ``temp_c`` are cpu0's governor and thermal_zone0 (as older records have them);
+    ``freq_mhz``/``freq_max_mhz`` every CPU's scaling_cur_freq/scaling_max_freq; ``thermal`` every
+    zone by its type; ``throttled`` what the device says about throttling (see ``throttle_state``).
+    """
+    cpus = _cpu_names()
+    governor = _read(sysfs(_CPUS, "cpu0", "cpufreq", "scaling_governor"))
+    governor = governor.strip() if governor else None
+    freq = _cpu_mhz(cpus, "scaling_cur_freq")
+    thermal, temp_c = thermal_zones()
+    return {
+        "governor": governor,
+        "temp_c": temp_c,
+        "freq_mhz": freq,
+        "freq_max_mhz": _cpu_mhz(cpus, "scaling_max_freq"),
+        "thermal": thermal,
+        "throttled": throttle_state(governor, freq, _cpu_mhz(cpus, "cpuinfo_max_freq")),
+    }
+
+
+def _cpu_names() -> list:
     try:
-        temp_c = round(int(temp) / 1000.0, 1) if temp else None
+        names = [n for n in os.listdir(sysfs(_CPUS)) if re.match(r"cpu\d+$", n)]
+    except OSError:
+        return []
+    return sorted(names, key=lambda n: int(n[3:]))
+
+
+def _cpu_mhz(cpus: list, name: str):
+    """``{"cpu0": MHz, ...}`` from cpufreq's ``name`` (kHz) for every CPU that has it, else None."""
+    found = {}
+    for cpu in cpus:
+        value = _number(sysfs(_CPUS, cpu, "cpufreq", name))
+        if value is not None:
+            found[cpu] = round(value / 1000.0, 1)
+    return found or None
+
+
+def thermal_zones() -> tuple:
+    """``({zone type: Celsius}, thermal_zone0's Celsius)``; None for what is not readable.
+
+    A zone whose sensor fails to read (EIO, ENODATA: common on ACPI zones) is left out.
+    Two zones of one type are told apart by their directory name.
+    """
+    zones = {}
+    zone0 = None
+    try:
+        names = sorted((n for n in os.listdir(sysfs(_THERMAL)) if re.match(r"thermal_zone\d+$", n)), key=lambda n: int(n[12:]))
+    except OSError:
+        names = []
+    for name in names:
+        milli = _number(sysfs(_THERMAL, name, "temp"))
+        if milli is None:
+            continue
+        celsius = round(milli / 1000.0, 1)
+        kind = (_read(sysfs(_THERMAL, name, "type")) or "").strip() or name
+        zones[kind if kind not in zones else f"{kind} ({name})"] = celsius
+        if name == "thermal_zone0":
+            zone0 = celsius
+    return zones or None, zone0
+
+
+def parse_throttled(text: str):
+    """``vcgencmd get_throttled`` output (``throttled=0x50005``) -> the record's throttled dict."""
+    match = re.search(r"throttled=(0x[0-9a-fA-F]+|\d+)", text or "")
+    if not match:
+        return None
+    mask = int(match.group(1), 0)
+    now = [n for i, n in enumerate(PI_THROTTLE_BITS) if mask >> i & 1]
+    ever = [n for i, n in enumerate(PI_THROTTLE_BITS) if mask >> (16 + i) & 1]
+    detail = "now: " + (", ".join(now) or "none") + "; since boot: " + (", ".join(ever) or "none")
+    return {"source": "vcgencmd", "now": bool(now), "ever": bool(ever or now), "detail": detail}
+
+
+def throttle_state(governor, freq, hw_max):
+    """Throttling as the device tells it: the Raspberry Pi firmware (``vcgencmd get_throttled``),
+    a Jetson's power mode (``nvpmodel -q``) with its clocks, else cpufreq: under the performance
+    governor a core below its hardware maximum is "frequency capped". None when nothing can say."""
+    if shutil.which("vcgencmd"):
+        found = parse_throttled(_command(["vcgencmd", "get_throttled"]))
+        if found:
+            return found
+    capped = _capped(freq, hw_max) if governor == "performance" else None
+    if shutil.which("nvpmodel"):
+        mode = re.search(r"NV Power Mode:\s*(\S+)", _command(["nvpmodel", "-q"]) or "")
+        detail = "power mode " + (mode.group(1) if mode else "unknown")
+        if capped is not None:
+            detail += "; " + (capped or "at maximum frequency")
+        return {"source": "jetson", "now": bool(capped), "ever": bool(capped), "detail": detail}
+    if capped is None:
+        return None
+    # cpufreq keeps no history: "ever" is what is seen now
+    return {"source": "cpufreq", "now": bool(capped), "ever": bool(capped), "detail": capped or "at maximum frequency"}
+
+
+def _capped(freq, hw_max):
+    """"frequency capped: cpu0 1200/1800 MHz" for cores below CAPPED_BELOW of their maximum,
+    "" when none is, None when the frequencies are not readable."""
+    if not freq or not hw_max:
+        return None
+    low = [f"{cpu} {freq[cpu]:g}/{hw_max[cpu]:g} MHz" for cpu in freq if cpu in hw_max and freq[cpu] < CAPPED_BELOW * hw_max[cpu]]
+    return "frequency capped: " + ", ".join(low) if low else ""
+
+
+def _command(argv: list):
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.decode("utf-8", "replace") if proc.returncode == 0 else None
+
+
+def _number(path: str):
+    text = _read(path)
+    try:
+        return int(text.strip()) if text else None
     except ValueError:
-        temp_c = None
-    return {"governor": governor.strip() if governor else None, "temp_c": temp_c}
+        return None
 
 
 def _read(path: str) -> str | None:

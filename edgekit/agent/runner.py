@@ -14,26 +14,90 @@ from datetime import datetime, timezone
 
 from . import AGENT_VERSION, REPUSH, SCHEMA, AgentFailure, bundle_hash, read_json, sha256_file
 from .backends import load_backend
+from .energy import energy_record, open_meter
 from .facts import device_facts, device_state
 
 # A --duration run on a microsecond model would otherwise print a JSON document of many MB.
 MAX_SAMPLES = 1_000_000
+MAX_WARMUP_SAMPLES = 1000
 INPUTS_FILE = "inputs.npz"
 
+# Warm-up "auto": until latency is stable, bounded. Run at least AUTO_MIN warm-up iterations;
+# stop when the median of the last AUTO_WINDOW is within AUTO_TOLERANCE of the median of the
+# AUTO_WINDOW before them (caches, allocators, clocks and JITs have settled), or after
+# AUTO_MAX_RUNS iterations or AUTO_MAX_NS of warm-up, whichever comes first (a board that never
+# settles, e.g. while it heats up, still gets timed; its drift shows in the samples). ekrt's
+# runner (csrc/tools/ekrt.c) applies the same rule with the same numbers.
+AUTO = "auto"
+AUTO_MIN = 5
+AUTO_WINDOW = 5
+AUTO_TOLERANCE = 0.05
+AUTO_MAX_RUNS = 200
+AUTO_MAX_NS = 2_000_000_000
+
+
+def warmup_done(samples_ns: list, elapsed_ns: int) -> bool:
+    """The auto warm-up's stopping rule, after ``samples_ns`` (in execution order) took ``elapsed_ns``."""
+    n = len(samples_ns)
+    if n < AUTO_MIN:
+        return False
+    if n >= AUTO_MAX_RUNS or elapsed_ns >= AUTO_MAX_NS:
+        return True
+    if n < 2 * AUTO_WINDOW:
+        return False
+    before = _median(samples_ns[-2 * AUTO_WINDOW : -AUTO_WINDOW])
+    return abs(_median(samples_ns[-AUTO_WINDOW:]) - before) <= AUTO_TOLERANCE * before
+
+
+def auto_warmup_count(latencies_ns: list) -> int:
+    """How many of these latencies (execution order; elapsed time is their sum) auto warm-up runs."""
+    elapsed = 0
+    for i, ns in enumerate(latencies_ns, 1):
+        elapsed += ns
+        if warmup_done(latencies_ns[:i], elapsed):
+            return i
+    return len(latencies_ns)
+
+
+def _median(values: list) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return float(ordered[mid]) if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def common_layers(layers):
+    """Per-layer times in the one format every backend reports (name, op, ns: mean time per
+    inference, calls: how many timed executions that mean is over, or null), plus whatever the
+    backend adds (OpenVINO's exec_type, trtexec's percent)."""
+    if not layers:
+        return None
+    out = []
+    for layer in layers:
+        entry = dict(layer)
+        entry["name"] = str(entry.get("name") or "")
+        entry["op"] = str(entry.get("op") or "")
+        entry["ns"] = max(0, int(round(entry.get("ns") or 0)))
+        calls = entry.get("calls")
+        entry["calls"] = int(calls) if isinstance(calls, int) and not isinstance(calls, bool) else None
+        out.append(entry)
+    return out
 
 
 def bench(
     bundle_dir: str,
     variant: str,
-    warmup: int = 10,
+    warmup=AUTO,
     iterations: int = 100,
     duration_s: float | None = None,
     threads: int | None = None,
+    profile: bool = False,
 ) -> dict:
     """Load ``variant`` of the bundle at ``bundle_dir``, time it, return the bench document.
 
+    ``warmup``: a count of untimed runs, or "auto" (until stable, bounded: ``warmup_done``).
     With ``duration_s`` the timed loop runs until that much time is used (at least one
-    iteration) instead of a fixed number of ``iterations``.
+    iteration) instead of a fixed number of ``iterations``. With ``profile`` the backend's
+    per-layer times come from a separate pass after the timed loop, which profiling would slow.
     """
     manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant)
     model_rel = spec["model"]
@@ -46,13 +110,26 @@ def bench(
     session = backend.load(model_path, threads, dict(spec.get("options") or {}), bundle_dir)
     load_ns = time.perf_counter_ns() - t0
     own_bench = getattr(session, "bench", None)
+    meter = open_meter()
+    warmup_mode = AUTO if warmup == AUTO else "fixed"
     if own_bench is not None:
-        # A backend that times itself on the device (TensorRT: trtexec runs the loop) returns the
+        # A backend that times itself on the device (ekrt's runner, trtexec) returns the
         # per-iteration samples, per-layer times and its info; there is no first call to time.
-        samples, layers, info = own_bench(warmup, iterations, duration_s, spec["inputs"])
+        if meter is not None:
+            meter.start()
+        try:
+            samples, layers, info = own_bench(warmup, iterations, duration_s, spec["inputs"], profile=profile)
+        finally:
+            if meter is not None:
+                meter.stop()
         first_ns = info.pop("first_inference_ns", None)  # when the runtime timed its own first call
+        warmup_samples = info.pop("warmup_samples_ns", None)
+        warmup_run = info.pop("warmup", None if warmup == AUTO else warmup)
+        warmup_mode = info.pop("warmup_mode", warmup_mode)
+        window = info.pop("timed_window_ns", None)  # CLOCK_MONOTONIC, as the meter's timestamps
         dims = spec["inputs"][0]["shape"] if spec["inputs"] else []
         batch = int(dims[0]) if len(dims) >= 2 and dims[0] > 0 else 1
+        energy = energy_record(meter, window[0], window[1], len(samples) * batch) if window else None
     else:
         feeds = make_inputs(bundle_dir, spec)
 
@@ -66,13 +143,20 @@ def bench(
                 "check that the variant's inputs in manifest.json (or its inputs.npz) match the model",
             ) from None
         first_ns = time.perf_counter_ns() - t0
-        for _ in range(warmup):
-            session.run(feeds)
+        warmup_samples = _warmup(session, feeds, warmup)
+        warmup_run = len(warmup_samples)
+        if meter is not None:
+            meter.start()
+        start = time.monotonic_ns()
         samples = _timed_loop(session, feeds, iterations, duration_s)
-        layers = session.layers() if hasattr(session, "layers") else None
-        info = dict(getattr(session, "info", None) or {})
+        end = time.monotonic_ns()
+        if meter is not None:
+            meter.stop()
         first_input = feeds[spec["inputs"][0]["name"]] if spec["inputs"] else None
         batch = int(first_input.shape[0]) if first_input is not None and first_input.ndim >= 2 else 1
+        energy = energy_record(meter, start, end, len(samples) * batch)
+        layers = session.layers() if profile and hasattr(session, "layers") else None
+        info = dict(getattr(session, "info", None) or {})
     after = device_state()
 
     return {
@@ -87,18 +171,22 @@ def bench(
         "model_sha256": model_sha,
         "bundle_hash": bundle_hash(manifest),
         "config": {
-            "warmup": warmup,
+            "warmup": warmup_run,
+            "warmup_mode": warmup_mode,
             "iterations": None if duration_s is not None else iterations,
             "duration_s": duration_s,
-            "threads": threads,
+            # all cores when not asked: the count the backend chose, where it says
+            "threads": threads if threads is not None else info.get("threads"),
             "batch": batch,
         },
+        "warmup_samples_ns": None if warmup_samples is None else warmup_samples[:MAX_WARMUP_SAMPLES],
         "samples_ns": samples,
         "load_ns": load_ns,
         "first_inference_ns": first_ns,
         # a runtime in its own process (ekrt's runner) reports that process's peak, not the agent's
         "peak_rss_bytes": info.pop("peak_rss_bytes", None) or peak_rss_bytes(),
-        "layers": layers,
+        "layers": common_layers(layers),
+        "energy": energy,
         "backend_info": info,
         "started_at": started_at,
         "device": facts,
@@ -170,6 +258,22 @@ def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: 
         "outputs": out_path,
         "seconds": round(seconds, 3),
     }
+
+
+def _warmup(session, feeds: dict, warmup) -> list:
+    """Run the warm-up (a count, or "auto": ``warmup_done``); its latencies in execution order."""
+    run = session.run
+    clock = time.perf_counter_ns
+    samples = []
+    begin = clock()
+    while True if warmup == AUTO else len(samples) < warmup:
+        t = clock()
+        run(feeds)
+        end = clock()
+        samples.append(end - t)
+        if warmup == AUTO and warmup_done(samples, end - begin):
+            break
+    return samples
 
 
 def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None) -> list:

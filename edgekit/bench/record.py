@@ -157,6 +157,49 @@ def _check_agent(doc: Any, error: type[EdgekitError], label: str, path: str, hin
         raise fail("device_state", f"must be an object or null, got {_kind(doc['device_state'])}")
     if doc.get("layers") is not None and not isinstance(doc["layers"], (list, dict)):
         raise fail("layers", f"must be a list, an object or null, got {_kind(doc['layers'])}")
+    _check_measurement(doc, fail)
+
+
+def _check_measurement(doc: dict, fail: Any) -> None:
+    """The optional fields of disciplined measurement (warm-up, device state, energy, layers)."""
+    config = doc["config"]
+    if config.get("warmup") is not None and (not _is_int(config["warmup"]) or config["warmup"] < 0):
+        raise fail("config.warmup", f"must be a non-negative integer or null, got {config['warmup']!r}")
+    if config.get("warmup_mode") not in (None, "fixed", "auto"):
+        raise fail("config.warmup_mode", f"must be 'fixed', 'auto' or null, got {config['warmup_mode']!r}")
+    warm = doc.get("warmup_samples_ns")
+    if warm is not None and (not isinstance(warm, list) or not all(_is_int(s) and s > 0 for s in warm)):
+        raise fail("warmup_samples_ns", "must be a list of positive integers (nanoseconds) or null")
+    for when in ("before", "after"):
+        state = (doc.get("device_state") or {}).get(when)
+        if state is None:
+            continue
+        field = f"device_state.{when}"
+        if not isinstance(state, dict):
+            raise fail(field, f"must be an object or null, got {_kind(state)}")
+        for key in ("freq_mhz", "freq_max_mhz", "thermal"):
+            value = state.get(key)
+            if value is not None and (not isinstance(value, dict) or not all(_is_number(v) for v in value.values())):
+                raise fail(f"{field}.{key}", "must be an object of numbers or null")
+        throttled = state.get("throttled")
+        if throttled is not None and (
+            not isinstance(throttled, dict) or not all(isinstance(throttled.get(k), bool) for k in ("now", "ever"))
+        ):
+            raise fail(f"{field}.throttled", "must be an object with booleans 'now' and 'ever', or null")
+    energy = doc.get("energy")
+    if energy is not None:
+        ok = isinstance(energy, dict) and isinstance(energy.get("source"), str)
+        if not ok or not all(_is_number(energy.get(k)) and energy[k] >= 0 for k in ("joules", "mj_per_inference")):
+            raise fail("energy", "must be {source, joules, mj_per_inference} with non-negative numbers, or null")
+    for i, layer in enumerate(doc.get("layers") if isinstance(doc.get("layers"), list) else []):
+        if not isinstance(layer, dict) or not isinstance(layer.get("name"), str) or not _is_number(layer.get("ns")) or layer["ns"] < 0:
+            raise fail("layers", f"item {i} must be an object with a name and non-negative ns")
+        if layer.get("calls") is not None and not _is_int(layer["calls"]):
+            raise fail("layers", f"item {i}: calls must be an integer or null, got {layer['calls']!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_int(value: Any) -> bool:

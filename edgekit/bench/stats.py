@@ -70,3 +70,24 @@ class Stats:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How the p50 moved from the first to the last tenth of a run (in execution order)."""
+
+    first_p50: float  # ms
+    last_p50: float  # ms
+    change_pct: float  # (last - first) / first, in %
+    n: int  # samples in each tenth
+
+
+def drift(samples_ns: Sequence[int], fraction: float = 0.1, min_samples: int = 5) -> Drift | None:
+    """The p50 of the first and the last ``fraction`` of a timed run and their change in %;
+    None when a tenth would hold fewer than ``min_samples`` (a sustained run: ``--duration``)."""
+    k = int(len(samples_ns) * fraction)
+    if k < min_samples:
+        return None
+    ns = np.asarray(samples_ns, dtype=np.float64)
+    first, last = float(np.median(ns[:k])), float(np.median(ns[-k:]))
+    return Drift(first / _NS_PER_MS, last / _NS_PER_MS, (last - first) / first * 100.0, k)

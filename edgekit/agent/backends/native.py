@@ -1,11 +1,11 @@
 """ekrt, edgekit's own int8 runtime: the bundle's static ``ekrt`` runner times the ``.ekm`` itself.
 
 The runner sits in the bundle (``bin/ekrt``, built on the host for this device's arch) and
-needs no Python; the agent only starts it: ``ekrt bench MODEL.ekm --json --warmup W
---iterations N [--threads T] --inputs X.npy ...`` prints the bench document's timing fields
-(docs/ekrt.md), which this module hands to the agent's runner through ``Session.bench``.
-Per-op times come from a second, shorter run with ``--profile`` (so profiling never slows the
-timed samples).
+needs no Python; the agent only starts it: ``ekrt bench MODEL.ekm --json --warmup W|auto
+--iterations N [--threads T] [--profile] --inputs X.npy ...`` prints the bench document's timing
+fields (docs/ekrt.md), which this module hands to the agent's runner through ``Session.bench``.
+The runner warms up by the agent's rule and, with ``--profile``, times each op in its own pass
+after the timed loop (so profiling never slows the timed samples).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import tempfile
 from .. import AgentFailure
 
 DEFAULT_RUNNER = "bin/ekrt"
-PROFILE_ITERATIONS = 20
 TIMEOUT_S = 3600
 
 _REPUSH = "push the bundle again (edgekit deploy builds the runner for the device's arch)"
@@ -83,34 +82,34 @@ class Session:
                 numpy.save(os.path.join(self._inputs_dir, f"{k}.npy"), numpy.ascontiguousarray(feeds[tensor["name"]], dtype=numpy.float32))
         return [os.path.join(self._inputs_dir, f"{k}.npy") for k in range(len(inputs))]
 
-    def bench(self, warmup: int, iterations: int, duration_s, inputs: list):
+    def bench(self, warmup, iterations: int, duration_s, inputs: list, profile: bool = False):
         files = self._input_files(inputs)
         feed = ["--inputs"] + files if files else []
         loop = ["--duration", repr(float(duration_s))] if duration_s is not None else ["--iterations", str(int(iterations))]
-        doc = _run_json([self.runner, "bench"] + self._common() + ["--warmup", str(int(warmup))] + loop + feed,
-                        timeout=TIMEOUT_S + (duration_s or 0))
+        loop += ["--profile"] if profile else []
+        try:
+            doc = _run_json([self.runner, "bench"] + self._common() + ["--warmup", str(warmup)] + loop + feed,
+                            timeout=TIMEOUT_S + (duration_s or 0))
+        finally:
+            shutil.rmtree(self._inputs_dir, ignore_errors=True)
+            self._inputs_dir = None
         samples = doc.get("samples_ns")
         if not isinstance(samples, list) or not all(isinstance(s, int) for s in samples):
             raise AgentFailure("ekrt's bench document has no samples_ns list", "update edgekit on the host")
         info = dict(self.info)
         if doc.get("load_ns") is not None:
             info["runner_load_ns"] = doc["load_ns"]  # ekrt's own load (parse, check, pack weights)
-        for key in ("first_inference_ns", "peak_rss_bytes"):  # the runner's, not the agent's
+        # the runner's, not the agent's; the agent's runner takes the warm-up and window fields out
+        for key in ("first_inference_ns", "peak_rss_bytes", "warmup_samples_ns", "timed_window_ns"):
             if doc.get(key) is not None:
                 info[key] = doc[key]
+        config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+        for key in ("warmup", "warmup_mode"):
+            if config.get(key) is not None:
+                info[key] = config[key]
         if isinstance(doc.get("backend_info"), dict) and doc["backend_info"].get("threads") is not None:
             info["threads"] = doc["backend_info"]["threads"]
-        layers = None
-        try:
-            n = min(PROFILE_ITERATIONS, max(1, len(samples)))
-            prof = _run_json([self.runner, "bench"] + self._common() + ["--warmup", "1", "--iterations", str(n), "--profile"] + feed)
-            layers = prof.get("layers")
-        except AgentFailure as exc:  # timings are what was asked for; per-op times are extra
-            info["profile_error"] = exc.message
-        finally:
-            shutil.rmtree(self._inputs_dir, ignore_errors=True)
-            self._inputs_dir = None
-        return samples, layers, info
+        return samples, doc.get("layers") if profile else None, info
 
     def run(self, feeds: dict):
         """One inference through the runner (``ekrt run --save``): for evaluation, not timing."""

@@ -1,19 +1,73 @@
-"""ONNX Runtime on the CPU: all graph optimizations, CPUExecutionProvider."""
+"""ONNX Runtime on the CPU: all graph optimizations, CPUExecutionProvider.
+
+Per-layer times (``layers``, asked for by ``bench --profile``) come from ORT's own profiler
+(SessionOptions.enable_profiling) on a second session with the same options, run after the
+timed loop: the profiler writes an event per node per run, which would slow the timed samples.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import sys
+import tempfile
 
 from .. import AgentFailure
 
+PROFILE_WARMUP = 3  # runs left out of the profile: a new session's first runs do one-time work
+PROFILE_RUNS = 20
+_KERNEL = "_kernel_time"
+
 
 class Session:
-    def __init__(self, session, version: str) -> None:
+    def __init__(self, session, version: str, make_session=None) -> None:
         self._session = session
+        self._make_session = make_session
+        self._last_feeds = None
         self.version = version
 
     def run(self, feeds: dict):
+        self._last_feeds = feeds  # layers() replays the inputs that were timed
         return self._session.run(None, feeds)
+
+    def layers(self):
+        """Per node: ORT's profiled kernel time per inference, over PROFILE_RUNS runs of the last feeds."""
+        if self._last_feeds is None or self._make_session is None:
+            return None
+        tmp = tempfile.mkdtemp(prefix="ort-profile-")
+        try:
+            session = self._make_session(os.path.join(tmp, "ort"))
+            for _ in range(PROFILE_WARMUP + PROFILE_RUNS):
+                session.run(None, self._last_feeds)
+            with open(session.end_profiling(), encoding="utf-8") as fh:
+                events = json.load(fh)
+        except Exception:  # per-layer times are extra: the timings stand without them
+            return None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return profile_layers(events, skip_runs=PROFILE_WARMUP)
+
+
+def profile_layers(events: list, skip_runs: int = 0) -> list:
+    """ORT profiler events (Chrome trace: ``{"cat": "Node", "name": "<node>_kernel_time", "dur": µs,
+    "args": {"op_name"}}`` inside ``{"cat": "Session", "name": "model_run"}`` spans) -> per node, in
+    execution order: ``{name, op, ns, calls}``, ns the mean time per run, over the runs after the
+    first ``skip_runs``."""
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    kept = runs[skip_runs:] if len(runs) > skip_runs else runs
+    totals = {}
+    for e in events:
+        name = e.get("name") or ""
+        if e.get("cat") != "Node" or not name.endswith(_KERNEL):
+            continue
+        if kept and not any(a <= e["ts"] <= b for a, b in kept):
+            continue
+        entry = totals.setdefault(name[: -len(_KERNEL)], {"op": (e.get("args") or {}).get("op_name") or "", "us": 0, "calls": 0})
+        entry["us"] += e.get("dur") or 0
+        entry["calls"] += 1
+    n = len(kept) or max((t["calls"] for t in totals.values()), default=1)
+    return [{"name": k, "op": t["op"], "ns": int(round(t["us"] * 1000.0 / n)), "calls": t["calls"]} for k, t in totals.items()]
 
 
 def load(model_path: str, threads: int | None, options: dict | None = None, workdir: str | None = None) -> Session:
@@ -30,13 +84,20 @@ def load(model_path: str, threads: int | None, options: dict | None = None, work
             f"onnxruntime is installed on the device but does not import: {exc}",
             "install a build of onnxruntime (and numpy) that matches the device's Python and CPU",
         ) from None
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3  # errors only: warnings would drown the agent's own messages
-    if threads:
-        opts.intra_op_num_threads = threads
+
+    def make_session(profile_prefix=None):
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3  # errors only: warnings would drown the agent's own messages
+        if threads:
+            opts.intra_op_num_threads = threads
+        if profile_prefix:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profile_prefix
+        return ort.InferenceSession(model_path, sess_options=opts, providers=["CPUExecutionProvider"])
+
     try:
-        session = ort.InferenceSession(model_path, sess_options=opts, providers=["CPUExecutionProvider"])
+        session = make_session()
     except Exception as exc:  # ORT raises its own exception classes (Fail, InvalidGraph, ...)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise AgentFailure(
@@ -44,4 +105,4 @@ def load(model_path: str, threads: int | None, options: dict | None = None, work
             "check the model with onnx.checker on the host; a newer onnxruntime on the device "
             "may be needed for its opset",
         ) from None
-    return Session(session, ort.__version__)
+    return Session(session, ort.__version__, make_session)

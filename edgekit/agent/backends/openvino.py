@@ -52,17 +52,19 @@ class Session:
         for _ in range(_PROFILE_RUNS):
             request.infer(self._last_feeds)
             for p in request.get_profiling_info():
-                entry = totals.setdefault(p.node_name, [p, 0])  # dicts keep the execution order
+                entry = totals.setdefault(p.node_name, [p, 0, 0])  # dicts keep the execution order
                 entry[1] += _ns(p.real_time)
+                entry[2] += 1
         return [
             {
                 "name": p.node_name,
                 "op": p.node_type,
                 "ns": int(round(ns / _PROFILE_RUNS)),
+                "calls": calls,
                 "exec_type": p.exec_type,
                 "status": _status(p.status),
             }
-            for p, ns in totals.values()
+            for p, ns, calls in totals.values()
         ]
 
 
@@ -112,6 +114,12 @@ def load(model_path: str, threads, options: dict = None, workdir: str = None) ->
     info["fallback"] = bool(executed) and primary not in _META_DEVICES and any(
         d.split(".")[0] != primary for d in executed
     )
+    try:  # the threads it really uses (with none asked: its own choice)
+        used = int(compiled.get_property("INFERENCE_NUM_THREADS"))
+        if used > 0:
+            info["threads"] = used
+    except Exception:  # not every plugin (NPU, MYRIAD) has the property
+        pass
     if "INFERENCE_PRECISION_HINT" in supported:
         try:
             precision = compiled.get_property("INFERENCE_PRECISION_HINT")

@@ -7,6 +7,7 @@ built here, on the device, from the bundle's ONNX model and kept under
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -38,6 +39,7 @@ from .trtexec import (
 
 ENGINE_DIR = "trt-engines"
 INPUTS_FILE = "inputs.npz"
+AUTO_WARMUP_MS = 2000  # the agent's auto warm-up bound (runner.AUTO_MAX_NS)
 BUILD_TIMEOUT_S = 1800.0  # a first build on a Jetson Nano takes minutes; a hung one must end
 _NO_SUMMARY_HINT = "run trtexec by hand with the same arguments (info.bench_argv) and read its log"
 
@@ -152,7 +154,7 @@ class Session:
             "bench it through the agent (edgekit bench / edgekit deploy)",
         )
 
-    def bench(self, warmup: int, iterations: int, duration_s: float | None, inputs: list) -> tuple:
+    def bench(self, warmup, iterations: int, duration_s: float | None, inputs: list, profile: bool = False) -> tuple:
         """Build the engine if the cache lacks it, time it; return (samples_ns, layers, info)."""
         os.makedirs(self.engine_dir, exist_ok=True)
         shapes = shapes_spec(inputs) if inputs else None
@@ -179,7 +181,7 @@ class Session:
             self._build(engine, key, shapes)
         work = tempfile.mkdtemp(prefix="bench-", dir=self.engine_dir)
         try:
-            return self._time(engine, key, work, warmup, iterations, duration_s, shapes, inputs)
+            return self._time(engine, key, work, warmup, iterations, duration_s, shapes, inputs, profile)
         finally:
             for name in os.listdir(work):
                 os.unlink(os.path.join(work, name))
@@ -215,12 +217,14 @@ class Session:
         self.info["engine_build_ns"] = build_ns
         self.info["trtexec_build_s"] = report["engine_build_s"]
 
-    def _time(self, engine, key, work, warmup, iterations, duration_s, shapes, inputs) -> tuple:
+    def _time(self, engine, key, work, warmup, iterations, duration_s, shapes, inputs, want_layers) -> tuple:
         times = os.path.join(work, "times.json")
-        profile = os.path.join(work, "profile.json")
+        profile = os.path.join(work, "profile.json") if want_layers else None
         npz = os.path.join(os.path.dirname(self.model_path), INPUTS_FILE)
         load_inputs = _raw_inputs(npz, inputs, work) if inputs and os.path.isfile(npz) else None
-        warmup_ms = warmup_ms_for(warmup)
+        # trtexec warms up for a time and cannot stop when latency settles: "auto" gets the
+        # whole bound of the agent's auto warm-up
+        warmup_ms = AUTO_WARMUP_MS if warmup == "auto" else warmup_ms_for(warmup)
         argv = trtexec_bench_argv(
             engine, warmup_ms=warmup_ms, iterations=iterations, duration_s=duration_s, export_times=times,
             export_profile=profile, dla_core=self.dla_core, shapes=shapes, load_inputs=load_inputs,
@@ -238,9 +242,11 @@ class Session:
             with open(times, encoding="utf-8") as fh:
                 samples = parse_export_times(fh.read(), skip=report["warmup_queries"] or 0)
             layers = None
-            if os.path.isfile(profile):
+            if profile and os.path.isfile(profile):
                 with open(profile, encoding="utf-8") as fh:
-                    layers = parse_export_profile(fh.read())
+                    text = fh.read()
+                runs = json.loads(text)[0]["count"]  # the profile run's inferences (parse_export_profile checked it)
+                layers = [dict(layer, calls=runs) for layer in parse_export_profile(text)]
         except TrtexecOutputError as exc:
             raise AgentFailure(f"cannot read trtexec's benchmark of {engine}: {exc}", _NO_SUMMARY_HINT) from None
         self.info.update({
@@ -249,6 +255,8 @@ class Session:
             "engine_deserialize_ns": None if report["engine_deserialize_s"] is None else int(report["engine_deserialize_s"] * 1e9),
             "warmup_ms": warmup_ms,
             "warmup_queries": report["warmup_queries"],
+            "warmup": report["warmup_queries"],
+            "warmup_mode": "fixed",  # by time
             "throughput_qps": report["throughput_qps"],
             "latency_ms": report["latency_ms"],
             "gpu_compute_ms": report["gpu_compute_ms"],
