@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -29,6 +30,10 @@ from edgekit.quantize import qmath
 from edgekit.quantize.calib import ElementSample, Feed
 from edgekit.quantize.report import session
 from edgekit.quantize.rewrite import Analysis
+
+if TYPE_CHECKING:
+    from edgekit.modelio import LoadedModel
+    from edgekit.quantize import QuantizeResult
 
 SAMPLES = 8  # held-out samples the output effects run on (two inference passes per node each)
 NODE_BUDGET = 150  # above this many int8 nodes, output effects only when asked for in full
@@ -256,7 +261,9 @@ def _score(ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> tupl
     return min(((qmath.snr_db(ref[n], out[n]), qmath.cosine(ref[n], out[n])) for n in ref), key=lambda x: x[0])
 
 
-def measure_result(loaded, result, heldout: Sequence[Feed], *, exclude: Sequence[str] = (), full: bool = False, progress=None) -> Sensitivity:
+def measure_result(
+    loaded: LoadedModel, result: QuantizeResult, heldout: Sequence[Feed], *, exclude: Sequence[str] = (), full: bool = False, progress=None
+) -> Sensitivity:
     """``measure`` for a ``QuantizeResult`` of ``loaded`` (a ``LoadedModel``), quantized with ``exclude``:
     the float model is prepared again (the same steps, the same node names) for the float side."""
     from edgekit.quantize.prepare import prepare
