@@ -23,6 +23,7 @@ from tests.lab.fixtures import emulated_boards
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
 SCHEMA = Path(__file__).parent / "data" / "junit.xsd"
 FAST = "[defaults]\niterations = 30\nwarmup = 3\n"
+BRANCH = "ci-test-main"
 BOARD = ("ci-gates", "cortex-a72", 31)  # its own name and link: other modules' boards may be up
 
 
@@ -65,6 +66,7 @@ def _gates(doc: dict, classname: str) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def local_runs(tmp_path_factory):
     work, env = _home(tmp_path_factory, "ci-local")
+    env["EDGEKIT_BRANCH"] = BRANCH  # what CI's variables say; runs are stored under it
     config = work / "edgekit.toml"
     model = f'[[models]]\npath = "{DIGITS}"\ntargets = ["local"]\n'
     config.write_text(FAST + model + 'gates = ["p50:+300%", "accuracy:-5pt", "p99:<10000ms"]\n')
@@ -82,6 +84,7 @@ def local_runs(tmp_path_factory):
 CLASS = "digits_cnn/local/local"
 
 
+@pytest.mark.slow
 def test_a_first_run_has_no_baseline_yet_and_passes(local_runs):
     r, work = local_runs.first, local_runs.work
     assert r.returncode == 0, r.stderr
@@ -108,6 +111,7 @@ def test_a_first_run_has_no_baseline_yet_and_passes(local_runs):
     assert float(cells[3]) > 0 and float(cells[4]) >= float(cells[3])
 
 
+@pytest.mark.slow
 def test_a_second_run_is_gated_against_the_first(local_runs):
     r, work = local_runs.second, local_runs.work
     first = json.loads(local_runs.first.stdout)
@@ -145,20 +149,40 @@ def test_a_second_run_is_gated_against_the_first(local_runs):
     assert html.count('class="gate fail"') == 1 and "limit &lt; 0.001 ms" in html
 
 
-def test_a_baseline_given_as_run_ids_or_an_export_file(local_runs):
+@pytest.mark.slow
+def test_baselines_from_a_branch_run_ids_or_an_export_file(local_runs):
+    from edgekit.bench.store import ResultsStore
+    from edgekit.ci.config import Baseline
+    from edgekit.ci.run import pick_baseline
+
     work, env = local_runs.work, local_runs.env
     first = json.loads(local_runs.first.stdout)["runs"][0]
+    second = json.loads(local_runs.second.stdout)["runs"][0]
+    want = second["baseline"]["run_id"]  # the first run's int8 record
     export = _edgekit("results", "export", *map(str, first["run_ids"]), "-o", "baseline.json", cwd=work, env=env)
     assert export.returncode == 0, export.stderr
-    (work / "baseline.toml").write_text(
-        FAST + f'[baseline]\nfile = "baseline.json"\n\n[[models]]\npath = "{DIGITS}"\ngates = ["p99:<10000ms"]\n'
-    )
-    config = load_config(work / "baseline.toml")
-    assert config.baseline.kind == "file" and config.baseline.file == work / "baseline.json"
-    ids = load_config(work / "baseline.toml", baseline=",".join(map(str, first["run_ids"])))
-    assert ids.baseline.ids == tuple(first["run_ids"])
+    with ResultsStore(Path(env["EDGEKIT_DATA_DIR"]) / "results.db") as store:
+        want_record = store.get(want)
+        record = next(r for r in map(store.get, second["run_ids"]) if r["agent"]["variant"] == "int8")
+        assert record["vcs"]["branch"] == BRANCH
+
+        def pick(baseline):
+            return pick_baseline(store, baseline, record, exclude=set(second["run_ids"]))
+
+        found, note = pick(Baseline("latest", branch=BRANCH))
+        assert found["id"] == want and note.startswith(f"run {want} of ")
+        assert pick(Baseline("latest", branch="elsewhere")) == (None, "no baseline yet (latest on elsewhere)")
+        assert pick(Baseline("ids", ids=(*second["run_ids"], *first["run_ids"])))[0]["id"] == want  # this run's own are never its baseline
+        found, note = pick(Baseline("file", file=work / "baseline.json"))
+        assert found["run_uuid"] == want_record["run_uuid"] and note.startswith("baseline.json ")
+    (work / "baseline.toml").write_text(FAST + f'[baseline]\nfile = "baseline.json"\n\n[[models]]\npath = "{DIGITS}"\n')
+    assert load_config(work / "baseline.toml").baseline == Baseline("file", file=work / "baseline.json")
+    assert load_config(work / "baseline.toml", baseline="12,13").baseline == Baseline("ids", ids=(12, 13))
     with pytest.raises(ConfigError, match="'nosuch' is not a baseline"):
         load_config(work / "baseline.toml", baseline="nosuch")
+    (work / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="bad.json is not an edgekit results export"):
+        load_config(work / "baseline.toml", baseline=str(work / "bad.json"))
 
 
 # -- this machine and an emulated Raspberry Pi 4 in one file ---------------------------------------
@@ -182,6 +206,7 @@ def board_run(tmp_path_factory):
         yield SimpleNamespace(work=work, result=r)
 
 
+@pytest.mark.slow
 def test_ci_on_this_machine_and_an_emulated_arm_board(board_run):
     r, work = board_run.result, board_run.work
     assert r.returncode == 5, r.stderr
@@ -224,6 +249,7 @@ def _pipeline_commands() -> dict[str, tuple[list[str], list[str]]]:
 
 
 @pytest.mark.parametrize("pipeline", ["github-actions.yml", "gitlab-ci.yml"])
+@pytest.mark.slow
 def test_the_example_pipelines_run(pipeline, tmp_path, edgekit_home):
     commands, artifacts = _pipeline_commands()[pipeline]
     # a copy of this repo's examples with a quicker edgekit.toml of the same shape
@@ -307,6 +333,7 @@ def test_the_repo_edgekit_toml_is_valid():
         assert [t for t, _ in m.runs] == ["local"]
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_deploy_is_an_error_and_the_others_still_run(cli, tmp_path):
     (tmp_path / "broken.onnx").write_bytes(b"not an onnx model")
     (tmp_path / "edgekit.toml").write_text(

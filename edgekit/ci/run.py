@@ -194,28 +194,26 @@ def _deploy(spec: ModelSpec, target: str, entries: list[DeviceEntry], jobs: int,
 
 
 def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, exclude: set[int] = frozenset()) -> tuple[dict | None, str]:
-    """The run ``record`` is gated against (same model name, target, device and variant, and
-    comparable) and a note saying which it is, or that there is none yet."""
-    from edgekit.bench.compare import comparable, default_baseline, resolve
+    """The run ``record`` is gated against, and a note saying which it is or that there is none yet:
+    the newest candidate of the same model name, target, device and variant that is comparable
+    (a changed model is, as against the main branch's run) and not one of this job's runs."""
+    from edgekit.bench.compare import comparable, read_records
 
-    found = None
-    if baseline.kind == "latest" and baseline.branch is None:
-        found = default_baseline(store, record, exclude=tuple(exclude))
+    like = {"model": record["model_name"], "target": record["target"], "device": record["device"], "variant": record["agent"]["variant"]}
+    if baseline.kind == "latest":
+        candidates = store.records(limit=50, branch=baseline.branch, **like)
     elif baseline.kind == "ids":
-        like = (record["model_name"], record["target"], record["device"], record["agent"]["variant"])
+        candidates = []
         for run_id in baseline.ids:
-            r = store.get(run_id)
-            if (r["model_name"], r["target"], r["device"], r["agent"]["variant"]) == like and comparable(r, record, allow_model_change=True) is None:
-                found = r
-                break
+            try:
+                candidates.append(store.get(run_id))
+            except ResultsError:  # an id of another store: not this run's baseline
+                continue
     else:
-        ref = f"latest@{baseline.branch}" if baseline.kind == "latest" else str(baseline.file)
-        try:
-            found = resolve(ref, store, like=record)
-        except ResultsError:  # nothing there matches this run: a first run on this device or model
-            found = None
-    if found is None:
-        return None, f"no baseline yet ({baseline.describe()})"
-    where = f"{baseline.file.name} " if baseline.kind == "file" else ""
-    run = f"run {found['id']}" if found.get("id") is not None else "record"
-    return found, f"{where}{run} of {found['created'][:19]}"
+        candidates = sorted(read_records(baseline.file), key=lambda r: r["created"], reverse=True)
+    for r in candidates:
+        same = {"model": r["model_name"], "target": r["target"], "device": r["device"], "variant": r["agent"]["variant"]} == like
+        if same and r.get("id") not in exclude and comparable(r, record, allow_model_change=True) is None:
+            where = f"{baseline.file.name} " if baseline.kind == "file" else ""
+            return r, f"{where}{'run ' + str(r['id']) if r.get('id') is not None else 'record'} of {r['created'][:19]}"
+    return None, f"no baseline yet ({baseline.describe()})"
