@@ -405,3 +405,31 @@ def test_agent_runs_ekrt_with_auto_warmup_and_layers(ekrt, ekm_file, tmp_path):
     assert layers and all(x["calls"] == 6 for x in layers)
     assert session.bench(3, 2, None, inputs)[1] is None  # layers only when asked
     assert np.isfinite(info["timed_window_ns"][0])
+
+
+# -- host side: the CLI's --warmup and the warnings a run's numbers deserve --------------------------
+
+
+def test_measurement_warnings_name_drift_heat_and_throttling():
+    from edgekit.cli.render import measurement_warnings
+
+    doc = bench_doc(samples=[1_000_000] * 50 + [1_120_000] * 50)
+    doc["device_state"]["before"]["temp_c"], doc["device_state"]["after"]["temp_c"] = 48.0, 71.0
+    assert measurement_warnings(doc) == ["drift: p50 +12% from the first to the last tenth of the run (temperature 48 -> 71 C)"]
+    doc["device_state"]["after"]["throttled"] = facts.parse_throttled("throttled=0x20002")
+    assert measurement_warnings(doc)[1] == "throttled (vcgencmd): now: arm frequency capped; since boot: arm frequency capped"
+    assert measurement_warnings(bench_doc(samples=[1_000_000] * 50 + [1_030_000] * 50)) == []  # under 5 %: quiet
+
+
+def test_cli_warmup_takes_auto_or_a_count(cli):
+    from edgekit.modelio import load_model
+    from edgekit.plan import make_plan
+    from edgekit.profiles import load_profile
+
+    def benches(**asks):
+        return [s for s in make_plan(load_model(DIGITS), load_profile("rpi5"), **asks).steps if s.name == "bench"]
+
+    assert benches() and all(s.config.warmup == "auto" and "auto warm-up" in s.detail for s in benches())
+    assert all(s.config.warmup == 3 for s in benches(warmup=3))
+    bad = cli("deploy", DIGITS, "--warmup", "soon")
+    assert bad.returncode == 2 and "wants a count N >= 0 or 'auto'" in bad.stderr

@@ -68,7 +68,18 @@ Password = Annotated[
     bool,
     typer.Option("--password", help="Allow SSH password login; the password comes from $EDGEKIT_SSH_PASSWORD, else it is asked on the terminal."),
 ]
-Warmup = Annotated[int | None, typer.Option("--warmup", min=0, metavar="N", help="Untimed runs first (default: the profile's).")]
+def _warmup(value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    if not value.isdigit():
+        raise typer.BadParameter(f"wants a count N >= 0 or 'auto', got {value!r}")
+    return int(value)
+
+
+Warmup = Annotated[
+    str | None,
+    typer.Option("--warmup", metavar="N|auto", callback=_warmup, help="Untimed runs first, or auto (the default): until latency is stable, at most 200 runs or 2 s."),
+]
 Iterations = Annotated[int | None, typer.Option("--iterations", "-n", min=1, metavar="N", help="Timed runs (default: the profile's).")]
 Duration = Annotated[float | None, typer.Option("--duration", min=0.001, metavar="SECONDS", help="Time for this many seconds instead of a count.")]
 Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else all cores).")]

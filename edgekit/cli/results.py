@@ -13,6 +13,7 @@ from edgekit.bench.stats import STAT_FIELDS
 from edgekit.bench.store import ResultsStore
 from edgekit.cli import common
 from edgekit.cli.output import Output
+from edgekit.cli.render import measurement_warnings
 from edgekit.errors import ResultsError
 from edgekit.fsutil import atomic_path, check_output_path
 
@@ -101,6 +102,8 @@ def show(
         [[*(_ms(stats[f]) for f in STAT_FIELDS), f"{stats['throughput']:.1f}"]],
         title=f"run {record['id']}: {stats['n']} samples, batch {config['batch']}",
     )
+    for warning in measurement_warnings(agent):
+        out.warn(warning)
     out.line()
     backend = agent["backend"] + (
         f" {agent['backend_version']}" if agent.get("backend_version") else ""
