@@ -309,8 +309,9 @@ def test_chromium_renders_the_report_online_and_offline(real_report, tmp_path):
     assert len(colours) > 200, "the page looks blank"
     ink = img.min(axis=2) < 200
     assert ink.mean() > 0.01 and ink.any(axis=1).mean() > 0.4, "hardly anything is drawn"
-    for rgb in ((0x3B, 0x6F, 0xD4), (0xE8, 0x77, 0x2E)):  # the fp32 and int8 colours: the SVG charts were drawn
-        assert (np.abs(img.astype(int) - rgb).sum(axis=2) < 30).sum() > 2000, rgb
+    for rgb in ((0x3B, 0x6F, 0xD4), (0xE8, 0x77, 0x2E)):  # the fp32 and int8 colours below the summary tiles:
+        near = np.abs(img[700:].astype(int) - rgb).sum(axis=2) < 30  # the SVG bars, histograms and lines were drawn
+        assert near.sum() > 1000, (rgb, near.sum())
     assert (shots[True] == img).mean() > 0.999, "the page renders differently without a network"
     if os.environ.get("EDGEKIT_UPDATE_SCREENSHOT") == "1":
         _save_docs_screenshot(tmp_path / "report-online.png")

@@ -535,7 +535,7 @@ h3{font-size:12px;margin:18px 0 6px;color:var(--muted);text-transform:uppercase;
 .verdict.neutral{border-color:#9ca3af;background:#f9fafb}
 .verdict-head{font-size:17px}
 .verdict ul{margin:4px 0 0;padding-left:20px}
-.tiles{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap:12px}
+.tiles{display:grid;grid-template-columns:repeat(auto-fill,minmax(280px,1fr));gap:12px}
 .tile{border:1px solid var(--line);border-top:4px solid var(--c);border-radius:10px;padding:10px 14px;font-size:13px}
 .tile-head{font-weight:600;font-size:14px}
 .big{font-size:28px;font-weight:650;font-variant-numeric:tabular-nums;line-height:1.3}

@@ -149,7 +149,7 @@ def histogram(
             x0, x1, top = x(a), x(b), y(float(n))
             body.append(
                 f'<rect class="bin" x="{x0 + 0.5:.1f}" y="{top:.1f}" width="{max(x1 - x0 - 1, 0.8):.1f}" '
-                f'height="{bottom - top:.1f}" fill="{color}" fill-opacity="0.85"><title>{num(a)}-{num(b)} {esc(unit)}: '
+                f'height="{bottom - top:.1f}" fill="{color}"><title>{num(a)}-{num(b)} {esc(unit)}: '
                 f"{n} samples</title></rect>"
             )
     for i, (value, text) in enumerate(markers):
