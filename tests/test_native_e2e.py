@@ -213,6 +213,12 @@ def test_deploy_digits_on_local_chooses_native_and_reports_latency_and_agreement
     assert (tmp_path / "b" / "bin" / "ekrt").read_bytes() == host_runner.read_bytes()
     info = json.loads(_run_ekrt([str(host_runner), "info", "--json"]).stdout)
     assert run["backend_info"]["isa"] == info["isa"] and run["backend_info"]["runner"] == "bin/ekrt"
+    # ekrt's per-op times carry the ONNX node names (from int8/layers.json), so they join with the
+    # quantizer's per-node error stored on the same record
+    shown = json.loads(cli("results", "show", str(run["id"]), "--json").stdout)
+    timed = {layer["name"]: layer["op"] for layer in shown["agent"]["layers"]}
+    assert {"conv1": "CONV2D", "conv2": "CONV2D", "conv3": "CONV2D", "fc": "FULLY_CONNECTED"}.items() <= timed.items()
+    assert {u["name"] for u in shown["quantization"]["layers"]} >= {"conv1", "conv2", "conv3", "fc"}
     ops = [layer["op"] for layer in run["layers"]]
     assert ops == ["QUANTIZE", "CONV2D", "CONV2D", "MAXPOOL", "CONV2D", "RESHAPE", "FULLY_CONNECTED", "DEQUANTIZE"]
     assert all(layer["ns"] >= 0 for layer in run["layers"])

@@ -109,7 +109,7 @@ class Session:
                 info[key] = config[key]
         if isinstance(doc.get("backend_info"), dict) and doc["backend_info"].get("threads") is not None:
             info["threads"] = doc["backend_info"]["threads"]
-        return samples, doc.get("layers") if profile else None, info
+        return samples, _named(doc.get("layers"), self.model_path) if profile else None, info
 
     def run(self, feeds: dict):
         """One inference through the runner (``ekrt run --save``): for evaluation, not timing."""
@@ -156,3 +156,24 @@ def load(model_path: str, threads, options: dict | None = None, workdir: str | N
     if isinstance(model, dict) and "memory_bytes" in model:
         info["memory_bytes"] = model["memory_bytes"]
     return Session(runner, model_path, threads, workdir, version, info)
+
+
+LAYER_NAMES_FILE = "layers.json"  # written next to the .ekm by the host's compile step
+
+
+def _named(layers, model_path: str):
+    """The runner names op j ``KIND#j``; the host's list beside the model gives the ONNX node it
+    came from, so per-layer times join with the quantizer's per-node error. Without it: as is."""
+    path = os.path.join(os.path.dirname(model_path), LAYER_NAMES_FILE)
+    if not isinstance(layers, list) or not os.path.isfile(path):
+        return layers
+    try:
+        with open(path, encoding="utf-8") as fh:
+            names = json.load(fh)
+    except (OSError, ValueError):
+        return layers
+    for layer in layers:
+        _, sep, index = str(layer.get("name", "")).rpartition("#")
+        if sep and index.isdigit() and int(index) < len(names) and isinstance(names[int(index)], str):
+            layer["name"] = names[int(index)]
+    return layers

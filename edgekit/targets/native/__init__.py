@@ -9,6 +9,8 @@ reference interpreter.
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 from edgekit.modelio import LoadedModel
@@ -17,6 +19,7 @@ from edgekit.quantize.scheme import NATIVE
 from edgekit.targets.base import Backend, Verdict, runtime_version
 
 EKM_FILE = "model.ekm"
+LAYER_NAMES_FILE = "layers.json"  # the agent's native backend reads it (same name there)
 RUNNER = "bin/ekrt"
 
 
@@ -56,8 +59,12 @@ class NativeBackend(Backend):
 
         out_dir.mkdir(parents=True, exist_ok=True)
         ekm_path = out_dir / EKM_FILE
-        lower_file(model_path, ekm_path)
-        return [ekm_path]
+        report = lower_file(model_path, ekm_path)
+        # .ekm stores no names: the device's profile names op j by the ONNX node it came from through
+        # this list, so per-layer time joins with the quantizer's per-node error and ORT's profile.
+        names = out_dir / LAYER_NAMES_FILE
+        names.write_text(json.dumps(report.op_names), encoding="utf-8")
+        return [ekm_path, names]
 
     def runtime_files(self, profile: Profile, facts: dict | None, out_dir: Path) -> dict[str, Path]:
         """The ``ekrt`` runner for the device's arch, built (or taken from the build cache)."""

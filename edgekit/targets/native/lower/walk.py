@@ -64,6 +64,7 @@ class LowerReport:
     ops: dict[str, int] = field(default_factory=dict)  # ekm op name -> count
     arena_bytes: int = 0
     const_bytes: int = 0
+    op_names: list[str] = field(default_factory=list)  # op j of the .ekm came from ONNX node op_names[j]
 
     def to_dict(self) -> dict:
         return {"ops": self.ops, "arena_bytes": self.arena_bytes, "const_bytes": self.const_bytes}
@@ -221,6 +222,7 @@ class Lowerer:
         remap = prune(self.m)
         self.alias = {k: QT(remap[v.index], v.shape, v.q) for k, v in self.alias.items() if v.index in remap}
         self.report.ops = dict(Counter(op.type_name for op in self.m.ops))
+        self.report.op_names = [op.name or f"{op.type_name}#{j}" for j, op in enumerate(self.m.ops)]
         flatten_fc_inputs(self.m)
         self.report.arena_bytes = plan_memory(self.m)
         return self.m
