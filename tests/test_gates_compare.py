@@ -272,6 +272,7 @@ def test_references_and_branches(real, tmp_path):
         assert [r["id"] for r in store.records(branch="main")] == [ids[3], ids[1], ids[0]]
         assert [r["id"] for r in store.list(branch="feature")] == [ids[2]]
         assert resolve("latest@main", store)["id"] == ids[3]
+        assert resolve("latest@main", store, exclude=[ids[3]])["id"] == ids[1]  # a run is never its own baseline
         assert resolve("latest@main", store, variant="int8")["id"] == ids[1]
         assert resolve("latest@main", store, like=store.get(ids[1]))["id"] == ids[1]
         assert resolve(str(ids[2]), store)["id"] == ids[2]

@@ -238,12 +238,14 @@ def resolve(
     target: str | None = None,
     device: str | None = None,
     variant: str | None = None,
+    exclude: Sequence[int] = (),
 ) -> dict:
     """The record ``ref`` names: a store id, ``latest@BRANCH`` (newest stored run on that branch),
     or an export file (``FILE``: its newest matching record; ``FILE#N``: its ``records[N]``).
 
     Among several candidates, only those with ``like``'s model name, target, device and variant
-    (when ``like`` is given) and the given filters count; the newest wins.
+    (when ``like`` is given) and the given filters count; the newest wins. Store runs in ``exclude``
+    (the ones just made, when a gate looks for their baseline) never count.
     """
     filters = {"model_name": model, "target": target, "device": device, "variant": variant}
     if ref.isdigit():
@@ -252,7 +254,7 @@ def resolve(
         branch = ref.removeprefix("latest@")
         if not branch:
             raise ResultsError(f"no branch in {ref!r}", _REF_HINT)
-        found = _pick(store.records(branch=branch, limit=1000), like, filters)
+        found = _pick([r for r in store.records(branch=branch, limit=1000) if r.get("id") not in exclude], like, filters)
         if found is None:
             raise ResultsError(f"no stored run on branch {branch!r}{_matching(like, filters)}", "run the benchmark on that branch first, or list them: edgekit results list --branch " + branch)
         return found

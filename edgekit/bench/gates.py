@@ -294,10 +294,11 @@ def run_gates(
     """
     parsed = [g if isinstance(g, Gate) else parse_gate(g) for g in gates]
     record = gated_record(records)
+    own = [r["id"] for r in records if r.get("id") is not None]  # never the run's own baseline
     if baseline is None:
-        base = default_baseline(store, record, exclude=[r["id"] for r in records if r.get("id") is not None])
+        base = default_baseline(store, record, exclude=own)
     else:
-        base = resolve(baseline, store, like=record)
+        base = resolve(baseline, store, like=record, exclude=own)
         reason = comparable(base, record, allow_model_change=True)
         if reason:
             raise ResultsError(f"baseline {baseline} cannot be compared with this run: {reason}", "give a baseline run of the same device, backend and variant")
