@@ -147,7 +147,7 @@ def bench_bundle(
             raise UsageError(f"the bundle has no variant '{name}'", f"pass one of: {', '.join(known)}")
     d = profile.bench
     config = BenchConfig(
-        warmup="auto" if req.warmup is None else req.warmup,
+        warmup=d.warmup if req.warmup is None else req.warmup,
         iterations=d.iterations if req.iterations is None else req.iterations,
         duration_s=req.duration_s,
         threads=d.threads if req.threads is None else req.threads,

@@ -351,7 +351,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         runner = get_backend(impl.variant_backend(vname, facts))  # native leaves fp32 to ORT or numpy
         variants.append(VariantPlan(vname, runner.name, vname, runner.variant_options(profile.backend(runner.name), vname)))
     config = BenchConfig(
-        warmup="auto" if options.warmup is None else options.warmup,  # until stable, bounded (the agent's rule)
+        warmup=profile.bench.warmup if options.warmup is None else options.warmup,  # profile default: "auto"
         iterations=profile.bench.iterations if options.iterations is None else options.iterations,
         duration_s=options.duration_s,
         threads=profile.bench.threads if options.threads is None else options.threads,

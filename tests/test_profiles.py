@@ -304,7 +304,7 @@ def test_defaults_when_optional_sections_are_missing(tmp_path):
     profile = validate_file(write(tmp_path, "board", text))
     assert profile.name == "board"  # from the file name
     assert (profile.workdir, profile.python) == ("~/.edgekit", "python3")
-    assert (profile.bench.warmup, profile.bench.iterations, profile.bench.threads) == (10, 100, None)
+    assert (profile.bench.warmup, profile.bench.iterations, profile.bench.threads) == ("auto", 100, None)
     assert profile.accelerator is None and profile.probe is False
 
 
@@ -494,3 +494,12 @@ def test_cli_help_has_examples(cli):
         result = cli("profiles", command, "--help")
         assert result.returncode == 0
         assert f"edgekit profiles {command}" in result.stdout
+
+
+def test_bench_warmup_is_a_count_or_auto(tmp_path):
+    base = (Path(__file__).resolve().parents[1] / "edgekit" / "profiles" / "rpi5.toml").read_text()
+    assert load_profile("rpi5").bench.warmup == "auto" and load_profile("jetson-nano").bench.warmup == 50
+    bad = tmp_path / "bad.toml"
+    bad.write_text(base.replace('warmup = "auto"', 'warmup = "fast"'))
+    with pytest.raises(ProfileError, match="bench.warmup"):
+        load_profile(str(bad))

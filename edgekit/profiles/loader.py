@@ -391,7 +391,8 @@ class _Parser:
     def bench(self, doc: dict[str, Any]) -> BenchDefaults:
         bench = self.table(doc, "bench", _BENCH_KEYS)
         defaults = BenchDefaults()
-        warmup = self.integer(bench, "warmup", "bench", minimum=0)
+        # "auto" (the default): warm up until latency is stable, bounded (the agent's rule)
+        warmup = "auto" if bench.get("warmup") == "auto" else self.integer(bench, "warmup", "bench", minimum=0)
         iterations = self.integer(bench, "iterations", "bench", minimum=1)
         return BenchDefaults(
             warmup=defaults.warmup if warmup is None else warmup,

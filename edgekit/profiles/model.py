@@ -81,7 +81,7 @@ class CpuSpec:
 
 @dataclass(frozen=True)
 class BenchDefaults:
-    warmup: int = 10
+    warmup: int | str = "auto"  # untimed runs first: a count, or "auto" (until stable, bounded)
     iterations: int = 100
     threads: int | None = None  # None = all cores
 
