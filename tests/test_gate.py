@@ -58,16 +58,24 @@ def test_without_labels_cosine_and_top1_decide():
 
 
 @pytest.mark.slow
-def test_entropy_calibration_that_breaks_int8_is_caught_on_the_device(cli, tmp_path):
-    # entropy calibration costs this MobileNetV2 about 25 accuracy points: the gate must say so,
-    # with the accuracy that ekrt computed on the device, and --require-int8 must fail (exit 5).
-    args = ("deploy", MOBILENET, "--method", "entropy", "--iterations", "10", "--warmup", "1", "-o", tmp_path / "b")
+def test_miscalibrated_int8_is_caught_on_the_device(cli, tmp_path):
+    # A classic mistake: calibration images normalized to [0, 1] while the model takes [-1, 1].
+    # The input's int8 range then clips the whole dark background, and int8 falls from 99 % to
+    # 7 % on the held-out digits (measured by ekrt on local, and with the Q/DQ reference; entropy
+    # calibration, which cost the earlier width-0.5 model 25 points, costs this one 1): the gate
+    # must say so, with the accuracy ekrt computed on the device, and --require-int8 must exit 5.
+    with np.load(MOBILENET.with_name("calib.npz")) as data:
+        np.savez(tmp_path / "calib01.npz", input=(data["input"] + 1) / 2)
+    args = (
+        "deploy", MOBILENET, "--calib", tmp_path / "calib01.npz",
+        "--iterations", "10", "--warmup", "1", "-o", tmp_path / "b",
+    )
     r = cli(*args, "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)["summary"]
     assert s["recommended"] == "fp32"
     assert s["agreement"]["estimate"] is False and "int8 on native" in s["agreement"]["measured_on"]
-    assert s["accuracy_drop"] > 0.1 and "beyond --max-drop 1" in s["recommendation"]["reasons"][1]
+    assert s["accuracy_drop"] > 0.5 and "beyond --max-drop 1" in s["recommendation"]["reasons"][1]
     strict = cli(*args, "--require-int8")
     assert_one_line_error(strict, 5, "--require-int8: the int8 gate recommends fp32 on local")
     assert "accuracy drop" in strict.stderr

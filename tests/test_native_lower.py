@@ -108,17 +108,18 @@ def mnv2_qdq():
 def test_mobilenetv2_matches_the_qdq_reference_on_every_heldout_sample(mnv2_qdq):
     qdq, held = mnv2_qdq
     a = agreement(qdq, held.feeds)
-    assert a.samples == 200
-    # measured: 99.7 % of logits within 1 step, at most 2 steps, top-1 the same on 200/200. The
-    # reference sums each Conv in float, ekrt in exact integers: a sum within float error of a .5
-    # tie rounds the other way (first seen at the 5th conv, 1 element in 40 samples), and the
-    # 1-step change spreads through the following 47 convs (depthwise ones multiply it).
-    assert a.within_1 >= 0.995 and a.max_steps <= 2 and a.top1_same == a.samples
+    assert a.samples == 100
+    # measured (width 0.25): 99.3 % of logits within 1 step, at most 3 steps (7 of 1000 logits, in
+    # 5 samples, each over a logit range of ~190 steps), top-1 the same on 100/100. The reference
+    # sums each Conv in float, ekrt in exact integers: a sum within float error of a .5 tie rounds
+    # the other way, and the 1-step change spreads through the following convs (depthwise ones
+    # multiply it). The earlier width-0.5 model measured 99.7 % and 2 steps on 200 samples.
+    assert a.within_1 >= 0.99 and a.max_steps <= 3 and a.top1_same == a.samples
     counts = {}
     for op in a.ekm_model.ops:
         counts[op.type_name] = counts.get(op.type_name, 0) + 1
-    # 52 convs with their ReLU6 folded into the clamp, 10 residual adds, nothing else in float
-    assert counts == {"QUANTIZE": 1, "CONV2D": 52, "ADD": 10, "GLOBAL_AVGPOOL": 1, "RESHAPE": 1, "FULLY_CONNECTED": 1, "DEQUANTIZE": 1}
+    # 52 convs with their ReLU6 folded into the clamp, 11 residual adds, nothing else in float
+    assert counts == {"QUANTIZE": 1, "CONV2D": 52, "ADD": 11, "GLOBAL_AVGPOOL": 1, "RESHAPE": 1, "FULLY_CONNECTED": 1, "DEQUANTIZE": 1}
     depthwise = [op for op in a.ekm_model.ops if op.type == ekm.CONV2D and op.params[10] > 1]
     assert len(depthwise) == 17 and all(op.params[10] == a.ekm_model.tensors[op.inputs[0]].dims[3] for op in depthwise)
 

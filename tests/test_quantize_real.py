@@ -131,13 +131,13 @@ def mobilenetv2() -> Example:
     return ex
 
 
-# Measured: fp32 98.5%; int8 98.5% (minmax) and 99.0% (percentile); cosine 0.99951 / 0.99948,
-# SNR 30.1 / 29.7 dB, top-1 agreement 100% / 99.5%.
+# Measured (width 0.25, 100 held-out): fp32 99.0%; int8 99.0% with both methods; cosine 0.99956 /
+# 0.99958, SNR 30.4 / 30.6 dB, top-1 agreement 100% / 100%.
 @pytest.mark.parametrize("method", ["minmax", "percentile"])
 def test_mobilenetv2_int8_keeps_accuracy(mobilenetv2, method, tmp_path):
     result, qmodel, acc_f, acc_q = quantize_and_check_independently(mobilenetv2, "onnxruntime", method, tmp_path)
-    assert acc_f == pytest.approx(0.985)
-    assert acc_f - acc_q <= 0.015
+    assert acc_f == pytest.approx(0.99)  # the README's figure
+    assert acc_f - acc_q <= 0.015  # at most 1 of the 100 held-out digits
     (out,) = result.agreement.outputs
     assert out.top1 >= 0.98
     assert out.cosine > 0.998
