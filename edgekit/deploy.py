@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.agentclient import bench_variant, eval_variant
-from edgekit.bench.record import make_record
+from edgekit.bench.record import make_record, measurement_warnings
 from edgekit.bench.store import ResultsStore
 from edgekit.bench.vcs import vcs_info
 from edgekit.bench.verdict import Verdict, int8_verdict
@@ -344,6 +344,7 @@ class DeployResult:
                     # what the backend told about loading and executing (e.g. OpenVINO's cached load)
                     "backend_info": r["agent"].get("backend_info") or {},
                     "layers": r["agent"].get("layers"),
+                    "warnings": measurement_warnings(r["agent"]),  # drift, throttling: why a number is suspect
                 }
                 for rid, r in zip(self.run_ids, self.records)
             ],

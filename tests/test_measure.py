@@ -411,7 +411,7 @@ def test_agent_runs_ekrt_with_auto_warmup_and_layers(ekrt, ekm_file, tmp_path):
 
 
 def test_measurement_warnings_name_drift_heat_and_throttling():
-    from edgekit.cli.render import measurement_warnings
+    from edgekit.bench.record import measurement_warnings
 
     doc = bench_doc(samples=[1_000_000] * 50 + [1_120_000] * 50)
     doc["device_state"]["before"]["temp_c"], doc["device_state"]["after"]["temp_c"] = 48.0, 71.0

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from edgekit.agent import SCHEMA as AGENT_SCHEMA  # the agent document layout this host reads
-from edgekit.bench.stats import Stats
+from edgekit.bench.stats import Stats, drift
 from edgekit.errors import AgentError, EdgekitError, ResultsError
 
 RECORD_SCHEMA = 1
@@ -226,3 +226,19 @@ def _utc_iso(value: Any) -> str | None:
     if when.tzinfo is None:
         return None
     return when.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+def measurement_warnings(agent: dict) -> list[str]:
+    """What makes a run's numbers suspect: the p50 drifting by 5% or more from the first to the last
+    tenth of the run (with the temperature it went through), and throttling the device reported."""
+    state = agent.get("device_state") or {}
+    before, after = state.get("before") or {}, state.get("after") or {}
+    lines = []
+    d = drift(agent.get("samples_ns") or [])
+    if d is not None and abs(d.change_pct) >= 5:
+        heat = f" (temperature {before['temp_c']:g} -> {after['temp_c']:g} C)" if before.get("temp_c") is not None and after.get("temp_c") is not None else ""
+        lines.append(f"drift: p50 {d.change_pct:+.0f}% from the first to the last tenth of the run{heat}")
+    throttled = [s["throttled"] for s in (before, after) if isinstance(s.get("throttled"), dict)]
+    if any(t.get("now") or t.get("ever") for t in throttled):
+        lines.append(f"throttled ({throttled[-1].get('source')}): {throttled[-1].get('detail')}")
+    return lines

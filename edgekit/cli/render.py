@@ -150,33 +150,18 @@ def print_backend_details(o: Output, runs: list[dict]) -> None:
             o.line(text)
         if info.get("fallback"):
             o.warn(f"{run['variant']}: asked for {info.get('device')}, but {', '.join(info['execution_devices'])} ran it (fallback)")
+        for warning in run.get("warnings") or []:
+            o.warn(f"{run['variant']}: {warning}")
         layers = [x for x in run.get("layers") or [] if x.get("ns")]
         if layers:
             total = sum(x["ns"] for x in layers)
             top = sorted(layers, key=lambda x: -x["ns"])[:TOP_LAYERS]
+            kernel = any(x.get("exec_type") for x in top)  # only OpenVINO names the kernel it picked
             o.table(
-                ["layer", "op", "kernel", "us", "share"],
-                [[x["name"], x["op"], x.get("exec_type", ""), f"{x['ns'] / 1e3:.1f}", f"{x['ns'] / total * 100:.0f}%"] for x in top],
+                ["layer", "op", *(["kernel"] if kernel else []), "us", "share"],
+                [[x["name"], x["op"], *([x.get("exec_type", "")] if kernel else []), f"{x['ns'] / 1e3:.1f}", f"{x['ns'] / total * 100:.0f}%"] for x in top],
                 title=f"{run['variant']}: slowest {len(top)} of {len(layers)} timed layers",
             )
-
-
-def measurement_warnings(agent: dict) -> list[str]:
-    """What makes a run's numbers suspect: the p50 drifting by 5% or more from the first to the last
-    tenth of the run (with the temperature it went through), and throttling the device reported."""
-    from edgekit.bench.stats import drift
-
-    state = agent.get("device_state") or {}
-    before, after = state.get("before") or {}, state.get("after") or {}
-    lines = []
-    d = drift(agent.get("samples_ns") or [])
-    if d is not None and abs(d.change_pct) >= 5:
-        heat = f" (temperature {before['temp_c']:g} -> {after['temp_c']:g} C)" if before.get("temp_c") is not None and after.get("temp_c") is not None else ""
-        lines.append(f"drift: p50 {d.change_pct:+.0f}% from the first to the last tenth of the run{heat}")
-    throttled = [s["throttled"] for s in (before, after) if isinstance(s.get("throttled"), dict)]
-    if any(t.get("now") or t.get("ever") for t in throttled):
-        lines.append(f"throttled ({throttled[-1].get('source')}): {throttled[-1].get('detail')}")
-    return lines
 
 
 def print_quantize_report(o: Output, doc: dict) -> None:

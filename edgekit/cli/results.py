@@ -9,11 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
+from edgekit.bench.record import measurement_warnings
 from edgekit.bench.stats import STAT_FIELDS
 from edgekit.bench.store import ResultsStore
 from edgekit.cli import common
 from edgekit.cli.output import Output
-from edgekit.cli.render import measurement_warnings
 from edgekit.errors import ResultsError
 from edgekit.fsutil import atomic_path, check_output_path
 

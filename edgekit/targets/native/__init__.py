@@ -10,7 +10,6 @@ reference interpreter.
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 
 from edgekit.modelio import LoadedModel
