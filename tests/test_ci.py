@@ -258,7 +258,7 @@ def test_the_example_pipelines_run(pipeline, tmp_path, edgekit_home):
         FAST + '[[models]]\npath = "examples/digits/digits_cnn.onnx"\ntargets = ["local"]\ngates = ["p50:+300%", "p99:<10000ms"]\n'
     )
     bindir = Path(sys.executable).parent
-    assert (bindir / "edgekit").exists()  # what `pip install edgekit` provides, installed here already
+    assert (bindir / "edgekit").exists()  # what the install step provides, installed here already
     ran = 0
     for command in commands:
         if "pip install" in command:
