@@ -9,9 +9,9 @@ blocks, half the spread of the blocks' statistic (median, p99, mean) relative to
 run are not independent (a hot board, another process, a frequency change move many in a row),
 so the bootstrap alone would call a busy machine's back-to-back runs different; a run that
 wanders by 8 % within itself cannot show a 4 % change. On a quiet device the drift is well
-under 1 % and the 1 % floor rules.
+under 1 % and the floor of ``MIN_CHANGE`` (5 %) rules.
 
-Peak RSS and energy have one number per run: a change below 1 % is "no change". Accuracy is
+Peak RSS and energy have one number per run: a change below ``MIN_CHANGE`` is "no change". Accuracy is
 measured on the same samples each run: any change of the rate is a change.
 """
 
@@ -31,7 +31,11 @@ from edgekit.bench.store import EXPORT_KIND, ResultsStore, check_export
 from edgekit.bench.verdict import CONFIDENCE, speedup_interval
 from edgekit.errors import ResultsError
 
-MIN_CHANGE = 0.01
+# Two back-to-back runs of one bundle on one device differ by more than their within-run bootstrap
+# intervals admit (clock and cache state, memory placement, other jobs): 1.8 % and 3.4 % on the
+# digits example on a shared 2-core machine, with intervals of +-0.2 %. Below this floor no change
+# is claimed, whatever the intervals say (so a relative gate tighter than 5 % cannot fail on noise).
+MIN_CHANGE = 0.05
 DRIFT_BLOCKS = 10
 _MIN_BLOCK = 10  # fewer samples per block than this: too few to say a run drifted
 _REF_HINT = "give a run id (edgekit results list), an export file (FILE or FILE#N), or latest@BRANCH"
@@ -103,12 +107,6 @@ def comparable(a: dict, b: dict, *, allow_model_change: bool = False) -> str | N
     model against the main branch's run), nothing else.
     """
     pa, pb = a["agent"], b["agent"]
-    if not allow_model_change:
-        sa, sb = pa.get("model_sha256"), pb.get("model_sha256")
-        if sa and sb and sa != sb:
-            return f"different models: sha256 {sa[:12]} vs {sb[:12]}"
-        if not (sa and sb) and a["model_name"] != b["model_name"]:
-            return f"different models: {a['model_name']} vs {b['model_name']}"
     if a["device"] != b["device"]:
         return f"different devices: {a['device']} vs {b['device']}"
     da, db = pa.get("device") or {}, pb.get("device") or {}
@@ -121,6 +119,13 @@ def comparable(a: dict, b: dict, *, allow_model_change: bool = False) -> str | N
     ba, bb = pa["config"]["batch"], pb["config"]["batch"]
     if ba != bb:
         return f"different batch sizes: {ba} vs {bb}"
+    # last: two variants of one bundle differ in their model files too, and the variant is the reason to say
+    if not allow_model_change:
+        sa, sb = pa.get("model_sha256"), pb.get("model_sha256")
+        if sa and sb and sa != sb:
+            return f"different models: sha256 {sa[:12]} vs {sb[:12]}"
+        if not (sa and sb) and a["model_name"] != b["model_name"]:
+            return f"different models: {a['model_name']} vs {b['model_name']}"
     return None
 
 
