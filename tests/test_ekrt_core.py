@@ -907,6 +907,21 @@ def test_runner_run_matches_the_extension(runner, every_op, tmp_path):
     doc = json.loads(r.stdout)
     for out, want in zip(doc["outputs"], model.run([x2])):
         np.testing.assert_array_equal(np.array(out["values"], np.float32).reshape(out["shape"]), want)
+    # samples stacked along the first axis run in one process, outputs stacked alike (the agent's
+    # evaluation); a file that is not a whole number of samples is refused
+    xs = np.concatenate([inputs_for(b, seed)[0] for seed in (5, 6, 7)])
+    np.save(tmp_path / "xs.npy", xs)
+    stacked = tmp_path / "stacked"
+    stacked.mkdir()
+    r = _ekrt_cli(runner, "run", path, "--inputs", tmp_path / "xs.npy", "--save", stacked)
+    assert r.returncode == 0, r.stderr
+    for i, outs in enumerate(zip(*(model.run([xs[s : s + 1]]) for s in range(3)))):
+        np.testing.assert_array_equal(np.load(stacked / f"output{i}.npy"), np.concatenate(outs))
+    np.save(tmp_path / "bad.npy", xs[:, :2])  # three samples of the wrong channel count
+    r = _ekrt_cli(runner, "run", path, "--inputs", tmp_path / "bad.npy")
+    assert r.returncode != 0 and "the input wants" in r.stderr
+    r = _ekrt_cli(runner, "bench", path, "--inputs", tmp_path / "xs.npy", "--iterations", "2")
+    assert r.returncode != 0 and "the input wants" in r.stderr  # bench times one sample, as given
 
 
 def test_runner_errors(runner, every_op, tmp_path):

@@ -2,6 +2,7 @@
  *
  *   ekrt info  [MODEL.ekm] [--json]
  *   ekrt run   MODEL.ekm [--inputs A.npy ...] [--seed N] [--threads N] [--save DIR] [--json]
+ *              (.npy inputs may stack N samples along the first axis: each runs, outputs stack alike)
  *   ekrt bench MODEL.ekm [--iterations N | --duration S] [--warmup N|auto] [--threads N] [--profile]
  *                        [--inputs A.npy ...] [--seed N] [--variant NAME] [--bundle-hash HEX] [--json]
  *
@@ -35,6 +36,8 @@
 struct loaded {
   ekrt_model* m;
   int n_in, n_out;
+  size_t samples;     /* `run`: samples stacked along the first axis of every --inputs file */
+  float* base[MAX_IO]; /* the inputs as read; in[i] points at the sample being run */
   float* in[MAX_IO];
   float* out[MAX_IO];
   uint64_t load_ns;
@@ -68,12 +71,17 @@ static void load_model(const struct opts* o, struct loaded* l) {
     uint32_t dims[4];
     ekrt_io_info(l->m, 0, i, NULL, NULL, &rank, dims);
     if (o->n_inputs) {
-      l->in[i] = read_npy(o->inputs[i], n, dims, rank);
+      size_t count;
+      l->in[i] = read_npy_samples(o->inputs[i], n, dims, rank, strcmp(o->cmd, "run") == 0 ? (size_t)-1 : 1, &count);
+      if (i && count != l->samples) die(2, "stack the same number of samples in every --inputs file", "%s holds %zu samples, %s holds %zu", o->inputs[i], count, o->inputs[0], l->samples);
+      l->samples = count;
     } else {
       l->in[i] = malloc(n * sizeof(float) + 64);
       if (!l->in[i]) die(1, "free some memory", "out of memory");
       for (size_t k = 0; k < n; k++) l->in[i][k] = (float)mt_gauss(&rng);
+      l->samples = 1;
     }
+    l->base[i] = l->in[i];
   }
   for (int i = 0; i < l->n_out; i++) {
     l->out[i] = calloc(ekrt_io_elements(l->m, 1, i) + 16, sizeof(float));
@@ -82,7 +90,7 @@ static void load_model(const struct opts* o, struct loaded* l) {
 }
 
 static void free_model(struct loaded* l) {
-  for (int i = 0; i < l->n_in; i++) free(l->in[i]);
+  for (int i = 0; i < l->n_in; i++) free(l->base[i]);
   for (int i = 0; i < l->n_out; i++) free(l->out[i]);
   ekrt_free(l->m);
 }
@@ -160,15 +168,31 @@ static int cmd_run(const struct opts* o) {
   struct loaded l;
   memset(&l, 0, sizeof l);
   load_model(o, &l);
-  run_once(&l);
+  /* Every stacked sample runs in this one process (evaluation of a held-out set); the outputs
+   * are stacked the same way. */
+  size_t count = l.samples ? l.samples : 1;
+  float* all[MAX_IO];
+  for (int i = 0; i < l.n_out; i++) {
+    all[i] = malloc(count * ekrt_io_elements(l.m, 1, i) * sizeof(float) + 64);
+    if (!all[i]) die(1, "stack fewer samples", "out of memory");
+  }
+  for (size_t s = 0; s < count; s++) {
+    for (int i = 0; i < l.n_in; i++) l.in[i] = l.base[i] + s * ekrt_io_elements(l.m, 0, i);
+    run_once(&l);
+    for (int i = 0; i < l.n_out; i++) {
+      size_t n = ekrt_io_elements(l.m, 1, i);
+      memcpy(all[i] + s * n, l.out[i], n * sizeof(float));
+    }
+  }
   if (o->save) {
     for (int i = 0; i < l.n_out; i++) {
       char path[4096];
       int rank;
       uint32_t dims[4];
       ekrt_io_info(l.m, 1, i, NULL, NULL, &rank, dims);
+      if (rank >= 1) dims[0] *= (uint32_t)count;
       snprintf(path, sizeof path, "%s/output%d.npy", o->save, i);
-      write_npy(path, l.out[i], rank, dims);
+      write_npy(path, all[i], rank, dims);
     }
   }
   if (o->json) {
@@ -181,6 +205,7 @@ static int cmd_run(const struct opts* o) {
       int rank;
       uint32_t dims[4];
       ekrt_io_info(l.m, 1, i, &name, &len, &rank, dims);
+      if (rank >= 1) dims[0] *= (uint32_t)count;
       fputs(i ? ", {\"name\": " : "{\"name\": ", stdout);
       json_str(name, len);
       fputs(", \"shape\": [", stdout);
@@ -188,8 +213,8 @@ static int cmd_run(const struct opts* o) {
       fputs("]", stdout);
       if (!o->save) { /* with --save the values are in the .npy files: don't print megabytes of text */
         fputs(", \"values\": [", stdout);
-        size_t n = ekrt_io_elements(l.m, 1, i);
-        for (size_t k = 0; k < n; k++) printf("%s%.9g", k ? ", " : "", (double)l.out[i][k]);
+        size_t n = count * ekrt_io_elements(l.m, 1, i);
+        for (size_t k = 0; k < n; k++) printf("%s%.9g", k ? ", " : "", (double)all[i][k]);
         fputs("]", stdout);
       }
       fputs("}", stdout);
@@ -203,9 +228,11 @@ static int cmd_run(const struct opts* o) {
       size_t n = ekrt_io_elements(l.m, 1, i), best = 0;
       for (size_t k = 1; k < n; k++)
         if (l.out[i][k] > l.out[i][best]) best = k;
-      printf("%.*s: %zu values, argmax %zu (%g)\n", (int)len, name, n, best, (double)l.out[i][best]);
+      printf("%.*s: %zu values, argmax %zu (%g)%s\n", (int)len, name, n, best, (double)l.out[i][best], count > 1 ? " (last sample)" : "");
     }
+    if (count > 1) printf("ran %zu samples\n", count);
   }
+  for (int i = 0; i < l.n_out; i++) free(all[i]);
   free_model(&l);
   return 0;
 }

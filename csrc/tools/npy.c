@@ -9,6 +9,13 @@
 #include "runner.h"
 
 float* read_npy(const char* path, size_t want, const uint32_t* dims, int rank) {
+  size_t count;
+  return read_npy_samples(path, want, dims, rank, 1, &count);
+}
+
+/* Like read_npy, but the file may stack up to max_count samples along the first axis (its first
+ * dimension a multiple of the input's, the rest equal): `ekrt run` evaluates them all in one process. */
+float* read_npy_samples(const char* path, size_t want, const uint32_t* dims, int rank, size_t max_count, size_t* count) {
   FILE* f = fopen(path, "rb");
   if (!f) die(1, "check the path given to --inputs", "cannot open %s: %s", path, strerror(errno));
   uint8_t pre[12];
@@ -43,10 +50,19 @@ float* read_npy(const char* path, size_t want, const uint32_t* dims, int rank) {
       p = end - 1;
     }
   }
-  int same = got_rank == rank;
-  for (int d = 0; same && d < rank; d++) same = got_dims[d] == dims[d];
-  if (n != want || !same) die(1, "give one array per model input, in order, of the input's shape", "%s has %zu elements in %d dims, the input wants %zu", path, n, got_rank, want);
+  size_t k = 0;
+  if (got_rank == rank && rank == 0) {
+    k = 1;
+  } else if (got_rank == rank && rank <= 8 && dims[0] > 0 && got_dims[0] % dims[0] == 0) {
+    k = (size_t)(got_dims[0] / dims[0]);
+    for (int d = 1; k && d < rank; d++)
+      if (got_dims[d] != dims[d]) k = 0;
+  }
+  if (k < 1 || k > max_count || n != want * k)
+    die(1, "give one array per model input, in order, of the input's shape", "%s has %zu elements in %d dims, the input wants %zu", path, n, got_rank, want);
   free(h);
+  *count = k;
+  want *= k;
   float* out = malloc(want * sizeof *out + 64);
   if (!out) die(1, "free some memory", "out of memory");
   if (f8) {

@@ -65,6 +65,7 @@ double mt_gauss(struct mt* m);
 
 /* npy.c: dies with the reason on any mismatch */
 float* read_npy(const char* path, size_t want, const uint32_t* dims, int rank);
+float* read_npy_samples(const char* path, size_t want, const uint32_t* dims, int rank, size_t max_count, size_t* count);
 void write_npy(const char* path, const float* data, int rank, const uint32_t* dims);
 
 /* device.c: JSON values */

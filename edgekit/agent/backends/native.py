@@ -113,12 +113,17 @@ class Session:
 
     def run(self, feeds: dict):
         """One inference through the runner (``ekrt run --save``): for evaluation, not timing."""
+        return self.run_all(feeds)
+
+    def run_all(self, stacked: dict):
+        """Every sample stacked along the first axis of ``stacked``'s arrays through one runner
+        process (a process per sample cost ~2.7 ms each: 1 s of a 360-sample evaluation)."""
         import numpy
 
         tmp = tempfile.mkdtemp(prefix="ekrt-run-")
         try:
             files = []
-            for k, value in enumerate(feeds.values()):
+            for k, value in enumerate(stacked.values()):
                 files.append(os.path.join(tmp, f"in{k}.npy"))
                 numpy.save(files[-1], numpy.ascontiguousarray(value, dtype=numpy.float32))
             doc = _run_json([self.runner, "run", self.model_path, "--json", "--save", tmp]
