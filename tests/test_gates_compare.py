@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -395,3 +396,51 @@ def test_deploy_gates_the_int8_run_in_json(cli):
     assert gates["p50:+5%"]["status"] == "skipped" and "no baseline yet" in gates["p50:+5%"]["line"]
     int8 = next(run for run in doc["runs"] if run["variant"] == "int8")
     assert gates["drop:<5pt"]["run_id"] == int8["id"]
+
+
+def _slower_digits(tmp_path: Path) -> Path:
+    """The digits example with 60 identity 3x3 convolutions in front: same name, same answers,
+    a slower model (what a pull request that adds layers does)."""
+    import shutil
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    folder = tmp_path / "slower"
+    shutil.copytree(EXAMPLES / "digits", folder)
+    path = folder / "digits_cnn.onnx"
+    m = onnx.load(path)
+    w = np.zeros((1, 1, 3, 3), np.float32)
+    w[0, 0, 1, 1] = 1.0
+    m.graph.initializer.append(numpy_helper.from_array(w, "slow.w"))
+    chain, prev = [], "input"
+    for k in range(60):
+        chain.append(helper.make_node("Conv", [prev, "slow.w"], [f"slow{k}"], name=f"slow{k}", pads=[1, 1, 1, 1]))
+        prev = f"slow{k}"
+    m.graph.node[0].input[0] = prev
+    nodes = chain + list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    onnx.checker.check_model(m)
+    onnx.save(m, path)
+    return path
+
+
+def test_a_model_made_slower_is_a_regression(cli, tmp_path):
+    deploy = ("deploy", "--target", "local", "--iterations", "300", "--threads", "1", "--json")
+    r = cli(deploy[0], MODEL, *deploy[1:], "-o", tmp_path / "a")
+    assert r.returncode == 0, r.stderr
+    before = next(run["id"] for run in json.loads(r.stdout)["runs"] if run["variant"] == "int8")
+    r = cli(deploy[0], _slower_digits(tmp_path), *deploy[1:], "-o", tmp_path / "b", "--fail", "p50:+5%", "--fail", "accuracy:-0.5pt")
+    assert r.returncode == EXIT_GATE, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["variants"]["int8"]["accuracy"] >= 0.98  # same answers, only slower
+    assert [(g["gate"], g["status"]) for g in doc["gates"]] == [("p50:+5%", "fail"), ("accuracy:-0.5pt", "pass")]
+    after = next(run["id"] for run in doc["runs"] if run["variant"] == "int8")
+    assert "gate(s) failed: p50:+5%" in r.stderr
+    # the two runs compared directly: refused as different models, unless a changed model is the point
+    r = cli("results", "compare", str(before), str(after), "--json")
+    assert r.returncode == EXIT_INPUT and "different models" in r.stderr
+    r = cli("results", "compare", str(before), str(after), "--allow-model-change", "--json")
+    assert r.returncode == 0, r.stderr
+    assert next(m for m in json.loads(r.stdout)["metrics"] if m["metric"] == "p50")["verdict"] == "slower"
