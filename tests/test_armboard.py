@@ -203,7 +203,7 @@ def test_agent_benches_a_numpy_bundle_on_the_board(sessions, tmp_path):
         for f in bundle.manifest.files:
             sftp.put(str(bundle.path(f.path)), f"b/{f.path}")
         sftp.put(str(bundle.root / "manifest.json"), "b/manifest.json")
-    doc = json.loads(_exec(client, "python3", agent, "bench", "b", "--variant", "fp32", "--warmup", "1", "--iterations", "3"))
+    doc = json.loads(_exec(client, "python3", agent, "bench", "b", "--variant", "fp32", "--warmup", "1", "--iterations", "3", "--profile"))
     assert doc["kind"] == "edgekit.bench", doc
     assert (doc["backend"], doc["device"]["arch"], doc["device"]["cpu_model"]) == ("numpy", "aarch64", "cortex-a76")
     assert len(doc["samples_ns"]) == 3 and all(s > 0 for s in doc["samples_ns"])
