@@ -53,7 +53,8 @@ def profile_layers(events: list, skip_runs: int = 0) -> list:
     """ORT profiler events (Chrome trace: ``{"cat": "Node", "name": "<node>_kernel_time", "dur": µs,
     "args": {"op_name"}}`` inside ``{"cat": "Session", "name": "model_run"}`` spans) -> per node, in
     execution order: ``{name, op, ns, calls}``, ns the mean time per run, over the runs after the
-    first ``skip_runs``."""
+    first ``skip_runs``. A node's time is the median of its calls times its calls per run: one run
+    stalled by another process (a 20x outlier on a busy board) must not make a layer look slow."""
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     kept = runs[skip_runs:] if len(runs) > skip_runs else runs
     totals = {}
@@ -63,11 +64,19 @@ def profile_layers(events: list, skip_runs: int = 0) -> list:
             continue
         if kept and not any(a <= e["ts"] <= b for a, b in kept):
             continue
-        entry = totals.setdefault(name[: -len(_KERNEL)], {"op": (e.get("args") or {}).get("op_name") or "", "us": 0, "calls": 0})
-        entry["us"] += e.get("dur") or 0
-        entry["calls"] += 1
-    n = len(kept) or max((t["calls"] for t in totals.values()), default=1)
-    return [{"name": k, "op": t["op"], "ns": int(round(t["us"] * 1000.0 / n)), "calls": t["calls"]} for k, t in totals.items()]
+        entry = totals.setdefault(name[: -len(_KERNEL)], {"op": (e.get("args") or {}).get("op_name") or "", "us": []})
+        entry["us"].append(e.get("dur") or 0)
+    n = len(kept) or max((len(t["us"]) for t in totals.values()), default=1)
+    return [
+        {"name": k, "op": t["op"], "ns": int(round(_median(t["us"]) * 1000.0 * len(t["us"]) / n)), "calls": len(t["us"])}
+        for k, t in totals.items()
+    ]
+
+
+def _median(values: list) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2.0
 
 
 def load(model_path: str, threads: int | None, options: dict | None = None, workdir: str | None = None) -> Session:
