@@ -160,7 +160,7 @@ def print_backend_details(o: Output, runs: list[dict]) -> None:
             o.table(
                 ["layer", "op", *(["kernel"] if kernel else []), "us", "share"],
                 [[x["name"], x["op"], *([x.get("exec_type", "")] if kernel else []), f"{x['ns'] / 1e3:.1f}", f"{x['ns'] / total * 100:.0f}%"] for x in top],
-                title=f"{run['variant']}: slowest {len(top)} of {len(layers)} timed layers",
+                title=f"{run['variant']}: slowest {len(top)} of {len(layers)} layers, from a separate profiled pass (its overhead included: compare shares)",
             )
 
 
