@@ -18,7 +18,7 @@ measured on the same samples each run: any change of the rate is a change.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -310,27 +310,27 @@ def read_records(path: Path) -> list[dict]:
 
 def default_baseline(store: ResultsStore, record: dict, exclude: Sequence[int] = ()) -> dict | None:
     """The newest earlier stored run of ``record``'s model name, target, device and variant (not in ``exclude``)."""
-    for candidate in store.records(
-        model=record["model_name"], target=record["target"], device=record["device"], variant=record["agent"]["variant"], limit=50
-    ):
-        if candidate["id"] in exclude or candidate["created"] > record["created"]:
-            continue
-        if comparable(candidate, record, allow_model_change=True) is None:
-            return candidate
+    f = _fields(record)
+    stored = store.records(model=f["model_name"], target=f["target"], device=f["device"], variant=f["variant"], limit=50)
+    return baseline_for((c for c in stored if c["created"] <= record["created"]), record, exclude)
+
+
+def baseline_for(candidates: Iterable[dict], record: dict, exclude: Collection[int] = ()) -> dict | None:
+    """The first of ``candidates`` (newest first) that ``record`` may be measured against: the same
+    model name, target, device and variant, comparable (a changed model is), not in ``exclude``."""
+    wanted = _fields(record)
+    for c in candidates:
+        if c.get("id") not in exclude and _fields(c) == wanted and comparable(c, record, allow_model_change=True) is None:
+            return c
     return None
 
 
 def _pick(records: list[dict], like: dict | None, filters: dict) -> dict | None:
-    for r in records:
-        fields = {"model_name": r["model_name"], "target": r["target"], "device": r["device"], "variant": r["agent"]["variant"]}
-        if any(v is not None and fields[k] != v for k, v in filters.items()):
-            continue
-        if like is not None and (
-            any(fields[k] != v for k, v in _fields(like).items()) or comparable(r, like, allow_model_change=True)
-        ):
-            continue
-        return r
-    return None
+    """The newest of ``records`` passing ``filters``, and comparable with ``like`` when given."""
+    kept = [r for r in records if all(v is None or _fields(r)[k] == v for k, v in filters.items())]
+    if like is not None:
+        return baseline_for(kept, like)
+    return kept[0] if kept else None
 
 
 def _fields(record: dict) -> dict[str, str]:

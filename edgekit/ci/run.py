@@ -197,10 +197,10 @@ def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, excl
     """The run ``record`` is gated against, and a note saying which it is or that there is none yet:
     the newest candidate of the same model name, target, device and variant that is comparable
     (a changed model is, as against the main branch's run) and not one of this job's runs."""
-    from edgekit.bench.compare import comparable, read_records
+    from edgekit.bench.compare import baseline_for, read_records
 
-    like = {"model": record["model_name"], "target": record["target"], "device": record["device"], "variant": record["agent"]["variant"]}
     if baseline.kind == "latest":
+        like = {"model": record["model_name"], "target": record["target"], "device": record["device"], "variant": record["agent"]["variant"]}
         candidates = store.records(limit=50, branch=baseline.branch, **like)
     elif baseline.kind == "ids":
         candidates = []
@@ -211,9 +211,8 @@ def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, excl
                 continue
     else:
         candidates = sorted(read_records(baseline.file), key=lambda r: r["created"], reverse=True)
-    for r in candidates:
-        same = {"model": r["model_name"], "target": r["target"], "device": r["device"], "variant": r["agent"]["variant"]} == like
-        if same and r.get("id") not in exclude and comparable(r, record, allow_model_change=True) is None:
-            where = f"{baseline.file.name} " if baseline.kind == "file" else ""
-            return r, f"{where}{'run ' + str(r['id']) if r.get('id') is not None else 'record'} of {r['created'][:19]}"
-    return None, f"no baseline yet ({baseline.describe()})"
+    r = baseline_for(candidates, record, exclude)
+    if r is None:
+        return None, f"no baseline yet ({baseline.describe()})"
+    where = f"{baseline.file.name} " if baseline.kind == "file" else ""
+    return r, f"{where}{'run ' + str(r['id']) if r.get('id') is not None else 'record'} of {r['created'][:19]}"

@@ -95,14 +95,10 @@ def ci(
 def _write_report(result, path: Path) -> None:
     """The HTML report of every run, with each run's earlier stored runs as its history."""
     from edgekit.bench.store import ResultsStore
-    from edgekit.report import write_report
+    from edgekit.report import earlier_runs, write_report
 
     records = [r for run in result.runs for r in run.records]
-    mine = {r["id"] for r in records}
-    history = []
     with ResultsStore() as store:
-        for r in records:
-            like = dict(model=r["model_name"], target=r["target"], device=r["device"], variant=r["agent"]["variant"])
-            history += [h for h in store.records(limit=20, **like) if h["id"] not in mine]
+        history = earlier_runs(store, records)
     gates = [{**g.to_dict(), "model": run.model, "target": run.target, "device": run.device} for run in result.runs for g in run.gates]
     write_report(records, path, title=f"edgekit ci: {result.config.path.name}", history=history or None, gates=gates)

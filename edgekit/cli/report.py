@@ -35,7 +35,7 @@ def report(
     from edgekit.bench.compare import read_records
     from edgekit.bench.store import ResultsStore
     from edgekit.fsutil import check_output_path
-    from edgekit.report import write_report
+    from edgekit.report import earlier_runs, write_report
 
     o = common.output(json_out)
     check_output_path(output)  # before any work: a bad -o fails fast and leaves nothing
@@ -46,7 +46,7 @@ def report(
                 records.append(store.get(int(run)))
             else:
                 records += read_records(Path(run))
-        older = _history(store, records, history) if history else []
+        older = earlier_runs(store, records, history) if history else []
     path = write_report(records, output, history=older)
     doc = {
         "report": str(path),
@@ -58,16 +58,3 @@ def report(
         o.json(doc)
     else:
         o.info(f"report of {len(records)} run(s) ({len(older)} earlier for history) written to {path}")
-
-
-def _history(store, records: list[dict], limit: int) -> list[dict]:
-    """Up to ``limit`` stored runs of each record's model/target/device/variant, older than it."""
-    seen = {r["run_uuid"] for r in records}
-    older: dict[str, dict] = {}
-    for r in records:
-        like = dict(model=r["model_name"], target=r["target"], device=r["device"], variant=r["agent"]["variant"])
-        earlier = [h for h in store.records(limit=limit + 100, **like) if h["created"] < r["created"]]
-        for h in earlier[:limit]:
-            if h["run_uuid"] not in seen:
-                older.setdefault(h["run_uuid"], h)
-    return list(older.values())

@@ -210,7 +210,7 @@ def compare(
     """Compare run B with run A: per metric, the change and whether it stands out of the noise.
 
     A latency change counts ("faster"/"slower") when the 95% bootstrap CI of the ratio excludes
-    no change and the change exceeds both 1% and the runs' own drift; else "no change".
+    no change and the change exceeds both 5% and the runs' own drift; else "no change".
     Runs of different models, devices, backends, variants or batch sizes are refused.
 
     \b
