@@ -103,6 +103,35 @@ def assert_timeout_kills_the_process_group(device, tmp_path: Path) -> None:
     assert wait_until(lambda: not alive(grandchild)), "the command's child survived the timeout"
 
 
+def assert_conversation_contract(device, tmp_path: Path) -> None:
+    """``converse``: one answer line per request line, stderr alongside, the end of the process
+    reported (not hung on), and a request that outlives its timeout kills the process group."""
+    from edgekit.errors import TransportError
+    from tests.lab.sshd import alive
+
+    echo = "import sys\nfor line in sys.stdin:\n    print('seen', line.strip(), file=sys.stderr, flush=True)\n    print(line.strip().upper(), flush=True)\n    if line.strip() == 'bye': break"
+    conv = device.converse([sys.executable, "-c", echo])
+    answer, err = conv.ask(b"hello", timeout=30)
+    assert answer == b"HELLO" and err in (b"", b"seen hello\n")  # two streams: stderr may trail the answer
+    assert conv.ask(b"again\n", timeout=30)[0] == b"AGAIN"
+    assert conv.ask(b"bye", timeout=30)[0] == b"BYE"
+    assert conv.ask(b"anyone?", timeout=30)[0] is None and conv.returncode == 0  # it ended: None, not a hang
+
+    pidfile = tmp_path / "conv-grandchild.pid"
+    hang = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "for line in sys.stdin:\n    time.sleep(60)"
+    )
+    conv = device.converse([sys.executable, "-c", hang])
+    start = time.monotonic()
+    with pytest.raises(TransportError, match="timed out after 2s"):
+        conv.ask(b"wait", timeout=2)
+    assert time.monotonic() - start < 30 and conv.returncode is not None
+    assert wait_until(lambda: not alive(int(pidfile.read_text()))), "the conversation's child survived the timeout"
+
+
 def assert_nasty_names_round_trip(device, remote_dir: Path, local: Path) -> None:
     """mkdir, put, sha256 and get through ``device`` with ``NASTY`` names in "sub dir/$(touch pwned)",
     which is ``remote_dir`` on this machine."""

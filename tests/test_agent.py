@@ -229,6 +229,68 @@ def test_bench_variant_over_the_local_transport(tmp_path):
     assert "no variant 'int8'" in err.value.message and err.value.hint == "pass one of the bundle's variant names"
 
 
+# -- one agent process per connection (agent.pyz serve) ------------------------------------------
+
+
+def test_serve_answers_each_line_from_a_fresh_worker(tmp_path, monkeypatch):
+    import io
+
+    from edgekit.agent import __main__ as agent_main
+
+    pids = []
+
+    def answer(argv):
+        pids.append(os.getpid())  # runs in the worker: the parent's list never sees it
+        if argv == ["crash"]:
+            os.kill(os.getpid(), 9)
+        return (0, {"kind": "edgekit.test", "argv": argv, "pid": os.getpid()})
+
+    monkeypatch.setattr(agent_main, "_answer", answer)
+    requests = [json.dumps({"argv": ["a"]}), "not json", json.dumps({"argv": ["crash"]}), json.dumps({"argv": [1]}), json.dumps({"argv": ["b"]})]
+    out = io.StringIO()
+    assert agent_main.serve(io.StringIO("\n".join(requests) + "\n"), out) == 0
+    replies = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["status"] for r in replies] == [0, 2, -9, 2, 0]  # a killed worker: its signal, and the server goes on
+    assert replies[1]["document"]["kind"] == "edgekit.error" and "bad request" in replies[1]["document"]["error"]
+    assert replies[2]["document"] is None
+    assert replies[0]["document"]["argv"] == ["a"] and replies[4]["document"]["argv"] == ["b"]
+    assert os.getpid() not in {replies[0]["document"]["pid"], replies[4]["document"]["pid"]} and pids == []
+
+
+def test_one_agent_server_per_connection(tmp_path, monkeypatch):
+    from edgekit import agentclient
+
+    bundle = tiny_bundle(tmp_path / "bundle")
+    dev = LocalTransport(tmp_path / "device")
+    remote = push_bundle(dev, bundle).remote_dir
+    started = []
+    converse = dev.converse
+    monkeypatch.setattr(dev, "converse", lambda argv: started.append(argv) or converse(argv))
+    docs = [bench_variant(dev, remote, "fp32", BenchConfig(warmup=1, iterations=3)) for _ in range(2)]
+    assert agentclient.device_facts(dev)["kind"] == "edgekit.facts"
+    assert len(started) == 1 and started[0][-1] == "serve"
+    assert docs[0]["bundle_hash"] == docs[1]["bundle_hash"] == bundle.manifest.bundle_hash
+    server = agentclient._SERVERS[dev]
+    os.kill(server._proc.pid, 9)  # the server dies between two commands: that one runs on its own,
+    assert len(bench_variant(dev, remote, "fp32", BenchConfig(warmup=0, iterations=2))["samples_ns"]) == 2
+    assert len(started) == 1 and server.returncode == -9
+    assert bench_variant(dev, remote, "fp32", BenchConfig(warmup=0, iterations=1))  # and the next starts a new server
+    assert len(started) == 2
+    with pytest.raises(AgentError, match="no variant 'int8'"):  # the agent's own errors still arrive as they are
+        bench_variant(dev, remote, "int8", BenchConfig(warmup=0, iterations=1))
+    dev.close()
+    assert agentclient._SERVERS[dev].returncode == 0  # EOF ended it cleanly
+
+
+def test_agent_server_can_be_turned_off(tmp_path, monkeypatch):
+    bundle = tiny_bundle(tmp_path / "bundle")
+    dev = LocalTransport(tmp_path / "device")
+    remote = push_bundle(dev, bundle).remote_dir
+    monkeypatch.setenv("EDGEKIT_AGENT_SERVE", "0")
+    monkeypatch.setattr(dev, "converse", lambda argv: pytest.fail("no server when EDGEKIT_AGENT_SERVE=0"))
+    assert len(bench_variant(dev, remote, "fp32", BenchConfig(warmup=0, iterations=2))["samples_ns"]) == 2
+
+
 def _result(rc: int, stdout: bytes, stderr: bytes = b"") -> CommandResult:
     return CommandResult(("python3", "/r/agent/abc.pyz", "bench"), rc, stdout, stderr, 0.1)
 

@@ -29,6 +29,7 @@ from tests.conftest import (
     assert_nasty_names_round_trip,
     assert_one_line_error,
     assert_put_replaces_atomically_and_fails_cleanly,
+    assert_conversation_contract,
     assert_timeout_kills_the_process_group,
     wait_until,
 )
@@ -171,6 +172,11 @@ def test_missing_programs_and_directories(ssh_home):
 @pytest.mark.ssh
 def test_timeout_kills_the_remote_process_group(ssh_device, tmp_path):
     assert_timeout_kills_the_process_group(ssh_device, tmp_path)
+
+
+@pytest.mark.ssh
+def test_conversation_contract(ssh_device, tmp_path):
+    assert_conversation_contract(ssh_device, tmp_path)
     assert ssh_device.run(["true"]).returncode == 0  # the connection is still usable
 
 

@@ -22,6 +22,7 @@ from tests.conftest import (
     NASTY,
     assert_nasty_names_round_trip,
     assert_put_replaces_atomically_and_fails_cleanly,
+    assert_conversation_contract,
     assert_timeout_kills_the_process_group,
 )
 
@@ -100,6 +101,10 @@ def test_run_bad_commands(dev, tmp_path):
 
 def test_timeout_kills_the_process_group(dev, tmp_path):
     assert_timeout_kills_the_process_group(dev, tmp_path)
+
+
+def test_conversation_contract(dev, tmp_path):
+    assert_conversation_contract(dev, tmp_path)
 
 
 def test_put_get_sha256_with_nasty_names(dev, tmp_path):

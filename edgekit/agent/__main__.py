@@ -1,8 +1,15 @@
-"""The agent's command line: ``python agent.pyz bench BUNDLE_DIR --variant NAME ...`` or ``facts``.
-(``store ROOT MODE JSON``, the device side of a push, goes straight to ``store.py`` from the
-zip's boot stub: it runs twice per push, so it skips this parser.)
+"""The agent's command line: ``python agent.pyz bench BUNDLE_DIR --variant NAME ...``, ``eval``,
+``facts``, or ``serve``. (``store ROOT MODE JSON``, the device side of a push, goes straight to
+``store.py`` from the zip's boot stub: it runs twice per push, so it skips this parser.)
 
-Prints exactly one JSON document to stdout. A failure is an ``edgekit.error`` document
+``serve`` answers many commands in one process, so a deploy starts Python and opens an SSH
+channel once instead of once per step: each stdin line is a request ``{"argv": [...]}``, each
+stdout line the answer ``{"status": EXIT, "document": DOC}``. Every request runs in a forked
+child, so a runtime that crashes takes only its request down (the status says which signal),
+and what a bench measures (peak RSS, imports) is what a fresh ``agent.pyz bench`` measured: the
+parent never imports a runtime. stdin's EOF ends the server.
+
+Every other command prints exactly one JSON document to stdout. A failure is an ``edgekit.error`` document
 (exit 1), so the host can tell "onnxruntime is not installed on the device" from a crash.
 While the work runs, file descriptor 1 points at stderr: a runtime that prints to stdout
 from C code cannot corrupt the document.
@@ -74,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--output", required=True, help="where to write the outputs (.npz)")
     ev.add_argument("--threads", type=_positive_int, default=None)
     sub.add_parser("facts", help="describe this device")
+    sub.add_parser("serve", help="answer JSON-lines requests on stdin, one forked worker each")
     # subparsers are built by the parent's class, so they raise AgentFailure too
     return parser
 
@@ -118,21 +126,77 @@ def _run(args: argparse.Namespace) -> dict:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    rc = 1
+def _answer(argv: list) -> tuple:
+    """(exit code, document) of one command line."""
     try:
         args = _parser().parse_args(argv)
+        if args.command == "serve":
+            raise AgentFailure("agent usage: serve cannot be requested from serve", "send bench, eval or facts")
         with _stdout_to_stderr():
-            document = _run(args)
-        rc = 0
+            return 0, _run(args)
     except AgentFailure as exc:
-        document = error_document(exc.message, exc.hint)
+        return 1, error_document(exc.message, exc.hint)
     except Exception as exc:  # a bug or a runtime blowing up: still answer in JSON
         traceback.print_exc(file=sys.stderr)
-        document = error_document(
+        return 1, error_document(
             f"the agent failed: {type(exc).__name__}: {exc}",
             "this is likely a bug in the edgekit agent; its traceback is on the device's stderr",
         )
+
+
+def serve(stdin, out) -> int:
+    """Answer each request line of ``stdin`` on ``out`` (see the module's docstring)."""
+    for line in stdin:
+        try:
+            argv = json.loads(line)["argv"]
+            if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+                raise ValueError("argv is not a list of strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            answer = {"status": 2, "document": error_document(f"agent serve: bad request: {exc}", "send {\"argv\": [...]} lines")}
+        else:
+            answer = _fork(argv)
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+    return 0
+
+
+def _fork(argv: list) -> dict:
+    """Run one command in a child; its exit status (negative: the signal that killed it) and document."""
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker: never returns into the server's loop
+        code = 1
+        try:
+            os.close(r)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)  # the next requests are the server's, not this worker's
+            code, document = _answer(argv)
+            with os.fdopen(w, "w") as fh:
+                fh.write(json.dumps(document))
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        text = fh.read()
+    _, status = os.waitpid(pid, 0)
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    try:
+        document = json.loads(text) if text else None
+    except ValueError:
+        document = None
+    return {"status": code, "document": document}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["serve"]:
+        out = os.fdopen(os.dup(1), "w")  # the answers' channel; anything else printed goes to stderr
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        return serve(sys.stdin, out)
+    rc, document = _answer(argv)
     sys.stdout.write(json.dumps(document))
     sys.stdout.write("\n")
     sys.stdout.flush()

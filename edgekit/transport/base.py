@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shlex
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -142,7 +143,77 @@ class Transport(Protocol):
         """Create a directory and its parents; an existing directory is fine."""
         ...
 
+    def converse(self, argv: Sequence[str]) -> Conversation | None:
+        """Start ``argv`` (in ``root``) as a process that answers each stdin line with one stdout
+        line (``agent.pyz serve``); None when this transport cannot keep a process open."""
+        return None
+
     def close(self) -> None: ...
+
+
+_STDERR_KEEP = 64 * 1024
+
+
+class Conversation:
+    """A running command that answers one line per request line. A transport implements the
+    four primitives (``_send``, ``_poll``, ``_wait``, ``_kill``); the protocol is written once."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.argv = tuple(argv)
+        self.returncode: int | None = None  # set once the process has ended
+        self._out, self._err = bytearray(), bytearray()
+
+    def ask(self, line: bytes, *, timeout: float) -> tuple[bytes | None, bytes]:
+        """Send one request line; (its answer line, or None when the process ended first, and
+        what it wrote to stderr since the last answer). On timeout the process is killed:
+        TransportError."""
+        if self.returncode is not None:
+            return None, b""
+        try:
+            self._send(line.rstrip(b"\n") + b"\n")
+        except OSError:
+            pass  # it has ended: reading says how
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise TransportError(
+                    f"command timed out after {timeout:g}s: {shlex.join(self.argv)}",
+                    "the device may be overloaded or the command stuck; allow more time or do less per run",
+                )
+            out, err, ended = self._poll(min(left, 1.0))
+            self._out += out
+            self._err += err
+            del self._err[:-_STDERR_KEEP]
+            if ended and b"\n" not in self._out:
+                self.returncode = self._wait()
+                return None, self._take_err()
+        answer, _, rest = bytes(self._out).partition(b"\n")
+        self._out = bytearray(rest)
+        return answer, self._take_err()
+
+    def _take_err(self) -> bytes:
+        err = bytes(self._err)
+        self._err.clear()
+        return err
+
+    def close(self) -> None:
+        """End the process (EOF first, then a kill if it lingers); idempotent."""
+        if self.returncode is None:
+            self.returncode = self._kill()
+
+    def _send(self, data: bytes) -> None: ...
+
+    def _poll(self, timeout: float) -> tuple[bytes, bytes, bool]:
+        """(stdout bytes, stderr bytes, ended) within ``timeout`` s."""
+        ...
+
+    def _wait(self) -> int:
+        """The ended process's exit code (negative: its signal)."""
+        ...
+
+    def _kill(self) -> int: ...
 
 
 def part_name(dest: str, digest: str, resume: bool) -> str:

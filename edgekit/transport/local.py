@@ -7,18 +7,27 @@ interpreter, so the host venv's runtimes are the device's runtimes.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from edgekit.errors import TransportError
 from edgekit.fsutil import atomic_path, cache_dir, fsync_path, sha256_file
-from edgekit.transport.base import CommandResult, PutProgress, PutStats, Transport, part_name
+from edgekit.transport.base import (
+    CommandResult,
+    Conversation,
+    PutProgress,
+    PutStats,
+    Transport,
+    part_name,
+)
 
 
 def default_root() -> Path:
@@ -33,6 +42,7 @@ class LocalTransport(Transport):
         self._root = Path(root) if root is not None else default_root()
         self.root = str(self._root)
         self.python = sys.executable
+        self._conversations: list[Conversation] = []
 
     # -- commands ---------------------------------------------------------------------------
     def _run(self, argv: tuple[str, ...], *, timeout: float, cwd: str | None, env: Mapping[str, str] | None) -> CommandResult:
@@ -140,8 +150,22 @@ class LocalTransport(Transport):
         except OSError as exc:
             raise TransportError(f"cannot create directory {path}: {exc.strerror}", "check permissions") from None
 
+    def converse(self, argv: Sequence[str]) -> Conversation | None:
+        try:
+            proc = subprocess.Popen(
+                list(argv), cwd=self._path(self._ensure_root()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True,
+            )  # fmt: skip
+        except OSError:
+            return None  # `run` says why, with its error messages
+        conversation = _LocalConversation(argv, proc)
+        self._conversations.append(conversation)
+        return conversation
+
     def close(self) -> None:
-        """Nothing to release: the local device holds no connection."""
+        """End the processes ``converse`` started; the local device holds no connection."""
+        while self._conversations:
+            self._conversations.pop().close()
 
     # -- helpers ----------------------------------------------------------------------------
     def _path(self, remote: str) -> Path:
@@ -150,6 +174,50 @@ class LocalTransport(Transport):
 
     def __repr__(self) -> str:
         return f"LocalTransport(root={self.root!r})"
+
+
+class _LocalConversation(Conversation):
+    def __init__(self, argv: Sequence[str], proc: subprocess.Popen) -> None:
+        super().__init__(argv)
+        self._proc = proc
+        self._open = {proc.stdout.fileno(): True, proc.stderr.fileno(): True}
+
+    def _send(self, data: bytes) -> None:
+        self._proc.stdin.write(data)
+        self._proc.stdin.flush()
+
+    def _poll(self, timeout: float) -> tuple[bytes, bytes, bool]:
+        out = err = b""
+        ready, _, _ = select.select([fd for fd, up in self._open.items() if up], [], [], timeout)
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self._open[fd] = False
+            elif fd == self._proc.stdout.fileno():
+                out += chunk
+            else:
+                err += chunk
+        return out, err, not self._open[self._proc.stdout.fileno()]
+
+    def _wait(self) -> int:
+        try:
+            return self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return self._kill()
+
+    def _kill(self) -> int:
+        proc = self._proc
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # EOF: the server's loop ends
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own group: its children die too
+            proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
+        return proc.returncode
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edgekit.errors import LinkError, TransportError, UsageError
-from edgekit.transport.base import CommandResult, Transport
+from edgekit.transport.base import CommandResult, Conversation, Transport
 from edgekit.transport.sftp import SftpFiles
 from edgekit.transport.sshconfig import SshTarget, load_config, resolve_target
 from edgekit.transport.sshconnect import SshConnector
@@ -301,6 +301,19 @@ class SshTransport(Transport):
                 chan.close()
         return CommandResult(tuple(argv), code, bytes(out), bytes(err), time.monotonic() - start)
 
+    def converse(self, argv: Sequence[str]) -> Conversation | None:
+        import paramiko
+
+        argv = tuple(argv)
+        wrapped = ["sh", "-c", WRAPPER, "sh", self._ensure_root(), "--", *argv]
+        t = self.connect()
+        try:
+            chan = t.open_session(timeout=self.connect_timeout)
+            chan.exec_command(shlex.join(wrapped))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise self._lost(f"starting {shlex.join(argv)}", exc) from None
+        return _SshConversation(self, argv, chan)
+
     def _ping(self, t, what: str) -> None:
         """Open and close a channel: a link that cannot do that within idle_timeout is dead."""
         import paramiko
@@ -326,3 +339,64 @@ class SshTransport(Transport):
 
     def __repr__(self) -> str:
         return f"SshTransport({self.device!r} -> {self.target.display})"
+
+
+class _SshConversation(Conversation):
+    """A command kept open on one SSH channel; the wrapper's first stdout line is its PID."""
+
+    def __init__(self, owner: SshTransport, argv: tuple[str, ...], chan) -> None:
+        super().__init__(argv)
+        self._owner, self._chan = owner, chan
+        self._pid: int | None = None
+        self._last = time.monotonic()
+
+    def _send(self, data: bytes) -> None:
+        self._chan.sendall(data)
+
+    def _poll(self, timeout: float) -> tuple[bytes, bytes, bool]:
+        import paramiko
+
+        owner, chan, what = self._owner, self._chan, f"running {shlex.join(self.argv)}"
+        out, err = bytearray(), bytearray()
+        try:
+            select.select([chan.fileno()], [], [], min(timeout, owner.alive_interval))
+            while chan.recv_ready():
+                out += chan.recv(65536)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise owner._lost(what, exc) from None
+        if self._pid is None and b"\n" in out:
+            line, _, rest = bytes(out).partition(b"\n")
+            out = bytearray(rest)
+            with contextlib.suppress(ValueError):
+                self._pid = int(line)
+        now = time.monotonic()
+        if out or err:
+            self._last = now
+        elif now - self._last >= owner.alive_interval:
+            owner._ping(owner.connect(), what)
+            self._last = time.monotonic()
+        owner.beat()
+        ended = chan.closed or (chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready())
+        return bytes(out), bytes(err), ended
+
+    def _wait(self) -> int:
+        # a channel closed under us (the connection dropped) will never get a status
+        if not self._chan.status_event.wait(2.0 if self._chan.closed else self._owner.idle_timeout):
+            return self._kill()
+        sig = getattr(self._chan, "_edgekit_signal", None)
+        code = -sig if sig is not None else self._chan.exit_status
+        with contextlib.suppress(Exception):
+            self._chan.close()
+        return code
+
+    def _kill(self) -> int:
+        with contextlib.suppress(Exception):
+            self._chan.shutdown_write()  # EOF: the server's loop ends
+        if not self._chan.status_event.wait(2.0):
+            self._owner._kill(self._pid)
+        code = self._chan.exit_status if self._chan.status_event.is_set() else -9
+        with contextlib.suppress(Exception):
+            self._chan.close()
+        return code
