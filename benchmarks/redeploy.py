@@ -4,8 +4,9 @@ Starts a real OpenSSH sshd on 127.0.0.1 (``tests/lab/sshd.py``), deploys the dig
 through the real CLI (``edgekit deploy ... --device lab --json``), then deploys it again unchanged,
 ``--repeats`` times. For each redeploy it reports the wall time of the whole command, the time of
 everything that is not measurement (the wall time minus the Bench and Eval steps, which time and
-evaluate the model on the device on purpose), the bytes sent and whether the quantization was reused. The peer
-is OpenSSH's ``scp`` of the bundle's files to the same sshd, in the same run. Medians.
+evaluate the model on the device on purpose), the bytes sent and whether the quantization was reused. The peers,
+in the same run: OpenSSH's ``scp`` of the bundle's files to the same sshd, and the same redeploy with one agent
+process per step (``EDGEKIT_AGENT_SERVE=0``, as before the agent server), interleaved with the default. Medians.
 
     python benchmarks/redeploy.py [--repeats 5] [--json]
 """
@@ -66,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             first_wall, first = deploy(env, work / "bundle")
             print(f"first deploy: {first_wall:.2f}s, sent {first['push']['bytes_sent']} bytes", file=sys.stderr)
             files = [work / "bundle" / f["path"] for f in first["bundle"]["files"]] + [work / "bundle" / "manifest.json"]
-            rows = []
+            rows, per_step = [], []
             for i in range(args.repeats):
+                per_step.append(deploy({**env, "EDGEKIT_AGENT_SERVE": "0"}, work / "bundle")[0])
                 wall, doc = deploy(env, work / "bundle")
                 steps = {s["name"]: 0.0 for s in doc["executed_steps"]}
                 for s, sec in zip(doc["executed_steps"], doc["step_seconds"]):
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         "quantization_reused": all(r["quantize_cached"] for r in rows),
         "not_measuring_over_scp": round(med["not_measuring_s"] / med["scp_bundle_s"], 2),
         "step_seconds_median": {k: round(statistics.median(r["steps"][k] for r in rows), 3) for k in rows[0]["steps"]},
+        "one_agent_process_per_step_wall_s": round(statistics.median(per_step), 3),
+        "agent_server_over_per_step": round(med["wall_s"] / statistics.median(per_step), 2),
     }
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"unchanged redeploy (median of {len(rows)}): {med['wall_s']:.2f}s wall, of which {med['measuring_s']:.2f}s bench + eval on the device "
           f"and {med['not_measuring_s']:.2f}s everything else; sent {doc['redeploy_bytes_sent']} bytes; quantization reused: {doc['quantization_reused']}")
     print(f"scp of the same bundle: {med['scp_bundle_s']:.2f}s -> redeploy outside bench/eval / scp = {doc['not_measuring_over_scp']:.2f}x")
+    print(f"one agent process per step instead of one per deploy (EDGEKIT_AGENT_SERVE=0, interleaved): "
+          f"{doc['one_agent_process_per_step_wall_s']:.2f}s wall -> agent server / per step = {doc['agent_server_over_per_step']:.2f}x")
     print("per step (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in doc["step_seconds_median"].items()))
     return 0
 

@@ -80,9 +80,10 @@ def eval_variant(
     return doc
 
 
-def device_facts(transport: Transport, timeout: float = 120) -> dict:
-    """The device's facts (arch, CPU, ISA, memory, OS, runtimes) from the agent's ``facts``."""
-    return run_agent(transport, ["facts"], timeout=timeout, kind="edgekit.facts")
+def device_facts(transport: Transport, timeout: float = 120, *, openvino: bool = True) -> dict:
+    """The device's facts (arch, CPU, ISA, memory, OS, runtimes) from the agent's ``facts``;
+    ``openvino``: also the devices OpenVINO sees (``probe.openvino_devices``; it imports OpenVINO)."""
+    return run_agent(transport, ["facts"] if openvino else ["facts", "--no-openvino"], timeout=timeout, kind="edgekit.facts")
 
 
 def run_agent(transport: Transport, args: list[str], *, timeout: float, kind: str = "edgekit.bench") -> dict[str, Any]:

@@ -111,7 +111,7 @@ class Bench:
         c, v = self.config, self.variant
         how = f"{c.duration_s:g} s" if c.duration_s is not None else f"{c.iterations} timed runs"
         first = f" after {', '.join(s.name for s in self.device_steps)} on the device" if self.device_steps else ""
-        return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or 'all'}"
+        return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or '1 or all, probed'}"
 
 
 @dataclass(frozen=True)

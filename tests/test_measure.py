@@ -411,6 +411,60 @@ def test_agent_runs_ekrt_with_auto_warmup_and_layers(ekrt, ekm_file, tmp_path):
     assert np.isfinite(info["timed_window_ns"][0])
 
 
+# -- threads: one against all, probed on the device when nobody chose ----------------------------------
+
+
+@pytest.mark.parametrize(("all_ms", "one_ms", "chosen"), [(3.0, 1.0, 1), (1.0, 3.0, 2), (1.0, 1.05, 1)])
+def test_thread_probe_times_the_faster_count(tmp_path, monkeypatch, all_ms, one_ms, chosen):
+    # A pool that stalls (all cores slower than one) is timed on one thread; all cores must win
+    # by PROBE_MARGIN to be used (a 5 % edge is not enough).
+    import types
+
+    from edgekit.agent import backends
+
+    loads = []
+
+    class Session:
+        version = "0"
+
+        def __init__(self, threads):
+            self.threads, self.info = threads, {"threads": threads or 2}
+
+        def run(self, feeds):
+            time.sleep((one_ms if self.threads == 1 else all_ms) / 1e3)
+
+    fake = types.ModuleType("edgekit.agent.backends.fake")
+    fake.PROBE_THREADS = True
+    fake.load = lambda path, threads, options=None, workdir=None: loads.append(threads) or Session(threads)
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setitem(backends.BACKENDS, "fake", "fake")
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    bundle = tiny_bundle(tmp_path / "bundle")
+    manifest = json.loads((bundle.root / "manifest.json").read_text())
+    manifest["variants"][0]["backend"] = "fake"
+    (bundle.root / "manifest.json").write_text(json.dumps(manifest))
+    doc = runner.bench(str(bundle.root), "fp32", warmup=1, iterations=5)
+    probe = doc["threads_probe"]
+    assert loads == [None, 1] and probe["chosen"] == chosen and doc["config"]["threads"] == chosen
+    assert probe["runs"] >= runner.PROBE_RUNS
+    if max(all_ms, one_ms) >= 2 * min(all_ms, one_ms):  # the timed session is the faster one
+        assert (probe["all_p50_ns"] > probe["one_p50_ns"]) == (all_ms > one_ms)
+        assert runner._median(doc["samples_ns"]) / 1e6 < (all_ms + one_ms) / 2
+    assert runner.bench(str(bundle.root), "fp32", warmup=0, iterations=2, threads=2)["threads_probe"] is None  # asked: no probe
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 1)
+    assert runner.bench(str(bundle.root), "fp32", warmup=0, iterations=2)["threads_probe"] is None  # one core: nothing to probe
+
+
+def test_measurement_warnings_say_when_all_threads_lost():
+    from edgekit.bench.record import measurement_warnings
+
+    doc = bench_doc(samples=[1_000_000] * 100)
+    doc["threads_probe"] = {"all_threads": 4, "all_p50_ns": 8_270_000, "one_p50_ns": 440_000, "runs": 12, "chosen": 1}
+    assert measurement_warnings(doc) == ["threads: all 4 were slower than one here (8270 vs 440 us p50 in a 12-run probe each): timed with 1 thread"]
+    doc["threads_probe"] = {"all_threads": 4, "all_p50_ns": 400_000, "one_p50_ns": 440_000, "runs": 12, "chosen": 1}
+    assert measurement_warnings(doc) == []  # all a little faster, not by the margin: one thread, nothing wrong
+
+
 # -- host side: the CLI's --warmup and the warnings a run's numbers deserve --------------------------
 
 

@@ -26,10 +26,10 @@ from edgekit.transport.sshconfig import parse_device, resolve_target
 from tests.conftest import (
     EXAMPLES,
     NASTY,
+    assert_conversation_contract,
     assert_nasty_names_round_trip,
     assert_one_line_error,
     assert_put_replaces_atomically_and_fails_cleanly,
-    assert_conversation_contract,
     assert_timeout_kills_the_process_group,
     wait_until,
 )

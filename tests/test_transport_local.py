@@ -20,9 +20,9 @@ from edgekit.transport.local import LocalTransport
 from edgekit.transport.push import push_bundle, remote_bundle_dir
 from tests.conftest import (
     NASTY,
+    assert_conversation_contract,
     assert_nasty_names_round_trip,
     assert_put_replaces_atomically_and_fails_cleanly,
-    assert_conversation_contract,
     assert_timeout_kills_the_process_group,
 )
 

@@ -80,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--samples", required=True, help="the bundle's .npz of stacked inputs")
     ev.add_argument("--output", required=True, help="where to write the outputs (.npz)")
     ev.add_argument("--threads", type=_positive_int, default=None)
-    sub.add_parser("facts", help="describe this device")
+    facts = sub.add_parser("facts", help="describe this device")
+    facts.add_argument("--no-openvino", action="store_true", help="do not import OpenVINO to list its devices")
     sub.add_parser("serve", help="answer JSON-lines requests on stdin, one forked worker each")
     # subparsers are built by the parent's class, so they raise AgentFailure too
     return parser
@@ -111,7 +112,7 @@ def _run(args: argparse.Namespace) -> dict:
             "agent_version": AGENT_VERSION,
             "device": facts.device_facts(),
             "device_state": facts.device_state(),
-            "probe": facts.probe_facts(),  # preflight extras: disk, libc, pip/venv, OpenVINO devices
+            "probe": facts.probe_facts(openvino=not args.no_openvino),  # preflight extras: disk, libc, pip/venv, OpenVINO devices
         }
     if args.command == "eval":
         return runner.evaluate(args.bundle_dir, args.variant, args.samples, args.output, threads=args.threads)

@@ -327,16 +327,20 @@ def _os_name() -> str:
 _TFLITE_DISTS = ("tflite-runtime", "ai-edge-litert", "tensorflow", "tensorflow-cpu", "tensorflow-aarch64")
 
 
-def probe_facts() -> dict:
-    """What preflight and provisioning need beyond ``device_facts``: disk, memory, libc, Python."""
-    return {
+def probe_facts(openvino: bool = True) -> dict:
+    """What preflight and provisioning need beyond ``device_facts``: disk, memory, libc, Python.
+    ``openvino``: list OpenVINO's devices (importing it costs a fraction of a second; a plan
+    without OpenVINO need not pay that)."""
+    probe = {
         "workdir": workdir_disk(os.getcwd()),
         "memory_available_bytes": _memory_available_bytes(),
         "libc": libc(),
         "python": python_env(),
-        "openvino_devices": openvino_devices(),
         "tflite_packages": tflite_packages(),
     }
+    if openvino:
+        probe["openvino_devices"] = openvino_devices()
+    return probe
 
 
 def workdir_disk(path: str) -> dict:

@@ -35,6 +35,18 @@ AUTO_TOLERANCE = 0.05
 AUTO_MAX_RUNS = 200
 AUTO_MAX_NS = 2_000_000_000
 
+# Threads when nobody chose a count (no --threads, none in the profile), on a multi-core device
+# and a backend that takes a count: a short probe of one thread against the runtime's own
+# default (all cores), alternating PROBE_ROUNDS rounds of PROBE_RUNS runs after PROBE_WARMUP
+# each (bounded by PROBE_MAX_NS). All cores are chosen only when their median is at least
+# PROBE_MARGIN faster: one thread is steadier and leaves the other cores to the device's other
+# work, and a pool that stalls on a busy core is the failure this guards against.
+PROBE_WARMUP = 3
+PROBE_ROUNDS = 4
+PROBE_RUNS = 3
+PROBE_MAX_NS = 1_000_000_000
+PROBE_MARGIN = 0.10
+
 
 def warmup_done(samples_ns: list, elapsed_ns: int) -> bool:
     """The auto warm-up's stopping rule, after ``samples_ns`` (in execution order) took ``elapsed_ns``."""
@@ -106,9 +118,13 @@ def bench(
     before = device_state()
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
+    options = dict(spec.get("options") or {})
     t0 = time.perf_counter_ns()
-    session = backend.load(model_path, threads, dict(spec.get("options") or {}), bundle_dir)
+    session = backend.load(model_path, threads, options, bundle_dir)
     load_ns = time.perf_counter_ns() - t0
+    probe = None
+    if threads is None and getattr(backend, "PROBE_THREADS", False) and (os.cpu_count() or 1) > 1:
+        session, threads, probe, load_ns = _probe_threads(backend, session, load_ns, model_path, options, bundle_dir, spec)
     own_bench = getattr(session, "bench", None)
     meter = open_meter()
     warmup_mode = AUTO if warmup == AUTO else "fixed"
@@ -188,10 +204,43 @@ def bench(
         "layers": common_layers(layers),
         "energy": energy,
         "backend_info": info,
+        "threads_probe": probe,
         "started_at": started_at,
         "device": facts,
         "device_state": {"before": before, "after": after},
     }
+
+
+def _probe_threads(backend, session, load_ns: int, model_path: str, options: dict, bundle_dir: str, spec: dict) -> tuple:
+    """(the session to time, its thread count, the probe's record, its load time): one thread
+    against the runtime's default, whichever is faster by the rule above PROBE_WARMUP."""
+    t0 = time.perf_counter_ns()
+    single = backend.load(model_path, 1, options, bundle_dir)
+    single_load_ns = time.perf_counter_ns() - t0
+    own = getattr(session, "bench", None)
+    feeds = None if own is not None else make_inputs(bundle_dir, spec)
+    runs = {"all": [], "one": []}
+    begin = time.perf_counter_ns()
+    for r in range(PROBE_ROUNDS):
+        for key, s in (("all", session), ("one", single)):
+            if own is not None:  # a runtime in its own process times itself
+                runs[key] += s.bench(PROBE_WARMUP, PROBE_RUNS, None, spec["inputs"], profile=False)[0]
+            else:
+                if r == 0:
+                    _warmup(s, feeds, PROBE_WARMUP)
+                runs[key] += _timed_loop(s, feeds, PROBE_RUNS, None)
+        if time.perf_counter_ns() - begin > PROBE_MAX_NS:
+            break
+    p50 = {key: _median(v) for key, v in runs.items()}
+    all_threads = (getattr(session, "info", None) or {}).get("threads") or os.cpu_count()
+    use_all = p50["all"] <= (1 - PROBE_MARGIN) * p50["one"]
+    record = {"all_threads": all_threads, "all_p50_ns": int(p50["all"]), "one_p50_ns": int(p50["one"]), "runs": len(runs["one"]), "chosen": all_threads if use_all else 1}
+    if use_all:
+        del single
+        return session, None, record, load_ns
+    del session
+    gc.collect()
+    return single, 1, record, single_load_ns
 
 
 def _open_variant(bundle_dir: str, variant: str) -> tuple:

@@ -82,7 +82,7 @@ Warmup = Annotated[
 ]
 Iterations = Annotated[int | None, typer.Option("--iterations", "-n", min=1, metavar="N", help="Timed runs (default: the profile's).")]
 Duration = Annotated[float | None, typer.Option("--duration", min=0.001, metavar="SECONDS", help="Time for this many seconds instead of a count.")]
-Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else all cores).")]
+Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else one or all cores, whichever a short probe on the device finds faster).")]
 
 Fail = Annotated[
     list[str] | None,

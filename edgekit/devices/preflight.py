@@ -114,7 +114,7 @@ def preflight(
     from edgekit.devices.provision import use_provisioned_python, venv_python
 
     use_provisioned_python(transport)
-    facts = facts if facts is not None else device_facts(transport)
+    facts = facts if facts is not None else device_facts(transport, openvino=profile.backend("openvino") is not None)
     name = device or transport.name
     d = facts.get("device") or {}
     probe = facts.get("probe") or {}

@@ -25,6 +25,10 @@ TIMEOUT_S = 3600
 _REPUSH = "push the bundle again (edgekit deploy builds the runner for the device's arch)"
 
 
+# the runner may probe one thread against this runtime's default (runner.PROBE_*)
+PROBE_THREADS = True
+
+
 def _run_json(argv: list, timeout: float = TIMEOUT_S) -> dict:
     try:
         proc = subprocess.run(argv, capture_output=True, timeout=timeout)

@@ -20,6 +20,10 @@ PROFILE_RUNS = 20
 _KERNEL = "_kernel_time"
 
 
+# the runner may probe one thread against this runtime's default (runner.PROBE_*)
+PROBE_THREADS = True
+
+
 class Session:
     def __init__(self, session, version: str, make_session=None) -> None:
         self._session = session

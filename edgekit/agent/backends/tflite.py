@@ -17,6 +17,10 @@ from .. import AgentFailure
 _PACKAGES = ("tflite-runtime", "ai-edge-litert")
 
 
+# the runner may probe one thread against this runtime's default (runner.PROBE_*)
+PROBE_THREADS = True
+
+
 def _install_hint() -> str:
     return (
         f"install a LiteRT runtime there: {sys.executable} -m pip install ai-edge-litert (works with numpy 2), "
