@@ -151,6 +151,7 @@ def bench_bundle(
         iterations=d.iterations if req.iterations is None else req.iterations,
         duration_s=req.duration_s,
         threads=d.threads if req.threads is None else req.threads,
+        profile=req.layers,
     )
     planned = plan_bundle(manifest, profile, device=device.name, variants=selected, config=config)
     transport = connect(device, profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)

@@ -88,6 +88,7 @@ class DeployRequest:
     iterations: int | None = None
     duration_s: float | None = None
     threads: int | None = None
+    layers: bool = True  # per-layer times, from a separate profiled pass after the timed runs
     output: Path | None = None
     inventory: Path | None = None  # where a --device name is looked up (default: ./devices.toml)
     provision: bool = False  # install the plan's runtime on the device when preflight finds it missing
@@ -156,6 +157,7 @@ class Job:
             iterations=req.iterations,
             duration_s=req.duration_s,
             threads=req.threads,
+            layers=req.layers,
             output=str(self.output),
             max_drop=req.max_drop,
             require_int8=req.require_int8,

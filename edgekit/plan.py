@@ -111,7 +111,8 @@ class Bench:
         c, v = self.config, self.variant
         how = f"{c.duration_s:g} s" if c.duration_s is not None else f"{c.iterations} timed runs"
         first = f" after {', '.join(s.name for s in self.device_steps)} on the device" if self.device_steps else ""
-        return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or '1 or all, probed'}"
+        layers = ", then a profiled pass for per-layer times" if c.profile else ""
+        return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or '1 or all, probed'}{layers}"
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class Options:
     iterations: int | None = None
     duration_s: float | None = None
     threads: int | None = None
+    layers: bool = True  # per-layer times (a separate profiled pass)
     output: str = ""
     max_drop: float = 0.01  # the int8 gate: accuracy points (a fraction) int8 may lose
     require_int8: bool = False  # the int8 gate failing is an error (exit 5)
@@ -300,7 +302,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
     """Decide backend, precision, scheme, variants, bench config and steps.
 
     ``asks``: the fields of ``Options`` (device, backend, quantize, method, exclude,
-    calibration, evaluation, goal, warmup, iterations, duration_s, threads, output, max_drop,
+    calibration, evaluation, goal, warmup, iterations, duration_s, threads, layers, output, max_drop,
     require_int8);
     ``facts``: the probed device's, or None (planned on paper).
 
@@ -355,6 +357,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         iterations=profile.bench.iterations if options.iterations is None else options.iterations,
         duration_s=options.duration_s,
         threads=profile.bench.threads if options.threads is None else options.threads,
+        profile=options.layers,
     )
 
     steps: list[Step] = []

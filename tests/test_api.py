@@ -15,7 +15,7 @@ DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
 # What differs between two runs of the same deploy: timings, ids, paths, clocks.
 VOLATILE = {"stats", "p50_ms", "p99_ms", "mean_ms", "run_id", "id", "run_uuid", "seconds", "path", "push", "backend_info",
             "layers", "peak_rss_bytes", "speedup_p50", "int8_faster", "duration_s",
-            "recommended", "recommendation", "cached", "step_seconds"}  # fmt: skip  (the gate follows the timings; the second run hits the quantize cache)
+            "recommended", "recommendation", "cached", "step_seconds", "warnings"}  # fmt: skip  (the gate follows the timings; the second run hits the quantize cache)
 
 
 def _stable(doc):

@@ -55,6 +55,7 @@ _MODEL: dict[str, tuple[tuple[type, ...], str]] = {
     "duration": ((int, float), "seconds (a positive number)"),
     "threads": ((int,), "a positive integer"),
     "quantize": ((bool,), "true or false"),
+    "layers": ((bool,), "true or false (per-layer times, a separate profiled pass)"),
     "backend": ((str,), "a backend name"),
     "method": ((str,), "a calibration method"),
 }
@@ -209,7 +210,7 @@ class _Reader:
             if m["method"] not in METHODS:
                 raise self.fail(f"{where}.method", f"unknown calibration method '{m['method']}'", f"choose one of: {', '.join(METHODS)}", section=section, key="method")
         renamed = {"duration": "duration_s"}
-        for key in ("iterations", "warmup", "duration", "threads", "quantize", "backend", "method"):
+        for key in ("iterations", "warmup", "duration", "threads", "layers", "quantize", "backend", "method"):
             if key in m:
                 options[renamed.get(key, key)] = m[key]
         if "max_drop" in m:

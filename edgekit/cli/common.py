@@ -83,6 +83,7 @@ Warmup = Annotated[
 Iterations = Annotated[int | None, typer.Option("--iterations", "-n", min=1, metavar="N", help="Timed runs (default: the profile's).")]
 Duration = Annotated[float | None, typer.Option("--duration", min=0.001, metavar="SECONDS", help="Time for this many seconds instead of a count.")]
 Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else one or all cores, whichever a short probe on the device finds faster).")]
+Layers = Annotated[bool, typer.Option("--layers/--no-layers", help="Per-layer times from a separate profiled pass after the timed runs (default: on).")]
 
 Fail = Annotated[
     list[str] | None,
@@ -108,7 +109,7 @@ GROUPS: dict[str, dict[str, tuple]] = {
         "calib": (Calib, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, "minmax"),
         "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None),
     },
-    "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "threads": (Threads, None)},
+    "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "threads": (Threads, None), "layers": (Layers, True)},
     "gates": {"fail": (Fail, None), "baseline": (Baseline, None)},
     "ssh": {"trust_new_host": (TrustNewHost, False), "password": (Password, False), "inventory": (Inventory, None)},
 }  # fmt: skip
@@ -143,7 +144,7 @@ def quantize_args(opts: dict) -> dict:
 
 def bench_args(opts: dict) -> dict:
     """The "bench" group as the API's keyword arguments."""
-    return dict(warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], threads=opts["threads"])
+    return dict(warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], threads=opts["threads"], layers=opts["layers"])
 
 
 def gates(opts: dict, *, fleet: bool, runs: bool = True) -> list:
