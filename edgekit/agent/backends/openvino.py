@@ -21,7 +21,6 @@ _PROFILE_WARMUP = 5  # a fresh compile's first inferences include one-time work
 _PROFILE_RUNS = 20  # inferences whose per-layer counters are averaged
 
 
-
 class Session:
     def __init__(self, core, model_path, device, config, compiled, version, info):
         self._core = core
