@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import EXAMPLES, assert_one_line_error
 
-from edgekit.bench.compare import comparable, compare, latency_change, resolve, run_drift
+from edgekit.bench.compare import comparable, compare, latency_change, resolve, run_wander
 from edgekit.bench.gates import METRICS, parse_gate, run_gates
 from edgekit.bench.record import make_record
 from edgekit.bench.store import ResultsStore
@@ -246,9 +246,9 @@ def test_throughput_verdicts():
 
 def test_drift_absorbs_a_wandering_run():
     steady = lognormal(2000, 1e6, 0.05, seed=3)
-    assert run_drift(steady) < 0.01
+    assert run_wander(steady) < 0.01
     wandering = [s * (1.2 if (i // 200) % 2 else 1.0) for i, s in enumerate(lognormal(2000, 1e6, 0.05, seed=4))]
-    assert run_drift(wandering) > 0.08
+    assert run_wander(wandering) > 0.08
     change = latency_change(steady, wandering)
     assert change.change > 0.05 and change.low > 1.0  # the bootstrap alone would call it slower
     assert change.verdict == "no change" and "drift" in change.why()

@@ -75,8 +75,9 @@ class LatencyChange:
         return f"below {MIN_CHANGE * 100:g}%"
 
 
-def run_drift(samples_ns: Sequence[int], q: float | None = 50.0) -> float:
-    """How far a run's statistic (percentile ``q``, None: the mean) wanders within the run: half
+def run_wander(samples_ns: Sequence[int], q: float | None = 50.0) -> float:
+    """How far a run's statistic (percentile ``q``, None: the mean) wanders within the run (not
+    ``stats.drift``, its trend from the first to the last tenth): half
     the spread of its values over consecutive blocks, relative to the whole run's. 0.0 when the
     run is too short to cut into blocks that hold that statistic (a p99 needs 100 samples a block)."""
     ns = np.asarray(samples_ns, dtype=np.float64)
@@ -95,7 +96,7 @@ def run_drift(samples_ns: Sequence[int], q: float | None = 50.0) -> float:
 def latency_change(baseline_ns: Sequence[int], candidate_ns: Sequence[int], q: float | None = 50.0) -> LatencyChange:
     """Candidate vs baseline latency at percentile ``q`` (None: the mean)."""
     speed, lo, hi = speedup_interval(list(baseline_ns), list(candidate_ns), q=q)
-    return LatencyChange(1 / speed, 1 / hi, 1 / lo, max(run_drift(baseline_ns, q), run_drift(candidate_ns, q)))
+    return LatencyChange(1 / speed, 1 / hi, 1 / lo, max(run_wander(baseline_ns, q), run_wander(candidate_ns, q)))
 
 
 # -- what may be compared -------------------------------------------------------------------
