@@ -119,6 +119,9 @@ def _server(transport: Transport) -> Conversation | None:
     if os.environ.get("EDGEKIT_AGENT_SERVE", "1") == "0":  # troubleshooting, and the benchmark's peer
         return None
     server = _SERVERS.get(transport)
+    if server is not None and server.argv[0] != transport.python:  # provisioning switched to its venv
+        server.close()
+        server = None
     if server is None or server.returncode is not None:
         server = transport.converse([transport.python, push_agent(transport), "serve"])
         if server is None:

@@ -278,6 +278,10 @@ def test_one_agent_server_per_connection(tmp_path, monkeypatch):
     assert len(started) == 2
     with pytest.raises(AgentError, match="no variant 'int8'"):  # the agent's own errors still arrive as they are
         bench_variant(dev, remote, "int8", BenchConfig(warmup=0, iterations=1))
+    (tmp_path / "venv-python").symlink_to(sys.executable)
+    dev.python = str(tmp_path / "venv-python")  # as provisioning does: the next command runs the new Python
+    assert agentclient.device_facts(dev)["kind"] == "edgekit.facts"
+    assert len(started) == 3 and started[-1][0] == dev.python
     dev.close()
     assert agentclient._SERVERS[dev].returncode == 0  # EOF ended it cleanly
 
