@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import posixpath
 import shlex
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,13 @@ from edgekit.fsutil import atomic_path, sha256_file
 from edgekit.transport.base import PutProgress, PutStats, part_name
 from edgekit.transport.sshconnect import WINDOW_SIZE
 
-BLOCK = 256 * 1024  # local read size for uploads (SFTP splits it into 32 KiB requests)
+# Upload writes are our own pipelined SFTP requests, not SFTPFile.write: that one sends 32 KiB
+# requests, each of which spills 29 header bytes into a second SSH packet (twice the packets, and
+# paramiko's cost is per packet), and it drains every outstanding request each 100 writes, an
+# empty pipe each time. Ours fill whole channel packets, are as large as the server accepts
+# (OpenSSH's limits@openssh.com: 255 KiB) and keep IN_FLIGHT bytes outstanding throughout.
+MIN_WRITE = 32768  # what every SFTP server takes (draft-ietf-secsh-filexfer: >= 32768 of data)
+IN_FLIGHT = 4 << 20  # bytes of write requests awaiting an answer (the channel window caps it too)
 
 # The device's hasher is the agent's digest.py, sent as text (the transport never imports the
 # agent, and uploads the agent itself with it): "$2" -S -c TEXT PATH [SIZE IDLE].
@@ -50,6 +57,7 @@ class SftpFiles:
     def __init__(self, ssh: Any) -> None:
         self.ssh = ssh  # the SshTransport: its connection, watchdog and command runner
         self._sftp = None  # paramiko.SFTPClient, opened on first use
+        self._max_write: int | None = None  # the server's largest write request (per SFTP session)
 
     def detach(self):
         """Forget the SFTP session (the connection is being dropped); it, for closing."""
@@ -70,7 +78,7 @@ class SftpFiles:
             if sftp is None:
                 raise TransportError(f"{self.ssh.target.display} refused the SFTP subsystem", "enable 'Subsystem sftp' in the device's sshd_config")
             sftp.get_channel().settimeout(self.ssh.idle_timeout)
-            self._sftp = sftp
+            self._sftp, self._max_write = sftp, None
             return sftp
 
     @contextlib.contextmanager
@@ -224,20 +232,9 @@ class SftpFiles:
             try:
                 if opened is not None:
                     opened()
-                fh.set_pipelined(True)
-                if offset:
-                    fh.seek(offset)
                 with open(local, "rb") as src:
                     src.seek(offset)
-                    while True:
-                        block = src.read(BLOCK)
-                        if not block:
-                            break
-                        fh.write(block)
-                        sent += len(block)
-                        self.ssh.beat()
-                        if progress is not None:
-                            progress(len(block), offset + sent)
+                    sent = self._write_all(sftp, fh.handle, src, offset, progress)
                 if offset + sent != size:
                     raise TransportError(f"{local} changed while it was being uploaded", "upload it again")
                 self._fsync_remote(sftp, fh)
@@ -253,6 +250,69 @@ class SftpFiles:
             if self.ssh._transport is None or not self.ssh._transport.is_active() or self.ssh._stalled:
                 raise EOFError("the connection closed during the upload")
         return sent
+
+    def _write_all(self, sftp, handle: bytes, src, offset: int, progress) -> int:
+        """Send ``src`` from its position to ``handle`` at ``offset`` as pipelined writes; bytes sent.
+        Every write is answered (in order): an error status raises OSError here."""
+        from paramiko.sftp import CMD_STATUS, CMD_WRITE
+        from paramiko.sftp_client import int64
+
+        chunk = self._write_size(sftp, len(handle))
+        pending: deque[int] = deque()
+        sent = 0
+        try:
+            while True:
+                block = src.read(chunk)
+                if not block:
+                    break
+                pending.append(sftp._async_request(type(None), CMD_WRITE, handle, int64(offset + sent), block))
+                sent += len(block)
+                while len(pending) * chunk > IN_FLIGHT:
+                    self._expect_status(sftp, pending.popleft(), CMD_STATUS)
+                self.ssh.beat()
+                if progress is not None:
+                    progress(len(block), offset + sent)
+            while pending:
+                self._expect_status(sftp, pending.popleft(), CMD_STATUS)
+        finally:
+            with sftp._lock:  # answers not read (an error stopped us) are dropped when they come
+                for num in pending:
+                    sftp._expecting.pop(num, None)
+        return sent
+
+    @staticmethod
+    def _expect_status(sftp, num: int, status: int) -> None:
+        t, _msg = sftp._read_response(num)  # raises OSError on an error status
+        if t != status:
+            raise OSError(f"unexpected SFTP answer {t} to a write")
+
+    def _write_size(self, sftp, handle_len: int) -> int:
+        """Bytes of data per write request: as many as the server takes, rounded down so that the
+        request fills whole SSH channel packets (paramiko's cost is per packet, not per byte)."""
+        if self._max_write is None:
+            self._max_write = self._server_max_write(sftp)
+        packet = sftp.get_channel().out_max_packet_size - 64  # what Channel.send puts in one packet
+        header = 4 + 1 + 4 + 4 + handle_len + 8 + 4  # length, type, id, handle, offset, data length
+        if packet <= header:
+            return MIN_WRITE
+        packets = max(1, (self._max_write + header) // packet)
+        size = packets * packet - header
+        return size if size <= self._max_write else self._max_write
+
+    def _server_max_write(self, sftp) -> int:
+        """The largest write the SFTP server takes: its limits@openssh.com answer, else ``MIN_WRITE``."""
+        from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY, SFTPError
+
+        try:
+            t, msg = sftp._request(CMD_EXTENDED, "limits@openssh.com")
+        except (OSError, SFTPError) as exc:  # an error status: the server lacks the extension
+            if self._is_link_failure(exc):
+                raise
+            return MIN_WRITE
+        if t != CMD_EXTENDED_REPLY:
+            return MIN_WRITE
+        _packet, _read, write = msg.get_int64(), msg.get_int64(), msg.get_int64()
+        return min(write, 1 << 20) if write >= MIN_WRITE else MIN_WRITE  # 0 means "no limit": stay safe
 
     def _fsync_remote(self, sftp, fh) -> None:
         """Flush, then fsync@openssh.com on the open handle when the server has it (OpenSSH does)."""
@@ -357,3 +417,4 @@ class SftpFiles:
                         if stat_mod.S_ISDIR(sftp.stat(d).st_mode or 0):
                             continue  # made meanwhile by someone else
                     raise TransportError(f"cannot create directory {d}: {exc.strerror or exc}", "check permissions") from None
+
