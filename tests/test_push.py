@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from edgekit.agent import digest as agent_digest
 from edgekit.bundle import TensorSpec, Variant, write_bundle
 from edgekit.errors import DeviceError, LinkError, TransportError
 from edgekit.fsutil import sha256_file
+from edgekit.transport import sftp as sftp_mod
 from edgekit.transport.local import LocalTransport
 from edgekit.transport.push import PushProgress, current_bundle, describe, push_bundle, rollback
 from edgekit.transport.ssh import SshTransport
@@ -129,6 +132,54 @@ def test_local_and_ssh_push_lay_out_the_device_the_same(ssh_device, sshd_server,
         return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != ".verified.json")
 
     assert tree(tmp_path / "local-device") == tree(_device_root(sshd_server))
+
+
+def test_uploads_fill_whole_ssh_packets_with_large_writes(ssh_device, sshd_server, tmp_path):
+    """Each write request is as large as the server takes and ends exactly on a channel packet:
+    a 20 MB upload costs about one SSH packet per 32 KB (SFTPFile.write's 32 KiB requests took two)."""
+    size = 20 * MB
+    a = _bundle(tmp_path, "a", {"m.onnx": os.urandom(size)})
+    ssh_device.mkdir(ssh_device.root)  # connect, so the packets counted below are the upload's
+    files = ssh_device.files
+    sftp = files._sftp_client()
+    packetizer = ssh_device._transport.packetizer
+    counter = "_Packetizer__sent_packets"  # paramiko's rekey counter (reset on rekey: every 1 GB)
+    if not hasattr(packetizer, counter):
+        pytest.skip("this paramiko has no packet counter to check")
+    before = getattr(packetizer, counter)
+    push_bundle(ssh_device, a)
+    packets = getattr(packetizer, counter) - before
+    payload = sftp.get_channel().out_max_packet_size - 64  # what one channel packet carries
+    assert files._max_write > sftp_mod.MIN_WRITE  # OpenSSH answers limits@openssh.com (255 KiB)
+    chunk = files._write_size(sftp, 4)  # OpenSSH's handles are 4 bytes
+    assert (chunk + 29) % payload == 0 and sftp_mod.MIN_WRITE < chunk <= files._max_write
+    assert size / payload <= packets < size / payload * 1.1 + 200  # + the store's commands and answers
+    _assert_whole(_device_root(sshd_server), a)
+
+
+def test_the_follower_hashes_a_growing_file_and_flushes_it(tmp_path):
+    """The device's follower (digest.py) hashes a file while another writer appends to it, and
+    its periodic fsync (here every 100 KB) leaves the digest exact."""
+    path = tmp_path / "growing.part"
+    data = os.urandom(1 * MB + 123)
+    path.write_bytes(b"")
+    result: dict[str, object] = {}
+
+    def follow() -> None:
+        try:
+            result["digest"] = agent_digest.sha256_file(str(path), len(data), 10.0, 100_000)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            result["error"] = exc
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    with open(path, "ab") as fh:
+        for i in range(0, len(data), 64 * 1024):
+            fh.write(data[i : i + 64 * 1024])
+            fh.flush()
+    follower.join(timeout=30)
+    assert not follower.is_alive() and "error" not in result
+    assert result["digest"] == sha256_file(path)
 
 
 @pytest.mark.slow
