@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -86,25 +87,25 @@ for line in sys.stdin:
     job = json.loads(line)
     bundle = load_bundle(job["bundle"], verify=False)
     config = SSHConfig.from_text(job["config"])
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     dev = SshTransport("bench", workdir=job["workdir"], python=sys.executable, ssh_config=config)
     sent = push_bundle(dev, bundle).bytes_sent
-    cold = time.perf_counter() - start
+    cold, cpu = time.perf_counter() - start, time.process_time() - cpu
     start = time.perf_counter()
     again = push_bundle(dev, bundle).bytes_sent
     warm = time.perf_counter() - start
     dev.close()
     shutil.rmtree(job["workdir"])
-    print(json.dumps({"cold": cold, "warm": warm, "sent": sent, "again": again}), flush=True)
+    print(json.dumps({"cold": cold, "warm": warm, "cpu": cpu, "sent": sent, "again": again}), flush=True)
 """
 
 
 def _push_here(config, bundle, workdir: str, total: int) -> tuple[float, float, str]:
     """A cold push into an empty device directory (connection included), then the same again."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     dev = SshTransport("bench", workdir=workdir, python=sys.executable, ssh_config=config)
     result = push_bundle(dev, bundle)
-    cold = time.perf_counter() - start
+    cold, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert result.bytes_sent == total, (result.bytes_sent, total)
     start = time.perf_counter()
     again = push_bundle(dev, bundle)
@@ -113,7 +114,12 @@ def _push_here(config, bundle, workdir: str, total: int) -> tuple[float, float, 
     cipher = dev._transport.local_cipher
     dev.close()
     shutil.rmtree(workdir)
-    return cold, warm, cipher
+    return cold, warm, cpu, cipher
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats: int, other: Path | None) -> dict[str, list[float]]:
@@ -129,6 +135,7 @@ def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats:
     remote = f"{server.user}@127.0.0.1"
     names = ["scp", "push_cold", "push_warm"] + (["before_cold", "before_warm"] if other else [])
     times: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in ("scp", "push_cold", "before_cold") if k in times}
     child = None
     if other is not None:
         child = subprocess.Popen([sys.executable, "-c", _CHILD, str(other)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -136,13 +143,15 @@ def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats:
     def scp(i: int) -> None:
         dest = server.home / f"scp-{i}"
         dest.mkdir()
-        start = time.perf_counter()
+        start, used = time.perf_counter(), _children_cpu()
         subprocess.run(["scp", *scp_opts, *map(str, files), f"{remote}:{dest}/"], check=True)
         times["scp"].append(time.perf_counter() - start)
+        cpu["scp"].append(_children_cpu() - used)
         shutil.rmtree(dest)
 
     def push(i: int) -> None:
-        cold, warm, cipher = _push_here(config, bundle, str(server.home / f"push-{i}"), total)
+        cold, warm, used, cipher = _push_here(config, bundle, str(server.home / f"push-{i}"), total)
+        cpu["push_cold"].append(used)
         times["push_cold"].append(cold)
         times["push_warm"].append(warm)
         times.setdefault("cipher", []).append(cipher)  # type: ignore[arg-type]
@@ -154,6 +163,7 @@ def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats:
         got = json.loads(child.stdout.readline())
         assert got["sent"] == total and got["again"] == 0, got
         times["before_cold"].append(got["cold"])
+        cpu["before_cold"].append(got["cpu"])
         times["before_warm"].append(got["warm"])
 
     contenders = [scp, push] + ([before] if other else [])
@@ -167,7 +177,7 @@ def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats:
         if child is not None:
             child.stdin.close()
             child.wait(timeout=60)
-    return times
+    return times, cpu
 
 
 def _scp_cipher() -> str:
@@ -204,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(p.stat().st_size for p in files)
         try:
             with Sshd(work / "sshd") as server:
-                times = _measure(server, work, bundle, files, total, args.repeats, args.compare_with)
+                times, cpu = _measure(server, work, bundle, files, total, args.repeats, args.compare_with)
         except LabUnavailable as exc:
             print(f"error: cannot start the loopback sshd: {exc}", file=sys.stderr)
             return 1
@@ -230,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "bundle": {"files": len(files), "bytes": total},
         "seconds": {k: {"median": med[k], "runs": v} for k, v in times.items()},
+        # CPU seconds of the sending side on this host: scp's ssh client, the pushing Python process
+        "client_cpu_s": {k: {"median": statistics.median(v), "runs": v} for k, v in cpu.items()},
         "throughput_mb_s": {k: total / med[k] / 1e6 for k in ("scp", *colds)},
         "ratio_push_vs_scp": ratio["push_cold"],
         "ratio_median_of_rounds": per_round,
@@ -243,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
              "before_cold": "before: push, cold", "before_warm": "before: push, unchanged"}  # fmt: skip
     print(f"bundle: {len(files)} files, {total / 1e6:.1f} MB; {args.repeats} interleaved rounds on loopback, medians")
     print(f"ciphers: scp {doc['environment']['scp_cipher']}, push {', '.join(ciphers)}")
-    print(f"{'':28}{'seconds':>10}{'MB/s':>10}{'x scp':>8}{'rounds':>8}")
+    print(f"{'':28}{'seconds':>10}{'MB/s':>10}{'x scp':>8}{'rounds':>8}{'host CPU s':>12}")
     for k in times:
         rate = f"{total / med[k] / 1e6:>10.1f}" if not k.endswith("_warm") else f"{'-':>10}"
-        rel = f"{ratio[k]:>8.2f}{per_round[k]:>8.2f}" if k in ratio else ""
-        print(f"{label[k]:28}{med[k]:>10.3f}{rate}{rel}")
+        rel = f"{ratio[k]:>8.2f}{per_round[k]:>8.2f}" if k in ratio else f"{'':>16}" * (k in cpu)
+        used = f"{statistics.median(cpu[k]):>12.2f}" if k in cpu else ""
+        print(f"{label[k]:28}{med[k]:>10.3f}{rate}{rel}{used}")
     print(f"push throughput / scp throughput: {ratio['push_cold']:.2f}x (goal >= 0.9x; push also verifies sha256 and fsyncs on the device)")
     if "before_cold" in ratio:
         print(f"before ({args.compare_with}): {ratio['before_cold']:.2f}x")
