@@ -150,11 +150,32 @@ def test_uploads_fill_whole_ssh_packets_with_large_writes(ssh_device, sshd_serve
     push_bundle(ssh_device, a)
     packets = getattr(packetizer, counter) - before
     payload = sftp.get_channel().out_max_packet_size - 64  # what one channel packet carries
+    assert ssh_device._transport.local_cipher == "aes128-gcm@openssh.com"  # paramiko's cheapest; OpenSSH has it
     assert files._max_write > sftp_mod.MIN_WRITE  # OpenSSH answers limits@openssh.com (255 KiB)
     chunk = files._write_size(sftp, 4)  # OpenSSH's handles are 4 bytes
     assert (chunk + 29) % payload == 0 and sftp_mod.MIN_WRITE < chunk <= files._max_write
     assert size / payload <= packets < size / payload * 1.1 + 200  # + the store's commands and answers
     _assert_whole(_device_root(sshd_server), a)
+
+
+def test_a_server_without_aes_gcm_gets_ctr_with_encrypt_then_mac(tmp_path):
+    """Without AES-GCM on the server, the fallback is AES-CTR with an encrypt-then-MAC digest
+    (paramiko alone would pick MAC-then-encrypt hmac-sha2-256), and uploads still verify."""
+    from paramiko import SSHConfig
+
+    extra = ("Ciphers aes128-ctr,aes256-ctr", "MACs hmac-sha2-256,hmac-sha2-256-etm@openssh.com")
+    with sshd_mod.Sshd(tmp_path / "ctr-sshd", extra=extra) as server:
+        known = tmp_path / "known_hosts"
+        known.write_text(server.known_hosts_line())
+        config = SSHConfig.from_text(server.ssh_config("ctr") + f"    UserKnownHostsFile {known}\n")
+        dev = SshTransport("ctr", workdir=str(server.home / "dev"), ssh_config=config)
+        try:
+            a = _bundle(tmp_path, "a", {"m.onnx": os.urandom(300_000)})
+            push_bundle(dev, a)
+            assert (dev._transport.local_cipher, dev._transport.local_mac) == ("aes128-ctr", "hmac-sha2-256-etm@openssh.com")
+        finally:
+            dev.close()
+        _assert_whole(server.home / "dev", a)
 
 
 def test_the_follower_hashes_a_growing_file_and_flushes_it(tmp_path):

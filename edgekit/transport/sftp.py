@@ -24,6 +24,8 @@ from edgekit.transport.sshconnect import WINDOW_SIZE
 # (OpenSSH's limits@openssh.com: 255 KiB) and keep IN_FLIGHT bytes outstanding throughout.
 MIN_WRITE = 32768  # what every SFTP server takes (draft-ietf-secsh-filexfer: >= 32768 of data)
 IN_FLIGHT = 4 << 20  # bytes of write requests awaiting an answer (the channel window caps it too)
+WRITE_HEAD = 4 + 1 + 4 + 4 + 8 + 4  # a write request's bytes besides the handle and the data:
+# length, type, id, handle length, offset, data length
 
 # The device's hasher is the agent's digest.py, sent as text (the transport never imports the
 # agent, and uploads the agent itself with it): "$2" -S -c TEXT PATH [SIZE IDLE].
@@ -260,7 +262,7 @@ class SftpFiles:
         chunk = self._write_size(sftp, len(handle))
         # One buffer for every request: header, then the data read straight into it. paramiko's
         # own path copies each request again per packet it is cut into (``out = out[n:]``).
-        head = 4 + 1 + 4 + 4 + len(handle) + 8 + 4
+        head = WRITE_HEAD + len(handle)
         buf = bytearray(head + chunk)
         view = memoryview(buf)
         struct.pack_into(f">I{len(handle)}s", buf, 9, len(handle), handle)
@@ -311,7 +313,7 @@ class SftpFiles:
         if self._max_write is None:
             self._max_write = self._server_max_write(sftp)
         packet = sftp.get_channel().out_max_packet_size - 64  # what Channel.send puts in one packet
-        header = 4 + 1 + 4 + 4 + handle_len + 8 + 4  # length, type, id, handle, offset, data length
+        header = WRITE_HEAD + handle_len
         if packet <= header:
             return MIN_WRITE
         packets = max(1, (self._max_write + header) // packet)
