@@ -158,6 +158,43 @@ def test_uploads_fill_whole_ssh_packets_with_large_writes(ssh_device, sshd_serve
     _assert_whole(_device_root(sshd_server), a)
 
 
+@pytest.mark.parametrize("size", [100_000, 5 * MB], ids=["read-back", "follower"])
+def test_an_upload_that_does_not_hash_right_is_refused(ssh_device, sshd_server, tmp_path, size):
+    """Both device-side checks (small files read back over SFTP, big ones hashed by the follower
+    as they arrive) refuse bytes whose sha256 is not the promised one, and leave nothing behind."""
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(size))
+    ssh_device.mkdir("up")
+    with pytest.raises(TransportError, match="arrived corrupted"):
+        ssh_device.put(src, "up/f.bin", sha256="0" * 64)
+    assert not list((_device_root(sshd_server) / "up").iterdir())
+    stats = ssh_device.put(src, "up/f.bin", sha256=sha256_file(src))
+    assert stats.bytes_sent == size
+    assert sha256_file(_device_root(sshd_server) / "up" / "f.bin") == sha256_file(src)
+
+
+def test_a_small_upload_is_checked_without_a_device_command(ssh_device, sshd_server, tmp_path):
+    """Up to READBACK_MAX the check is a read-back over SFTP: no hasher process on the device."""
+    src = tmp_path / "small.bin"
+    src.write_bytes(os.urandom(sftp_mod.READBACK_MAX))
+    ssh_device.mkdir("up")
+    commands: list[tuple] = []
+    real_exec = ssh_device._exec
+
+    def counting_exec(argv, *args, **kwargs):
+        commands.append(tuple(argv))
+        return real_exec(argv, *args, **kwargs)
+
+    ssh_device._exec = counting_exec
+    ssh_device.put(src, "up/small.bin", sha256=sha256_file(src))
+    assert commands == []
+    assert sha256_file(_device_root(sshd_server) / "up" / "small.bin") == sha256_file(src)
+    bigger = tmp_path / "bigger.bin"
+    bigger.write_bytes(os.urandom(sftp_mod.READBACK_MAX + 1))
+    ssh_device.put(bigger, "up/bigger.bin", sha256=sha256_file(bigger))
+    assert len(commands) == 1 and "sh" in commands[0]  # above it: the device's hasher
+
+
 def test_a_server_without_aes_gcm_gets_ctr_with_encrypt_then_mac(tmp_path):
     """Without AES-GCM on the server, the fallback is AES-CTR with an encrypt-then-MAC digest
     (paramiko alone would pick MAC-then-encrypt hmac-sha2-256), and uploads still verify."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import posixpath
 import shlex
 import struct
@@ -42,6 +43,10 @@ if command -v sha256sum >/dev/null 2>&1; then exec sha256sum < "$1"; fi
 exec "$2" -S -c {shlex.quote(_DIGEST_PY)} "$1"
 """
 PY_HASH_MIN = 4 << 20  # from this size on, hash with the device's Python first
+# Up to this size an upload is checked by reading it back over SFTP on the same handle (one
+# request after the fsync) and hashing here: what the device stored, without starting a hasher
+# process there (a few round trips and two process starts per file: most of a small upload).
+READBACK_MAX = 256 * 1024
 
 # A big upload is hashed on the device *while* it arrives: this follower (started right after
 # the temp file is opened) reads the file as it grows, so the check costs no second pass after
@@ -134,7 +139,8 @@ class SftpFiles:
         for _attempt in range(2):
             follower.clear()
             try:
-                sent += self._send(sftp, local, tmp, offset, size, progress, opened=start_follower if size >= PY_HASH_MIN else None)
+                moved, got = self._send(sftp, local, tmp, offset, size, progress, opened=start_follower if size >= PY_HASH_MIN else None)
+                sent += moved
             except BaseException as exc:
                 if follower.get("chan") is not None:
                     with contextlib.suppress(Exception):
@@ -142,7 +148,8 @@ class SftpFiles:
                 if not resume and not isinstance(exc, LinkError):
                     self._remove_quietly(tmp)
                 raise  # a LinkError leaves the temp file: a resumable upload continues from it
-            got = self._finish_follower(follower["chan"]) if follower.get("chan") is not None else None
+            if follower.get("chan") is not None:
+                got = self._finish_follower(follower["chan"])
             if got != digest:  # no follower, or it saw something else: hash the file as it is now
                 got = self._hash(tmp, size)
             if got == digest:
@@ -221,12 +228,16 @@ class SftpFiles:
             with contextlib.suppress(Exception):
                 chan.close()
 
-    def _send(self, sftp, local: Path, tmp: str, offset: int, size: int, progress, opened: Callable[[], None] | None = None) -> int:
-        """Write ``local[offset:]`` to ``tmp`` at ``offset``; bytes sent. ``opened()`` runs once the file is open."""
+    def _send(self, sftp, local: Path, tmp: str, offset: int, size: int, progress, opened: Callable[[], None] | None = None) -> tuple[int, str | None]:
+        """Write ``local[offset:]`` to ``tmp`` at ``offset``: bytes sent, and the sha256 of what the
+        device stored when the file is small enough to read back (else None). ``opened()`` runs
+        once the file is open."""
         sent = 0
+        stored = None
+        readback = size <= READBACK_MAX
         with self._sftp_op(f"uploading {local.name}"), self.ssh._activity():
             try:
-                fh = sftp.open(tmp, "r+" if offset else "w")
+                fh = sftp.open(tmp, "r+" if offset else "w+" if readback else "w")
             except PermissionError:
                 raise TransportError(f"cannot write {tmp} on the device: permission denied", "check the directory's owner and mode") from None
             except OSError as exc:
@@ -241,6 +252,8 @@ class SftpFiles:
                 if offset + sent != size:
                     raise TransportError(f"{local} changed while it was being uploaded", "upload it again")
                 self._fsync_remote(sftp, fh)
+                if readback:
+                    stored = self._read_back(sftp, fh.handle, size)
                 fh.close()  # waits for the server's answer, which follows every write: the data is there
             except OSError as exc:
                 if self._is_link_failure(exc):
@@ -252,7 +265,34 @@ class SftpFiles:
                     fh.close()
             if self.ssh._transport is None or not self.ssh._transport.is_active() or self.ssh._stalled:
                 raise EOFError("the connection closed during the upload")
-        return sent
+        return sent, stored
+
+    def _read_back(self, sftp, handle: bytes, size: int) -> str | None:
+        """sha256 of what the device has under ``handle``, read back in one round trip: pipelined
+        32 KiB reads (every server answers those in full) and one past the end, which must find
+        nothing. None when the file is not exactly ``size`` bytes long."""
+        from paramiko.sftp import CMD_DATA, CMD_READ
+        from paramiko.sftp_client import int64
+
+        def request(pos: int, n: int) -> int:
+            return sftp._async_request(type(None), CMD_READ, handle, int64(pos), n)
+
+        def answer(num: int) -> bytes:
+            try:
+                t, msg = sftp._read_response(num)
+            except EOFError:  # the SFTP status "end of file" (a dropped link raises SSHException)
+                return b""
+            return msg.get_string() if t == CMD_DATA else b""
+
+        asked = [(min(MIN_WRITE, size - pos), request(pos, min(MIN_WRITE, size - pos))) for pos in range(0, size, MIN_WRITE)]
+        past_end = request(size, 1)
+        h, whole = hashlib.sha256(), True
+        for n, num in asked:
+            data = answer(num)
+            whole = whole and len(data) == n
+            h.update(data)
+        longer = answer(past_end) != b""
+        return h.hexdigest() if whole and not longer else None
 
     def _write_all(self, sftp, handle: bytes, src, offset: int, progress) -> int:
         """Send ``src`` from its position to ``handle`` at ``offset`` as pipelined writes; bytes sent.
