@@ -122,6 +122,20 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _device_cpu(server) -> float:
+    """CPU seconds of the sshd's finished connections (sshd, sftp-server, the store, hashers):
+    the daemon's reaped children, from /proc/PID/stat (cutime + cstime)."""
+    fields = Path(f"/proc/{server.daemon_pid()}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def _settled(server, timeout: float = 10.0) -> None:
+    """Wait (bounded) until the connections just closed have exited, so their CPU is counted."""
+    deadline = time.monotonic() + timeout
+    while server.connection_pids() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats: int, other: Path | None) -> dict[str, list[float]]:
     """Seconds per round: scp of the bundle's files, a first push and a push of the same bundle
     again (and the same two for the ``other`` checkout); the order of the contenders rotates."""
@@ -136,6 +150,7 @@ def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats:
     names = ["scp", "push_cold", "push_warm"] + (["before_cold", "before_warm"] if other else [])
     times: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, list[float]] = {k: [] for k in ("scp", "push_cold", "before_cold") if k in times}
+    device: dict[str, list[float]] = {k: [] for k in cpu}
     child = None
     if other is not None:
         child = subprocess.Popen([sys.executable, "-c", _CHILD, str(other)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -143,20 +158,30 @@ def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats:
     def scp(i: int) -> None:
         dest = server.home / f"scp-{i}"
         dest.mkdir()
+        _settled(server)
+        dev_cpu = _device_cpu(server)
         start, used = time.perf_counter(), _children_cpu()
         subprocess.run(["scp", *scp_opts, *map(str, files), f"{remote}:{dest}/"], check=True)
         times["scp"].append(time.perf_counter() - start)
         cpu["scp"].append(_children_cpu() - used)
+        _settled(server)
+        device["scp"].append(_device_cpu(server) - dev_cpu)
         shutil.rmtree(dest)
 
     def push(i: int) -> None:
+        _settled(server)
+        dev_cpu = _device_cpu(server)
         cold, warm, used, cipher = _push_here(config, bundle, str(server.home / f"push-{i}"), total)
+        _settled(server)
+        device["push_cold"].append(_device_cpu(server) - dev_cpu)  # the unchanged push's too (small)
         cpu["push_cold"].append(used)
         times["push_cold"].append(cold)
         times["push_warm"].append(warm)
         times.setdefault("cipher", []).append(cipher)  # type: ignore[arg-type]
 
     def before(i: int) -> None:
+        _settled(server)
+        dev_cpu = _device_cpu(server)
         job = {"config": config_text, "bundle": str(bundle.root), "workdir": str(server.home / f"before-{i}")}
         child.stdin.write(json.dumps(job) + "\n")
         child.stdin.flush()
@@ -164,6 +189,8 @@ def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats:
         assert got["sent"] == total and got["again"] == 0, got
         times["before_cold"].append(got["cold"])
         cpu["before_cold"].append(got["cpu"])
+        _settled(server)
+        device["before_cold"].append(_device_cpu(server) - dev_cpu)
         times["before_warm"].append(got["warm"])
 
     contenders = [scp, push] + ([before] if other else [])
@@ -177,7 +204,7 @@ def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats:
         if child is not None:
             child.stdin.close()
             child.wait(timeout=60)
-    return times, cpu
+    return times, cpu, device
 
 
 def _scp_cipher() -> str:
@@ -214,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(p.stat().st_size for p in files)
         try:
             with Sshd(work / "sshd") as server:
-                times, cpu = _measure(server, work, bundle, files, total, args.repeats, args.compare_with)
+                times, cpu, device = _measure(server, work, bundle, files, total, args.repeats, args.compare_with)
         except LabUnavailable as exc:
             print(f"error: cannot start the loopback sshd: {exc}", file=sys.stderr)
             return 1
@@ -242,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": {k: {"median": med[k], "runs": v} for k, v in times.items()},
         # CPU seconds of the sending side on this host: scp's ssh client, the pushing Python process
         "client_cpu_s": {k: {"median": statistics.median(v), "runs": v} for k, v in cpu.items()},
+        # CPU seconds on the device side: sshd, sftp-server, the store, the hashers (the push's
+        # figure includes its unchanged push, a few hundredths)
+        "device_cpu_s": {k: {"median": statistics.median(v), "runs": v} for k, v in device.items()},
         "throughput_mb_s": {k: total / med[k] / 1e6 for k in ("scp", *colds)},
         "ratio_push_vs_scp": ratio["push_cold"],
         "ratio_median_of_rounds": per_round,
@@ -255,11 +285,11 @@ def main(argv: list[str] | None = None) -> int:
              "before_cold": "before: push, cold", "before_warm": "before: push, unchanged"}  # fmt: skip
     print(f"bundle: {len(files)} files, {total / 1e6:.1f} MB; {args.repeats} interleaved rounds on loopback, medians")
     print(f"ciphers: scp {doc['environment']['scp_cipher']}, push {', '.join(ciphers)}")
-    print(f"{'':28}{'seconds':>10}{'MB/s':>10}{'x scp':>8}{'rounds':>8}{'host CPU s':>12}")
+    print(f"{'':28}{'seconds':>10}{'MB/s':>10}{'x scp':>8}{'rounds':>8}{'host CPU s':>12}{'device CPU s':>14}")
     for k in times:
         rate = f"{total / med[k] / 1e6:>10.1f}" if not k.endswith("_warm") else f"{'-':>10}"
         rel = f"{ratio[k]:>8.2f}{per_round[k]:>8.2f}" if k in ratio else f"{'':>16}" * (k in cpu)
-        used = f"{statistics.median(cpu[k]):>12.2f}" if k in cpu else ""
+        used = f"{statistics.median(cpu[k]):>12.2f}{statistics.median(device[k]):>14.2f}" if k in cpu else ""
         print(f"{label[k]:28}{med[k]:>10.3f}{rate}{rel}{used}")
     print(f"push throughput / scp throughput: {ratio['push_cold']:.2f}x (goal >= 0.9x; push also verifies sha256 and fsyncs on the device)")
     if "before_cold" in ratio:
