@@ -12,11 +12,16 @@ in ``--repeats`` interleaved rounds (so a slow patch of the machine hits both al
   name, sha256 verified on the device, rename, bundle directory, ``current`` switch;
 * **push (warm)**: the same bundle pushed again on the same connection: nothing to send.
 
-It prints medians, throughput (bundle bytes / wall time) and the ratio push/scp of throughput
-(above 1: push is faster). Nothing is asserted; this is a measurement, not a test.
+With ``--compare-with DIR`` the rounds also time the push of another edgekit checkout (a git
+worktree of an older commit, say) in a child process, so before and after come from one run.
 
-    python benchmarks/push_vs_scp.py
-    python benchmarks/push_vs_scp.py --size-mb 200 --repeats 7
+It prints medians, throughput (bundle bytes / wall time), the ratio push/scp of throughput
+(above 1: push is faster) and the median of the per-round ratios. Nothing is asserted; this is
+a measurement, not a test.
+
+    python benchmarks/push_vs_scp.py                      # 200 MB, 5 rounds
+    python benchmarks/push_vs_scp.py --size-mb 50 --repeats 7
+    git worktree add /tmp/ek-before HEAD~3 && python benchmarks/push_vs_scp.py --compare-with /tmp/ek-before
     python benchmarks/push_vs_scp.py --json > push_vs_scp.json
 """
 
@@ -26,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -41,7 +47,7 @@ from edgekit.bundle import TensorSpec, Variant, write_bundle  # noqa: E402
 from edgekit.transport.push import push_bundle  # noqa: E402
 from edgekit.transport.ssh import SshTransport  # noqa: E402
 
-SCHEMA = 1
+SCHEMA = 2
 EXAMPLE_FILES = ("examples/digits/digits_cnn.onnx", "examples/mobilenetv2/mobilenetv2.onnx")
 
 
@@ -68,49 +74,158 @@ def bundle_files(bundle) -> list[Path]:
     return [bundle.path(f.path) for f in bundle.manifest.files] + [bundle.root / "manifest.json"]
 
 
-def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats: int) -> dict[str, list[float]]:
-    """Seconds per round: scp of the bundle's files, a first push, and a push of the same bundle again."""
+# The other checkout's push, in a process of its own (its edgekit, this Python): one JSON line
+# per round on stdin ({"config", "known", "bundle", "workdir"}), its seconds on stdout.
+_CHILD = """
+import json, shutil, sys, time
+sys.path.insert(0, sys.argv[1])
+from paramiko import SSHConfig
+from edgekit.bundle import load_bundle
+from edgekit.transport.push import push_bundle
+from edgekit.transport.ssh import SshTransport
+for line in sys.stdin:
+    job = json.loads(line)
+    bundle = load_bundle(job["bundle"], verify=False)
+    config = SSHConfig.from_text(job["config"])
+    start, cpu = time.perf_counter(), time.process_time()
+    dev = SshTransport("bench", workdir=job["workdir"], python=sys.executable, ssh_config=config)
+    sent = push_bundle(dev, bundle).bytes_sent
+    cold, cpu = time.perf_counter() - start, time.process_time() - cpu
+    start = time.perf_counter()
+    again = push_bundle(dev, bundle).bytes_sent
+    warm = time.perf_counter() - start
+    dev.close()
+    shutil.rmtree(job["workdir"])
+    print(json.dumps({"cold": cold, "warm": warm, "cpu": cpu, "sent": sent, "again": again}), flush=True)
+"""
+
+
+def _push_here(config, bundle, workdir: str, total: int) -> tuple[float, float, str]:
+    """A cold push into an empty device directory (connection included), then the same again."""
+    start, cpu = time.perf_counter(), time.process_time()
+    dev = SshTransport("bench", workdir=workdir, python=sys.executable, ssh_config=config)
+    result = push_bundle(dev, bundle)
+    cold, cpu = time.perf_counter() - start, time.process_time() - cpu
+    assert result.bytes_sent == total, (result.bytes_sent, total)
+    start = time.perf_counter()
+    again = push_bundle(dev, bundle)
+    warm = time.perf_counter() - start
+    assert again.bytes_sent == 0
+    cipher = dev._transport.local_cipher
+    dev.close()
+    shutil.rmtree(workdir)
+    return cold, warm, cpu, cipher
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _device_cpu(server) -> float:
+    """CPU seconds of the sshd's finished connections (sshd, sftp-server, the store, hashers):
+    the daemon's reaped children, from /proc/PID/stat (cutime + cstime)."""
+    fields = Path(f"/proc/{server.daemon_pid()}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def _settled(server, timeout: float = 10.0) -> None:
+    """Wait (bounded) until the connections just closed have exited, so their CPU is counted."""
+    deadline = time.monotonic() + timeout
+    while server.connection_pids() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _measure(server, work: Path, bundle, files: list[Path], total: int, repeats: int, other: Path | None) -> dict[str, list[float]]:
+    """Seconds per round: scp of the bundle's files, a first push and a push of the same bundle
+    again (and the same two for the ``other`` checkout); the order of the contenders rotates."""
     from paramiko import SSHConfig
 
     known = work / "known_hosts"
     known.write_text(server.known_hosts_line())
-    config = SSHConfig.from_text(server.ssh_config("bench") + f"    UserKnownHostsFile {known}\n")
+    config_text = server.ssh_config("bench") + f"    UserKnownHostsFile {known}\n"
+    config = SSHConfig.from_text(config_text)
     scp_opts = [*server.ssh_argv(), "-P", str(server.port), "-q"]
     remote = f"{server.user}@127.0.0.1"
-    times: dict[str, list[float]] = {"scp": [], "push_cold": [], "push_warm": []}
-    for i in range(repeats):
+    names = ["scp", "push_cold", "push_warm"] + (["before_cold", "before_warm"] if other else [])
+    times: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in ("scp", "push_cold", "before_cold") if k in times}
+    device: dict[str, list[float]] = {k: [] for k in cpu}
+    child = None
+    if other is not None:
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(other)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def scp(i: int) -> None:
         dest = server.home / f"scp-{i}"
         dest.mkdir()
-        start = time.perf_counter()
+        _settled(server)
+        dev_cpu = _device_cpu(server)
+        start, used = time.perf_counter(), _children_cpu()
         subprocess.run(["scp", *scp_opts, *map(str, files), f"{remote}:{dest}/"], check=True)
         times["scp"].append(time.perf_counter() - start)
+        cpu["scp"].append(_children_cpu() - used)
+        _settled(server)
+        device["scp"].append(_device_cpu(server) - dev_cpu)
         shutil.rmtree(dest)
 
-        workdir = str(server.home / f"push-{i}")
-        start = time.perf_counter()
-        dev = SshTransport("bench", workdir=workdir, python=sys.executable, ssh_config=config)
-        result = push_bundle(dev, bundle)
-        times["push_cold"].append(time.perf_counter() - start)
-        assert result.bytes_sent == total, (result.bytes_sent, total)
-        start = time.perf_counter()
-        again = push_bundle(dev, bundle)
-        times["push_warm"].append(time.perf_counter() - start)
-        assert again.bytes_sent == 0
-        dev.close()
-        shutil.rmtree(workdir)
-        print(f"round {i + 1}/{repeats}: scp {times['scp'][-1]:.3f}s, push {times['push_cold'][-1]:.3f}s, "
-              f"again {times['push_warm'][-1]:.3f}s", file=sys.stderr)  # fmt: skip
-    return times
+    def push(i: int) -> None:
+        _settled(server)
+        dev_cpu = _device_cpu(server)
+        cold, warm, used, cipher = _push_here(config, bundle, str(server.home / f"push-{i}"), total)
+        _settled(server)
+        device["push_cold"].append(_device_cpu(server) - dev_cpu)  # the unchanged push's too (small)
+        cpu["push_cold"].append(used)
+        times["push_cold"].append(cold)
+        times["push_warm"].append(warm)
+        times.setdefault("cipher", []).append(cipher)  # type: ignore[arg-type]
+
+    def before(i: int) -> None:
+        _settled(server)
+        dev_cpu = _device_cpu(server)
+        job = {"config": config_text, "bundle": str(bundle.root), "workdir": str(server.home / f"before-{i}")}
+        child.stdin.write(json.dumps(job) + "\n")
+        child.stdin.flush()
+        got = json.loads(child.stdout.readline())
+        assert got["sent"] == total and got["again"] == 0, got
+        times["before_cold"].append(got["cold"])
+        cpu["before_cold"].append(got["cpu"])
+        _settled(server)
+        device["before_cold"].append(_device_cpu(server) - dev_cpu)
+        times["before_warm"].append(got["warm"])
+
+    contenders = [scp, push] + ([before] if other else [])
+    try:
+        for i in range(repeats):
+            for run in contenders[i % len(contenders) :] + contenders[: i % len(contenders)]:
+                run(i)
+            line = ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items() if k != "cipher")
+            print(f"round {i + 1}/{repeats}: {line}", file=sys.stderr)
+    finally:
+        if child is not None:
+            child.stdin.close()
+            child.wait(timeout=60)
+    return times, cpu, device
+
+
+def _scp_cipher() -> str:
+    """The cipher scp offers first (OpenSSH's own order; the lab's sshd accepts it)."""
+    out = subprocess.run(["ssh", "-G", "127.0.0.1"], capture_output=True, text=True).stdout
+    line = next((x for x in out.splitlines() if x.startswith("ciphers ")), "ciphers ?")
+    return line.split()[1].split(",")[0]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=int, default=50, help="size of the random file in the bundle (default 50)")
+    ap.add_argument("--size-mb", type=int, default=200, help="size of the random file in the bundle (default 200)")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved rounds; medians are shown (default 5)")
+    ap.add_argument("--compare-with", type=Path, metavar="DIR", help="also time the push of the edgekit checkout in DIR, same rounds")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.size_mb < 1:
         print("error: --repeats and --size-mb must be >= 1", file=sys.stderr)
+        return 2
+    if args.compare_with is not None and not (args.compare_with / "edgekit" / "transport" / "push.py").is_file():
+        print(f"error: {args.compare_with} is not an edgekit checkout (no edgekit/transport/push.py)", file=sys.stderr)
         return 2
     if shutil.which("scp") is None:
         print("error: scp is not installed (apt-get install openssh-client)", file=sys.stderr)
@@ -126,13 +241,16 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(p.stat().st_size for p in files)
         try:
             with Sshd(work / "sshd") as server:
-                times = _measure(server, work, bundle, files, total, args.repeats)
+                times, cpu, device = _measure(server, work, bundle, files, total, args.repeats, args.compare_with)
         except LabUnavailable as exc:
             print(f"error: cannot start the loopback sshd: {exc}", file=sys.stderr)
             return 1
 
+    ciphers = sorted(set(times.pop("cipher", [])))
     med = {k: statistics.median(v) for k, v in times.items()}
-    ratio = med["scp"] / med["push_cold"]
+    colds = [k for k in ("push_cold", "before_cold") if k in times]
+    ratio = {k: med["scp"] / med[k] for k in colds}
+    per_round = {k: statistics.median(a / b for a, b in zip(times["scp"], times[k])) for k in colds}
     doc = {
         "schema": SCHEMA,
         "benchmark": "push_vs_scp",
@@ -141,23 +259,41 @@ def main(argv: list[str] | None = None) -> int:
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
             "scp": subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip(),
+            "scp_cipher": _scp_cipher(),
+            "push_cipher": ciphers,
             "paramiko": __import__("paramiko").__version__,
             "repeats": args.repeats,
+            "compare_with": str(args.compare_with) if args.compare_with else None,
         },
         "bundle": {"files": len(files), "bytes": total},
         "seconds": {k: {"median": med[k], "runs": v} for k, v in times.items()},
-        "throughput_mb_s": {k: total / med[k] / 1e6 for k in ("scp", "push_cold")},
-        "ratio_push_vs_scp": ratio,
+        # CPU seconds of the sending side on this host: scp's ssh client, the pushing Python process
+        "client_cpu_s": {k: {"median": statistics.median(v), "runs": v} for k, v in cpu.items()},
+        # CPU seconds on the device side: sshd, sftp-server, the store, the hashers (the push's
+        # figure includes its unchanged push, a few hundredths)
+        "device_cpu_s": {k: {"median": statistics.median(v), "runs": v} for k, v in device.items()},
+        "throughput_mb_s": {k: total / med[k] / 1e6 for k in ("scp", *colds)},
+        "ratio_push_vs_scp": ratio["push_cold"],
+        "ratio_median_of_rounds": per_round,
     }
+    if "before_cold" in ratio:
+        doc["ratio_before_vs_scp"] = ratio["before_cold"]
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
+    label = {"scp": "scp (OpenSSH)", "push_cold": "edgekit push, cold", "push_warm": "edgekit push, unchanged",
+             "before_cold": "before: push, cold", "before_warm": "before: push, unchanged"}  # fmt: skip
     print(f"bundle: {len(files)} files, {total / 1e6:.1f} MB; {args.repeats} interleaved rounds on loopback, medians")
-    print(f"{'':28}{'seconds':>10}{'MB/s':>10}")
-    print(f"{'scp (OpenSSH)':28}{med['scp']:>10.3f}{total / med['scp'] / 1e6:>10.1f}")
-    print(f"{'edgekit push, cold':28}{med['push_cold']:>10.3f}{total / med['push_cold'] / 1e6:>10.1f}")
-    print(f"{'edgekit push, unchanged':28}{med['push_warm']:>10.3f}{'-':>10}")
-    print(f"push throughput / scp throughput: {ratio:.2f}x (goal >= 0.9x; push also verifies sha256 on the device)")
+    print(f"ciphers: scp {doc['environment']['scp_cipher']}, push {', '.join(ciphers)}")
+    print(f"{'':28}{'seconds':>10}{'MB/s':>10}{'x scp':>8}{'rounds':>8}{'host CPU s':>12}{'device CPU s':>14}")
+    for k in times:
+        rate = f"{total / med[k] / 1e6:>10.1f}" if not k.endswith("_warm") else f"{'-':>10}"
+        rel = f"{ratio[k]:>8.2f}{per_round[k]:>8.2f}" if k in ratio else f"{'':>16}" * (k in cpu)
+        used = f"{statistics.median(cpu[k]):>12.2f}{statistics.median(device[k]):>14.2f}" if k in cpu else ""
+        print(f"{label[k]:28}{med[k]:>10.3f}{rate}{rel}{used}")
+    print(f"push throughput / scp throughput: {ratio['push_cold']:.2f}x (goal >= 0.9x; push also verifies sha256 and fsyncs on the device)")
+    if "before_cold" in ratio:
+        print(f"before ({args.compare_with}): {ratio['before_cold']:.2f}x")
     return 0
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from edgekit.agent import digest as agent_digest
 from edgekit.bundle import TensorSpec, Variant, write_bundle
 from edgekit.errors import DeviceError, LinkError, TransportError
 from edgekit.fsutil import sha256_file
+from edgekit.transport import sftp as sftp_mod
 from edgekit.transport.local import LocalTransport
 from edgekit.transport.push import PushProgress, current_bundle, describe, push_bundle, rollback
 from edgekit.transport.ssh import SshTransport
@@ -131,6 +134,112 @@ def test_local_and_ssh_push_lay_out_the_device_the_same(ssh_device, sshd_server,
     assert tree(tmp_path / "local-device") == tree(_device_root(sshd_server))
 
 
+def test_uploads_fill_whole_ssh_packets_with_large_writes(ssh_device, sshd_server, tmp_path):
+    """Each write request is as large as the server takes and ends exactly on a channel packet:
+    a 20 MB upload costs about one SSH packet per 32 KB (SFTPFile.write's 32 KiB requests took two)."""
+    size = 20 * MB
+    a = _bundle(tmp_path, "a", {"m.onnx": os.urandom(size)})
+    ssh_device.mkdir(ssh_device.root)  # connect, so the packets counted below are the upload's
+    files = ssh_device.files
+    sftp = files._sftp_client()
+    packetizer = ssh_device._transport.packetizer
+    counter = "_Packetizer__sent_packets"  # paramiko's rekey counter (reset on rekey: every 1 GB)
+    if not hasattr(packetizer, counter):
+        pytest.skip("this paramiko has no packet counter to check")
+    before = getattr(packetizer, counter)
+    push_bundle(ssh_device, a)
+    packets = getattr(packetizer, counter) - before
+    payload = sftp.get_channel().out_max_packet_size - 64  # what one channel packet carries
+    assert ssh_device._transport.local_cipher == "aes128-gcm@openssh.com"  # paramiko's cheapest; OpenSSH has it
+    assert files._max_write > sftp_mod.MIN_WRITE  # OpenSSH answers limits@openssh.com (255 KiB)
+    chunk = files._write_size(sftp, 4)  # OpenSSH's handles are 4 bytes
+    assert (chunk + 29) % payload == 0 and sftp_mod.MIN_WRITE < chunk <= files._max_write
+    assert size / payload <= packets < size / payload * 1.1 + 200  # + the store's commands and answers
+    _assert_whole(_device_root(sshd_server), a)
+
+
+@pytest.mark.parametrize("size", [100_000, 5 * MB], ids=["read-back", "follower"])
+def test_an_upload_that_does_not_hash_right_is_refused(ssh_device, sshd_server, tmp_path, size):
+    """Both device-side checks (small files read back over SFTP, big ones hashed by the follower
+    as they arrive) refuse bytes whose sha256 is not the promised one, and leave nothing behind."""
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(size))
+    ssh_device.mkdir("up")
+    with pytest.raises(TransportError, match="arrived corrupted"):
+        ssh_device.put(src, "up/f.bin", sha256="0" * 64)
+    assert not list((_device_root(sshd_server) / "up").iterdir())
+    stats = ssh_device.put(src, "up/f.bin", sha256=sha256_file(src))
+    assert stats.bytes_sent == size
+    assert sha256_file(_device_root(sshd_server) / "up" / "f.bin") == sha256_file(src)
+
+
+def test_a_small_upload_is_checked_without_a_device_command(ssh_device, sshd_server, tmp_path):
+    """Up to READBACK_MAX the check is a read-back over SFTP: no hasher process on the device."""
+    src = tmp_path / "small.bin"
+    src.write_bytes(os.urandom(sftp_mod.READBACK_MAX))
+    ssh_device.mkdir("up")
+    commands: list[tuple] = []
+    real_exec = ssh_device._exec
+
+    def counting_exec(argv, *args, **kwargs):
+        commands.append(tuple(argv))
+        return real_exec(argv, *args, **kwargs)
+
+    ssh_device._exec = counting_exec
+    ssh_device.put(src, "up/small.bin", sha256=sha256_file(src))
+    assert commands == []
+    assert sha256_file(_device_root(sshd_server) / "up" / "small.bin") == sha256_file(src)
+    bigger = tmp_path / "bigger.bin"
+    bigger.write_bytes(os.urandom(sftp_mod.READBACK_MAX + 1))
+    ssh_device.put(bigger, "up/bigger.bin", sha256=sha256_file(bigger))
+    assert len(commands) == 1 and "sh" in commands[0]  # above it: the device's hasher
+
+
+def test_a_server_without_aes_gcm_gets_ctr_with_encrypt_then_mac(tmp_path):
+    """Without AES-GCM on the server, the fallback is AES-CTR with an encrypt-then-MAC digest
+    (paramiko alone would pick MAC-then-encrypt hmac-sha2-256), and uploads still verify."""
+    from paramiko import SSHConfig
+
+    extra = ("Ciphers aes128-ctr,aes256-ctr", "MACs hmac-sha2-256,hmac-sha2-256-etm@openssh.com")
+    with sshd_mod.Sshd(tmp_path / "ctr-sshd", extra=extra) as server:
+        known = tmp_path / "known_hosts"
+        known.write_text(server.known_hosts_line())
+        config = SSHConfig.from_text(server.ssh_config("ctr") + f"    UserKnownHostsFile {known}\n")
+        dev = SshTransport("ctr", workdir=str(server.home / "dev"), ssh_config=config)
+        try:
+            a = _bundle(tmp_path, "a", {"m.onnx": os.urandom(300_000)})
+            push_bundle(dev, a)
+            assert (dev._transport.local_cipher, dev._transport.local_mac) == ("aes128-ctr", "hmac-sha2-256-etm@openssh.com")
+        finally:
+            dev.close()
+        _assert_whole(server.home / "dev", a)
+
+
+def test_the_follower_hashes_a_growing_file_and_flushes_it(tmp_path):
+    """The device's follower (digest.py) hashes a file while another writer appends to it, and
+    its periodic fsync (here every 100 KB) leaves the digest exact."""
+    path = tmp_path / "growing.part"
+    data = os.urandom(1 * MB + 123)
+    path.write_bytes(b"")
+    result: dict[str, object] = {}
+
+    def follow() -> None:
+        try:
+            result["digest"] = agent_digest.sha256_file(str(path), len(data), 10.0, 100_000)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            result["error"] = exc
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    with open(path, "ab") as fh:
+        for i in range(0, len(data), 64 * 1024):
+            fh.write(data[i : i + 64 * 1024])
+            fh.flush()
+    follower.join(timeout=30)
+    assert not follower.is_alive() and "error" not in result
+    assert result["digest"] == sha256_file(path)
+
+
 @pytest.mark.slow
 def test_killing_the_connection_mid_file_20_times(ssh_home, sshd_server, tmp_path):
     """Kill the sshd serving the push 20 times mid-file: every retry resumes, `current` is
@@ -140,7 +249,10 @@ def test_killing_the_connection_mid_file_20_times(ssh_home, sshd_server, tmp_pat
     root = _device_root(sshd_server)
     old = _bundle(tmp_path, "old", {"fp32/model.onnx": os.urandom(50_000)})
     push_bundle(dev, old)
-    new = _bundle(tmp_path, "new", {"fp32/model.onnx": os.urandom(12 * MB), "fp32/inputs.npz": os.urandom(1000)})
+    # big enough that 20 kills fit even when progress comes in steps of a whole write request
+    # (up to ~255 KiB each: a kill lands one to three requests after the step)
+    size = 20 * MB
+    new = _bundle(tmp_path, "new", {"fp32/model.onnx": os.urandom(size), "fp32/inputs.npz": os.urandom(1000)})
     step = 500_000
     kills: list[int] = []
     checked = [0]
@@ -159,8 +271,8 @@ def test_killing_the_connection_mid_file_20_times(ssh_home, sshd_server, tmp_pat
     assert result.retries == 20
     assert result.resumed >= 12  # most kills left a partial temp file to continue from
     # ... so each kill cost what was in flight (up to the 2 MB SSH window and socket buffers),
-    # not the file from the start again (which would add up to ~100 MB here)
-    assert 12 * MB < result.bytes_sent < 13 * MB + 20 * 3 * MB
+    # not the file from the start again (which would add up to ~200 MB here)
+    assert size < result.bytes_sent < size + MB + 20 * 3 * MB
     _assert_whole(root, new)
     assert _current(root) == f"bundles/{new.manifest.bundle_hash}"
     assert os.readlink(root / "previous") == f"bundles/{old.manifest.bundle_hash}"
@@ -180,10 +292,12 @@ def _proxied(ssh_home, server: sshd_mod.Sshd, proxy: TcpProxy, alias: str = "via
 def test_connections_cut_by_the_network_resume(ssh_home, sshd_server, tmp_path):
     with TcpProxy("127.0.0.1", sshd_server.port) as proxy:
         _proxied(ssh_home, sshd_server, proxy)
-        proxy.cut_after(2 * MB)
-        proxy.cut_after(1 * MB, count=2)
+        # the sender may be a whole SSH window (2 MB) ahead of what the device has written when
+        # the link drops: cut later than that, so every cut leaves a part to resume from
+        proxy.cut_after(5 * MB)
+        proxy.cut_after(4 * MB, count=2)
         dev = SshTransport("viaproxy", idle_timeout=10)
-        b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(5 * MB)})
+        b = _bundle(tmp_path, "b", {"fp32/model.onnx": os.urandom(12 * MB)})
         result = push_bundle(dev, b, backoff_s=0.0)
         dev.close()
         assert proxy.cuts == 3 and result.retries == 3 and result.resumed >= 2

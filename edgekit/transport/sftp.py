@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import posixpath
 import shlex
+import struct
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,15 @@ from edgekit.fsutil import atomic_path, sha256_file
 from edgekit.transport.base import PutProgress, PutStats, part_name
 from edgekit.transport.sshconnect import WINDOW_SIZE
 
-BLOCK = 256 * 1024  # local read size for uploads (SFTP splits it into 32 KiB requests)
+# Upload writes are our own pipelined SFTP requests, not SFTPFile.write: that one sends 32 KiB
+# requests, each of which spills 29 header bytes into a second SSH packet (twice the packets, and
+# paramiko's cost is per packet), and it drains every outstanding request each 100 writes, an
+# empty pipe each time. Ours fill whole channel packets, are as large as the server accepts
+# (OpenSSH's limits@openssh.com: 255 KiB) and keep IN_FLIGHT bytes outstanding throughout.
+MIN_WRITE = 32768  # what every SFTP server takes (draft-ietf-secsh-filexfer: >= 32768 of data)
+IN_FLIGHT = 4 << 20  # bytes of write requests awaiting an answer (the channel window caps it too)
+WRITE_HEAD = 4 + 1 + 4 + 4 + 8 + 4  # a write request's bytes besides the handle and the data:
+# length, type, id, handle length, offset, data length
 
 # The device's hasher is the agent's digest.py, sent as text (the transport never imports the
 # agent, and uploads the agent itself with it): "$2" -S -c TEXT PATH [SIZE IDLE].
@@ -32,6 +43,10 @@ if command -v sha256sum >/dev/null 2>&1; then exec sha256sum < "$1"; fi
 exec "$2" -S -c {shlex.quote(_DIGEST_PY)} "$1"
 """
 PY_HASH_MIN = 4 << 20  # from this size on, hash with the device's Python first
+# Up to this size an upload is checked by reading it back over SFTP on the same handle (one
+# request after the fsync) and hashing here: what the device stored, without starting a hasher
+# process there (a few round trips and two process starts per file: most of a small upload).
+READBACK_MAX = 256 * 1024
 
 # A big upload is hashed on the device *while* it arrives: this follower (started right after
 # the temp file is opened) reads the file as it grows, so the check costs no second pass after
@@ -50,6 +65,7 @@ class SftpFiles:
     def __init__(self, ssh: Any) -> None:
         self.ssh = ssh  # the SshTransport: its connection, watchdog and command runner
         self._sftp = None  # paramiko.SFTPClient, opened on first use
+        self._max_write: int | None = None  # the server's largest write request (per SFTP session)
 
     def detach(self):
         """Forget the SFTP session (the connection is being dropped); it, for closing."""
@@ -70,7 +86,7 @@ class SftpFiles:
             if sftp is None:
                 raise TransportError(f"{self.ssh.target.display} refused the SFTP subsystem", "enable 'Subsystem sftp' in the device's sshd_config")
             sftp.get_channel().settimeout(self.ssh.idle_timeout)
-            self._sftp = sftp
+            self._sftp, self._max_write = sftp, None
             return sftp
 
     @contextlib.contextmanager
@@ -123,7 +139,8 @@ class SftpFiles:
         for _attempt in range(2):
             follower.clear()
             try:
-                sent += self._send(sftp, local, tmp, offset, size, progress, opened=start_follower if size >= PY_HASH_MIN else None)
+                moved, got = self._send(sftp, local, tmp, offset, size, progress, opened=start_follower if size >= PY_HASH_MIN else None)
+                sent += moved
             except BaseException as exc:
                 if follower.get("chan") is not None:
                     with contextlib.suppress(Exception):
@@ -131,7 +148,8 @@ class SftpFiles:
                 if not resume and not isinstance(exc, LinkError):
                     self._remove_quietly(tmp)
                 raise  # a LinkError leaves the temp file: a resumable upload continues from it
-            got = self._finish_follower(follower["chan"]) if follower.get("chan") is not None else None
+            if follower.get("chan") is not None:
+                got = self._finish_follower(follower["chan"])
             if got != digest:  # no follower, or it saw something else: hash the file as it is now
                 got = self._hash(tmp, size)
             if got == digest:
@@ -210,12 +228,16 @@ class SftpFiles:
             with contextlib.suppress(Exception):
                 chan.close()
 
-    def _send(self, sftp, local: Path, tmp: str, offset: int, size: int, progress, opened: Callable[[], None] | None = None) -> int:
-        """Write ``local[offset:]`` to ``tmp`` at ``offset``; bytes sent. ``opened()`` runs once the file is open."""
+    def _send(self, sftp, local: Path, tmp: str, offset: int, size: int, progress, opened: Callable[[], None] | None = None) -> tuple[int, str | None]:
+        """Write ``local[offset:]`` to ``tmp`` at ``offset``: bytes sent, and the sha256 of what the
+        device stored when the file is small enough to read back (else None). ``opened()`` runs
+        once the file is open."""
         sent = 0
+        stored = None
+        readback = size <= READBACK_MAX
         with self._sftp_op(f"uploading {local.name}"), self.ssh._activity():
             try:
-                fh = sftp.open(tmp, "r+" if offset else "w")
+                fh = sftp.open(tmp, "r+" if offset else "w+" if readback else "w")
             except PermissionError:
                 raise TransportError(f"cannot write {tmp} on the device: permission denied", "check the directory's owner and mode") from None
             except OSError as exc:
@@ -224,23 +246,14 @@ class SftpFiles:
             try:
                 if opened is not None:
                     opened()
-                fh.set_pipelined(True)
-                if offset:
-                    fh.seek(offset)
                 with open(local, "rb") as src:
                     src.seek(offset)
-                    while True:
-                        block = src.read(BLOCK)
-                        if not block:
-                            break
-                        fh.write(block)
-                        sent += len(block)
-                        self.ssh.beat()
-                        if progress is not None:
-                            progress(len(block), offset + sent)
+                    sent = self._write_all(sftp, fh.handle, src, offset, progress)
                 if offset + sent != size:
                     raise TransportError(f"{local} changed while it was being uploaded", "upload it again")
                 self._fsync_remote(sftp, fh)
+                if readback:
+                    stored = self._read_back(sftp, fh.handle, size)
                 fh.close()  # waits for the server's answer, which follows every write: the data is there
             except OSError as exc:
                 if self._is_link_failure(exc):
@@ -252,7 +265,115 @@ class SftpFiles:
                     fh.close()
             if self.ssh._transport is None or not self.ssh._transport.is_active() or self.ssh._stalled:
                 raise EOFError("the connection closed during the upload")
+        return sent, stored
+
+    def _read_back(self, sftp, handle: bytes, size: int) -> str | None:
+        """sha256 of what the device has under ``handle``, read back in one round trip: pipelined
+        32 KiB reads (every server answers those in full) and one past the end, which must find
+        nothing. None when the file is not exactly ``size`` bytes long."""
+        from paramiko.sftp import CMD_DATA, CMD_READ
+        from paramiko.sftp_client import int64
+
+        def request(pos: int, n: int) -> int:
+            return sftp._async_request(type(None), CMD_READ, handle, int64(pos), n)
+
+        def answer(num: int) -> bytes:
+            try:
+                t, msg = sftp._read_response(num)
+            except EOFError:  # the SFTP status "end of file" (a dropped link raises SSHException)
+                return b""
+            return msg.get_string() if t == CMD_DATA else b""
+
+        asked = [(min(MIN_WRITE, size - pos), request(pos, min(MIN_WRITE, size - pos))) for pos in range(0, size, MIN_WRITE)]
+        past_end = request(size, 1)
+        h, whole = hashlib.sha256(), True
+        for n, num in asked:
+            data = answer(num)
+            whole = whole and len(data) == n
+            h.update(data)
+        longer = answer(past_end) != b""
+        return h.hexdigest() if whole and not longer else None
+
+    def _write_all(self, sftp, handle: bytes, src, offset: int, progress) -> int:
+        """Send ``src`` from its position to ``handle`` at ``offset`` as pipelined writes; bytes sent.
+        Every write is answered (in order): an error status raises OSError here."""
+        from paramiko.sftp import CMD_STATUS, CMD_WRITE
+
+        chunk = self._write_size(sftp, len(handle))
+        # One buffer for every request: header, then the data read straight into it. paramiko's
+        # own path copies each request again per packet it is cut into (``out = out[n:]``).
+        head = WRITE_HEAD + len(handle)
+        buf = bytearray(head + chunk)
+        view = memoryview(buf)
+        struct.pack_into(f">I{len(handle)}s", buf, 9, len(handle), handle)
+        chan = sftp.sock
+        pending: deque[int] = deque()
+        sent = 0
+        try:
+            while True:
+                n = src.readinto(view[head:])
+                if not n:
+                    break
+                with sftp._lock:  # the request ids and the table of awaited answers are paramiko's
+                    num = sftp.request_number
+                    sftp._expecting[num] = type(None)  # what SFTPClient._request files a plain request under
+                    sftp.request_number += 1
+                struct.pack_into(">IBI", buf, 0, head - 4 + n, CMD_WRITE, num)
+                struct.pack_into(">QI", buf, head - 12, offset + sent, n)
+                pending.append(num)
+                out = view[: head + n]
+                while out:
+                    k = chan.send(out)  # one channel packet's worth at a time
+                    if k <= 0:
+                        raise EOFError("the SFTP channel closed during the upload")
+                    out = out[k:]
+                sent += n
+                while len(pending) * chunk > IN_FLIGHT:
+                    self._expect_status(sftp, pending.popleft(), CMD_STATUS)
+                self.ssh.beat()
+                if progress is not None:
+                    progress(n, offset + sent)
+            while pending:
+                self._expect_status(sftp, pending.popleft(), CMD_STATUS)
+        finally:
+            with sftp._lock:  # answers not read (an error stopped us) are dropped when they come
+                for num in pending:
+                    sftp._expecting.pop(num, None)
         return sent
+
+    @staticmethod
+    def _expect_status(sftp, num: int, status: int) -> None:
+        t, _msg = sftp._read_response(num)  # raises OSError on an error status
+        if t != status:
+            raise OSError(f"unexpected SFTP answer {t} to a write")
+
+    def _write_size(self, sftp, handle_len: int) -> int:
+        """Bytes of data per write request: as many as the server takes, rounded down so that the
+        request fills whole SSH channel packets (paramiko's cost is per packet, not per byte)."""
+        if self._max_write is None:
+            self._max_write = self._server_max_write(sftp)
+        packet = sftp.get_channel().out_max_packet_size - 64  # what Channel.send puts in one packet
+        header = WRITE_HEAD + handle_len
+        if packet <= header:
+            return MIN_WRITE
+        packets = max(1, (self._max_write + header) // packet)
+        size = packets * packet - header
+        return size if size <= self._max_write else self._max_write
+
+    def _server_max_write(self, sftp) -> int:
+        """The largest write the SFTP server takes: its limits@openssh.com answer, else ``MIN_WRITE``."""
+        from paramiko.sftp import CMD_EXTENDED, CMD_EXTENDED_REPLY, SFTPError
+
+        try:
+            t, msg = sftp._request(CMD_EXTENDED, "limits@openssh.com")
+        except (OSError, SFTPError) as exc:  # an error status: the server lacks the extension
+            if self._is_link_failure(exc):
+                raise
+            return MIN_WRITE
+        if t != CMD_EXTENDED_REPLY:
+            return MIN_WRITE
+        _packet, _read, write = msg.get_int64(), msg.get_int64(), msg.get_int64()
+        return min(write, 1 << 20) if write >= MIN_WRITE else MIN_WRITE  # 0 means "no limit": stay safe
 
     def _fsync_remote(self, sftp, fh) -> None:
         """Flush, then fsync@openssh.com on the open handle when the server has it (OpenSSH does)."""
@@ -357,3 +478,4 @@ class SftpFiles:
                         if stat_mod.S_ISDIR(sftp.stat(d).st_mode or 0):
                             continue  # made meanwhile by someone else
                     raise TransportError(f"cannot create directory {d}: {exc.strerror or exc}", "check permissions") from None
+

@@ -255,10 +255,18 @@ class SshConnector:
 
 
 def _prefer_fast_ciphers(t) -> None:
-    """AES-GCM first (no separate MAC pass: the fastest paramiko cipher), then the defaults."""
+    """AES-GCM first, then AES-CTR with encrypt-then-MAC, then paramiko's defaults.
+
+    paramiko's cost is per byte in the cipher and per packet in Python: AES-GCM (one AEAD call
+    per packet, no separate MAC pass) took 0.49 s of host CPU for a 200 MB upload where
+    aes128-ctr + hmac-sha2-256 took 0.72 s (loopback sshd, 2026-11-24). paramiko has no
+    chacha20-poly1305, OpenSSH's own first choice. For CTR, encrypt-then-MAC is the sound
+    construction (paramiko lists the older MAC-then-encrypt ones first)."""
     opts = t.get_security_options()
-    fast = [c for c in ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr") if c in opts.ciphers]
+    fast = [c for c in ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr") if c in opts.ciphers]
     opts.ciphers = tuple(dict.fromkeys([*fast, *opts.ciphers]))
+    etm = [m for m in ("hmac-sha2-256-etm@openssh.com", "hmac-sha2-512-etm@openssh.com") if m in opts.digests]
+    opts.digests = tuple(dict.fromkeys([*etm, *opts.digests]))
 
 
 def _catch_exit_signals(t) -> None:
