@@ -515,3 +515,16 @@ def test_bundles_of_the_same_files_for_two_boards_keep_their_own_manifests(ssh_d
     # staging the other board's bundle must not touch what `current` names (one shared id did)
     push_bundle(ssh_device, bundles["rpi5"], activate=False)
     assert (root / "current" / "manifest.json").read_bytes() == (bundles["rpi4"].root / "manifest.json").read_bytes()
+
+
+@pytest.mark.ssh
+def test_uploads_work_on_paramikos_own_write_path(ssh_device, sshd_server, tmp_path, monkeypatch):
+    # A paramiko whose SFTP internals differ from the ones the fast path drives: its own writes.
+    import edgekit.transport.sftp as sftp_mod
+
+    monkeypatch.setattr(sftp_mod, "_pipelines", lambda sftp: False)
+    small, big = os.urandom(1000), os.urandom(5 * MB + 3)
+    a = _bundle(tmp_path, "a", {"m.onnx": big, "s.bin": small})
+    result = push_bundle(ssh_device, a)
+    assert result.files_sent >= 2 and result.bytes_sent >= len(big) + len(small)
+    _assert_whole(_device_root(sshd_server), a)

@@ -48,6 +48,13 @@ PY_HASH_MIN = 4 << 20  # from this size on, hash with the device's Python first
 # process there (a few round trips and two process starts per file: most of a small upload).
 READBACK_MAX = 256 * 1024
 
+
+def _pipelines(sftp) -> bool:
+    """Does this paramiko's SFTPClient have the internals ``_write_all``/``_read_back`` drive
+    (request ids, the table of awaited answers, the raw channel)? Written against paramiko 5.1;
+    a release that renames them gets paramiko's own write path instead of a crash."""
+    return all(hasattr(sftp, a) for a in ("_lock", "_expecting", "request_number", "_async_request", "_read_response", "sock"))
+
 # A big upload is hashed on the device *while* it arrives: this follower (started right after
 # the temp file is opened) reads the file as it grows, so the check costs no second pass after
 # the transfer. It gives up after "$4" seconds without growth. No Python: exit 127, hash afterwards.
@@ -248,11 +255,14 @@ class SftpFiles:
                     opened()
                 with open(local, "rb") as src:
                     src.seek(offset)
-                    sent = self._write_all(sftp, fh.handle, src, offset, progress)
+                    if _pipelines(sftp):
+                        sent = self._write_all(sftp, fh.handle, src, offset, progress)
+                    else:  # a paramiko whose internals we don't know: its own (slower) pipelined writes
+                        sent = self._write_plain(fh, src, offset, progress)
                 if offset + sent != size:
                     raise TransportError(f"{local} changed while it was being uploaded", "upload it again")
                 self._fsync_remote(sftp, fh)
-                if readback:
+                if readback and _pipelines(sftp):
                     stored = self._read_back(sftp, fh.handle, size)
                 fh.close()  # waits for the server's answer, which follows every write: the data is there
             except OSError as exc:
@@ -293,6 +303,18 @@ class SftpFiles:
             h.update(data)
         longer = answer(past_end) != b""
         return h.hexdigest() if whole and not longer else None
+
+    def _write_plain(self, fh, src, offset: int, progress) -> int:
+        fh.set_pipelined(True)
+        fh.seek(offset)
+        sent = 0
+        while block := src.read(MIN_WRITE * 8):
+            fh.write(block)
+            sent += len(block)
+            self.ssh.beat()
+            if progress is not None:
+                progress(len(block), offset + sent)
+        return sent
 
     def _write_all(self, sftp, handle: bytes, src, offset: int, progress) -> int:
         """Send ``src`` from its position to ``handle`` at ``offset`` as pipelined writes; bytes sent.
