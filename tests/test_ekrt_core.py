@@ -625,6 +625,7 @@ def _malformed(blob: Blob) -> dict[str, tuple[bytes, str]]:
     mp, ap, gap = blob.op_at(ekm.MAXPOOL), blob.op_at(ekm.AVGPOOL), blob.op_at(ekm.GLOBAL_AVGPOOL)
     rs, tr, rz, lut, sm = (blob.op_at(t) for t in (ekm.RESHAPE, ekm.TRANSPOSE, ekm.RESIZE, ekm.LUT, ekm.SOFTMAX))
     fc, q, dq = blob.op_at(ekm.FULLY_CONNECTED), blob.op_at(ekm.QUANTIZE), blob.op_at(ekm.DEQUANTIZE)
+    sl, reflect, zeros, clut = blob.op_at(ekm.SLICE), blob.op_at(ekm.PAD), blob.op_at(ekm.PAD, 1), blob.op_at(ekm.LUT_CHANNEL)
     n_t = len(m.tensors)
     conv_op = m.ops[conv]
     later_out = m.ops[conv + 1].outputs[0]
@@ -731,6 +732,16 @@ def _malformed(blob: Blob) -> dict[str, tuple[bytes, str]]:
         "resize_mode": (blob.op(rz, "p0", 2), "params[0] (mode) is 2"),
         "lut_table": (blob.op(lut, "in1", c_i8), "(table, tensor"),
         "softmax_axis": (blob.op(sm, "p0", 0), "params[0] (axis) is 0"),
+        "slice_reads_past_the_start": (blob.op(sl, "p3", 0), "outside 0.."),
+        "slice_start_past_the_end": (blob.op(sl, "p2", 1000), "params[2] (start) is 1000"),
+        "slice_step_0": (blob.op(sl, "p5", 0), "params[5] (step) is 0"),
+        "slice_unused_param": (blob.op(sl, "p9", 1), "params[9] is 1; this op does not use it"),
+        "pad_reflect_past_the_edge": (blob.op(reflect, "p2", 1000), "params[2] (pad before) is 1000"),
+        "pad_reflect_interior": (blob.op(reflect, "p9", 1), "params[9] (interior) is 1"),
+        "pad_out_shape": (blob.op(zeros, "p5", 3), "the pads make"),
+        "pad_mode": (blob.op(zeros, "p12", 3), "params[12] (mode) is 3"),
+        "pad_value": (blob.op(zeros, "p13", 300), "params[13] (value) is 300"),
+        "lut_channel_table": (blob.op(clut, "in1", m.ops[lut].inputs[1]), "(table, tensor"),
         "fc_weights_shape": (blob.op(fc, "in1", c_i8), "input 1 (weights"),
         "quantize_layout": (blob.op(q, "p0", 0), "shape differs"),
         "dequantize_layout": (blob.op(dq, "p0", 5), "params[0] (nhwc_to_nchw) is 5"),

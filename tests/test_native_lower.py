@@ -10,6 +10,7 @@ reference's outputs exactly.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -351,6 +352,30 @@ def test_ppocr_cls_matches_the_qdq_reference():
         assert np.array_equal(got, ekm_reference.run(a.ekm_model, feed)[a.ekm_model.outputs[0][1]])
 
 
+@pytest.mark.realmodels
+def test_ppocr_det_lowers_and_runs_close_to_the_qdq_reference():
+    """DBNet (PP-OCRv4 det): its FPN's ConvTranspose + BatchNormalization made ekrt refuse it."""
+    from realmodels import det_samples, rapidocr_model
+
+    path = rapidocr_model("det")
+    calib = FeedSet([{"x": s[None]} for s in det_samples(4, seed=1, size=(160, 160))], "det_samples(4, 1)")
+    held = FeedSet([{"x": s[None]} for s in det_samples(3, seed=2, size=(160, 160))], "det_samples(3, 2)")
+    qdq, held = quantize_native(path, calib, held, shapes={"x": (1, 3, 160, 160)})
+    m, report = lower(qdq)
+    assert report.ops["PAD"] == 2 and report.ops["LUT_CHANNEL"] == 1  # ConvTranspose zeros, BN tables
+    ekrt = pytest.importorskip("edgekit._ekrt")
+    model = ekrt.Model(ekm.to_bytes(m))
+    sess = session(qdq.SerializeToString(), reference=True)
+    for feed in held.feeds:
+        (got,) = model.run(feed)
+        assert np.array_equal(got, ekm_reference.run(m, feed)[m.outputs[0][1]])
+        (want,) = sess.run(None, feed)
+        # measured at 320x320 on 6 samples: cosine >= 0.9975, 99.7 % within 1 step: 1-step ties of the
+        # TFLite-style ADD / LUT chains grow through the 89 Adds of the backbone (tests above: per layer)
+        cos = float(got.ravel() @ want.ravel() / (np.linalg.norm(got) * np.linalg.norm(want)))
+        assert cos >= 0.99, cos
+
+
 def test_c_runtime_equals_the_reference_bit_for_bit(resnet_qdq):
     ekrt = pytest.importorskip("edgekit._ekrt", reason="the C extension is not built (pip install -e .)")
     qdq, held = resnet_qdq
@@ -396,6 +421,40 @@ def test_unsupported_op_is_named_by_check_lowerable_and_the_plan(tmp_path):
     assert plan.backend != "native"
     skipped = dict(plan.skipped)
     assert "the_norm" in skipped["native"]
+
+
+def test_plan_reports_ekrt_coverage_and_why_it_picked_another_backend(tmp_path, cli):
+    # conv -> InstanceNormalization -> conv: the first conv runs in int8, the norm cannot, the second
+    # conv is not reached; the plan falls back and says so (rpi5 lists native first)
+    scale = numpy_helper.from_array(np.ones(4, np.float32), "g")
+    bias = numpy_helper.from_array(np.zeros(4, np.float32), "b")
+    path = tmp_path / "norm.onnx"
+    onnx.save(_model_with(helper.make_node("InstanceNormalization", ["c", "g", "b"], ["n"], name="the_norm"), (scale, bias)), path)
+    plan = make_plan(load_model(path), load_profile("rpi5"))
+    cov = plan.to_dict()["coverage"]["native"]
+    assert cov["int8"] == {"Conv": 1} and cov["float"] == {} and cov["unsupported"] == {"InstanceNormalization": 1}
+    assert cov["blocked"] == 1 and cov["unsupported_nodes"][0]["name"] == "the_norm"
+    assert plan.backend != "native" and "1 node(s) have no int8 lowering (InstanceNormalization x1)" in dict(plan.skipped)["native"]
+    r = cli("plan", path, "--target", "rpi5")
+    assert r.returncode == 0, r.stderr
+    assert "coverage  native (ekrt): 1 int8 (Conv x1); 0 int8 tables; 0 float; 1 cannot run (InstanceNormalization x1)" in r.stdout
+    assert "the_norm" in r.stdout and "skipped   native:" in r.stdout
+    doc = json.loads(cli("plan", path, "--target", "rpi5", "--json").stdout)
+    assert doc["coverage"]["native"]["unsupported"] == {"InstanceNormalization": 1}
+
+
+def test_plan_coverage_of_a_model_ekrt_runs_whole():
+    cov = make_plan(load_model(DIGITS), load_profile("rpi5")).to_dict()["coverage"]["native"]
+    assert cov["unsupported"] == {} and cov["blocked"] == 0 and cov["int8"]["Conv"] == 3
+
+
+def test_a_bias_the_quantizer_saturated_is_brought_within_the_accumulator_bound():
+    from edgekit.targets.native.lower.ops import _fit_bias
+
+    w = np.zeros((2, 3, 3, 1), np.int8)
+    w[1, 0, 0, 0] = 127
+    fitted = _fit_bias(np.array([5, -(2**31)], np.int32), w)
+    assert fitted[0] == 5 and fitted[1] == -(2**31 - 1 - 256 * 127)
 
 
 def test_lowerable_models_pass_check_lowerable(tmp_path):

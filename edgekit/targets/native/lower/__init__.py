@@ -82,12 +82,12 @@ def coverage(loaded) -> dict:
         loaded.memo["native.coverage"] = cov
         return cov
     compute = [n for n in qmodel.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear", "Constant") and n.name not in lw.folded]
-    failed = {id(n) for n, _ in lw.failures if n is not None}
+    failed = {n.name for n, _ in lw.failures if n is not None}
     cov["int8"] = dict(Counter(n.op_type for n in compute if n.name in lw.lowered and n.name not in lw.tabled))
     cov["tables"] = dict(Counter(n.op_type for n in compute if n.name in lw.tabled))
     cov["unsupported"] = dict(Counter(n.op_type for n, _ in lw.failures if n is not None))
     cov["unsupported_nodes"] = [{"name": n.name if n is not None else "", "op": n.op_type if n is not None else "", "reason": msg} for n, msg in lw.failures]
-    cov["blocked"] = sum(1 for n in compute if n.name not in lw.lowered and n.name not in lw.tabled and id(n) not in failed)
+    cov["blocked"] = sum(1 for n in compute if n.name not in lw.lowered and n.name not in lw.tabled and n.name not in failed)
     if lw.failures:
         ops = ", ".join(f"{op} x{k}" for op, k in sorted(cov["unsupported"].items()))
         cov["reason"] = f"{len(lw.failures)} node(s) have no int8 lowering ({ops}); first: {lw.failures[0][1]}"

@@ -104,7 +104,7 @@ def lower_conv(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     amin, amax = lw.act_range(want, act)
     params = {0: kh, 1: kw, 2: strides[0], 3: strides[1], 4: dil[0], 5: dil[1],
               6: pads[0], 7: pads[1], 8: pads[2], 9: pads[3], 10: group, 11: amin, 12: amax}
-    lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, bias), mult, shift], out.index, params, node.name)
+    lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, _fit_bias(bias, wt)), mult, shift], out.index, params, node.name)
     return out
 
 
@@ -113,6 +113,15 @@ def _bias(lw: Lowerer, node: onnx.NodeProto, name: str, n: int) -> np.ndarray:
     if b is None or b.q.dtype != np.int32 or b.q.size != n:
         raise LoweringError(f"{where(node)}: the bias is not an int32 constant of {n} values", "quantize the model with edgekit")
     return b.q.reshape(n).astype(np.int32)
+
+
+def _fit_bias(bias: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The bias within the runtime's accumulator bound, |bias| + 256 * sum|w| < 2^31 per output
+    channel. Only a bias the quantizer saturated (a large float bias over a near-zero weight row:
+    s_x * s_w tiny) is out of it; moving it by at most 256 * sum|w| accumulator steps changes the
+    channel's real value by under 2^-15 of itself, and its output is saturated either way."""
+    room = (2**31 - 1) - 256 * np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1)
+    return np.clip(bias.astype(np.int64), -room, room).astype(np.int32)
 
 
 def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
@@ -144,7 +153,7 @@ def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     mult, shift = lw.requant_params(real)
     out = lw.new_i8(out_shape, want)
     amin, amax = lw.act_range(want, act)
-    lw.op(ekm.FULLY_CONNECTED, [x.index, lw.const(ekm.I8, wq, wname), lw.const(ekm.I32, bias), mult, shift], out.index, {11: amin, 12: amax}, node.name)
+    lw.op(ekm.FULLY_CONNECTED, [x.index, lw.const(ekm.I8, wq, wname), lw.const(ekm.I32, _fit_bias(bias, wq)), mult, shift], out.index, {11: amin, 12: amax}, node.name)
     return out
 
 
@@ -455,7 +464,7 @@ def lower_conv_transpose(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     amin, amax = lw.act_range(want, act)
     params = {0: kh, 1: kw, 2: 1, 3: 1, 4: dil[0], 5: dil[1], 6: conv_pads[0], 7: conv_pads[1], 8: conv_pads[2],
               9: conv_pads[3], 10: 1, 11: amin, 12: amax}
-    lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, bias), mult, shift], out.index, params, node.name)
+    lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, _fit_bias(bias, wt)), mult, shift], out.index, params, node.name)
     return out
 
 
