@@ -282,6 +282,71 @@ def test_moving_shaped_model_matches_the_qdq_reference_and_the_c_runtime(tmp_pat
             assert np.array_equal(got, want[name]), name
 
 
+def shuffle_shaped(seed: int = 0) -> onnx.ModelProto:
+    """Rank 5 and 6 between int8 tensors, as exporters write them: a ShuffleNet channel shuffle
+    (Reshape to 5-D, Transpose, Reshape back), a DCR depth-to-space (6-D), an Unsqueeze to 5-D
+    undone by a Squeeze, and a 4-D Reshape that mixes channels and space."""
+    rng = np.random.default_rng(seed)
+    inits, nodes = [], []
+
+    def const(name, arr, dtype=np.float32):
+        inits.append(numpy_helper.from_array(np.asarray(arr, dtype), name))
+        return name
+
+    def node(op, ins, name, **kw):
+        nodes.append(helper.make_node(op, ins, [name], name=name, **kw))
+        return name
+
+    def conv(x, cin, cout, name):
+        w = rng.normal(0, math.sqrt(2.0 / (cin * 9)), (cout, cin, 3, 3))
+        return node("Conv", [x, const(name + ".w", w), const(name + ".b", rng.normal(0, 0.1, cout))], name, kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+
+    x = conv("input", 3, 8, "c1")
+    x = node("Reshape", [x, const("s5", [1, 2, 4, 6, 6], np.int64)], "shuffle.split")
+    x = node("Transpose", [x], "shuffle.t", perm=[0, 2, 1, 3, 4])
+    x = node("Reshape", [x, const("s4", [1, 8, 6, 6], np.int64)], "shuffle.merge")
+    x = conv(x, 8, 8, "c2")
+    x = node("Reshape", [x, const("s6", [1, 2, 2, 2, 6, 6], np.int64)], "d2s.split")
+    x = node("Transpose", [x], "d2s.t", perm=[0, 3, 4, 1, 5, 2])
+    x = node("Reshape", [x, const("s4b", [1, 2, 12, 12], np.int64)], "d2s.merge")
+    x = node("Unsqueeze", [x, const("ax", [1], np.int64)], "unsq")
+    x = node("Squeeze", [x, const("ax2", [1], np.int64)], "sq")
+    x = conv(x, 2, 4, "c3")
+    x = node("Reshape", [x, const("mix", [1, 12, 6, 8], np.int64)], "mixing")
+    graph = helper.make_graph(nodes, "shuffle_shaped", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 12, 6, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_rank_5_and_6_chains_become_4d_transposes(tmp_path):
+    path = tmp_path / "shuffle.onnx"
+    onnx.save(shuffle_shaped(), path)
+    qdq, held = quantize_native(path, random_feeds(8, 1, (1, 3, 6, 6)), random_feeds(16, 2, (1, 3, 6, 6)))
+    a = agreement(qdq, held.feeds)
+    assert a.within_1 >= 0.999 and a.max_steps <= 1, a
+    m = a.ekm_model
+    assert all(len(t.dims) <= 4 for t in m.tensors)
+    assert sum(op.type == ekm.TRANSPOSE for op in m.ops) >= 3  # shuffle, depth-to-space, the mixing reshape
+    ekrt = pytest.importorskip("edgekit._ekrt")
+    model = ekrt.Model(ekm.to_bytes(m))
+    for feed in held.feeds[:4]:
+        (got,) = model.run(feed)
+        assert np.array_equal(got, ekm_reference.run(m, feed)[m.outputs[0][1]])
+
+
+def test_transpose_axes_merges_what_stays_adjacent_and_refuses_a_non_transpose():
+    from edgekit.targets.native.lower.movement import _transpose_axes
+
+    src = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)
+    assert _transpose_axes(src.transpose(0, 2, 1, 3).reshape(-1)) == [(5, 1), (3, 20), (4, 5), (2, 60)]
+    assert _transpose_axes(src.transpose(1, 0, 2, 3).reshape(-1)) == [(20, 1), (2, 60), (3, 20)]  # (4,5) merged
+    assert _transpose_axes(np.arange(24)) == [(24, 1)]
+    assert _transpose_axes(src[:, ::-1].reshape(-1)) is None  # a reversal is no transpose
+
+
 def test_add_of_two_tensors_that_broadcast_other_than_per_channel_is_refused(tmp_path):
     # [1,8,H,W] + [1,1,H,W]: the runtime broadcasts only a per-channel operand; the lowering says so
     nodes = [helper.make_node("ReduceMean", ["c"], ["m"], name="mean", axes=[1], keepdims=1),

@@ -5,12 +5,23 @@ value is quantized with the same params, exact for 0 (the zero point)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 
 from edgekit.quantize import qmath
 from edgekit.targets.native import ekm
-from edgekit.targets.native.lower.walk import NHWC, QT, Lowerer, LoweringError, attrs, text, where
+from edgekit.targets.native.lower.walk import (
+    NHWC,
+    QT,
+    Lowerer,
+    LoweringError,
+    attrs,
+    stored,
+    text,
+    where,
+)
 
 PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2}
 
@@ -26,6 +37,74 @@ def moved_input(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     if src in lw.alias:
         return lw.alias[src]
     return lw.materialize(src, want, act)
+
+
+# -- views: Reshape/Transpose chains through rank 5 and 6 -----------------------------------------
+
+
+def view_of(x: QT) -> np.ndarray:
+    """Per logical element of ``x``, its flat index in the stored bytes of a real tensor."""
+    if x.view is not None:
+        return x.view[1]
+    flat = np.arange(math.prod(x.shape), dtype=np.int64).reshape(stored(x.shape))
+    return flat.transpose(0, 3, 1, 2) if len(x.shape) == 4 else flat
+
+
+def as_view(lw: Lowerer, x: QT, elements: np.ndarray, name: str) -> QT:
+    """The tensor whose logical elements are ``elements`` (indices into ``x``'s real bytes): a view
+    when its rank is above 4, else real, made of at most reshape -> transpose -> reshape."""
+    base = x.view[0] if x.view is not None else x.index
+    if elements.ndim > ekm.MAX_RANK:
+        return QT(-1, tuple(elements.shape), x.q, (base, elements))
+    out = lw.new_i8(tuple(elements.shape), x.q)
+    flat = (elements.transpose(NHWC) if elements.ndim == 4 else elements).reshape(-1)
+    axes = _transpose_axes(flat)
+    if axes is None or len(axes) > ekm.MAX_RANK:
+        raise LoweringError(f"node '{name}': the rank-{elements.ndim} reshape/transpose chain is no transpose of <= {ekm.MAX_RANK} axes",
+                            "ekrt moves data through Reshape/Transpose chains that merge into a 4-D transpose")
+    outer_first = axes[::-1]  # (size, stride in the source)
+    src_axes = sorted(outer_first, key=lambda a: -a[1])
+    perm = [src_axes.index(a) for a in outer_first]
+    cur = base
+    if len(src_axes) > 1 and perm != sorted(perm):
+        cur = _raw(lw, [a[0] for a in src_axes], x.q, [base], ekm.RESHAPE, {0: 0}, name + "__in")
+        cur = _raw(lw, [a[0] for a in outer_first], x.q, [cur], ekm.TRANSPOSE, dict(enumerate(perm)), name + "__perm")
+    lw.op(ekm.RESHAPE, [cur], out.index, {0: 0}, name)
+    return out
+
+
+def _raw(lw: Lowerer, dims: list[int], q, inputs: list[int], type_: int, params: dict, name: str) -> int:
+    idx = lw.m.add_tensor(ekm.Tensor(ekm.I8, ekm.ARENA, tuple(dims), q.scale, q.zp))
+    lw.op(type_, inputs, idx, params, name)
+    return idx
+
+
+def _transpose_axes(f: np.ndarray) -> list[tuple[int, int]] | None:
+    """``f`` (output flat position -> source flat position) as a transpose: its axes, innermost
+    first, as (size, source stride), adjacent axes that stay adjacent merged; None if it is not one."""
+    n, axes, block = f.size, [], 1
+    if f[0] != 0 or np.unique(f).size != n:
+        return None
+    while block < n:
+        stride = int(f[block] - f[0])
+        count = 1
+        while block * (count + 1) <= n and f[block * count] == count * stride:
+            count += 1
+        if count == 1 or n % (block * count):
+            return None
+        axes.append((count, stride))
+        block *= count
+    idx = np.zeros(1, np.int64)
+    for size, stride in axes:  # innermost first: rebuild and compare
+        idx = (np.arange(size, dtype=np.int64)[:, None] * stride + idx[None, :]).reshape(-1)
+    if not np.array_equal(idx, f):
+        return None
+    expect = 1  # a transpose of a contiguous tensor: sorted by stride, each stride is the product below
+    for size, stride in sorted(axes, key=lambda a: a[1]):
+        if stride != expect:
+            return None
+        expect *= size
+    return axes
 
 
 def _ints(lw: Lowerer, node: onnx.NodeProto, i: int, what: str) -> list[int] | None:

@@ -14,10 +14,12 @@ from edgekit.quantize import qmath
 from edgekit.targets.native import ekm
 from edgekit.targets.native.lower.lut import ELEMENTWISE, lower_lut, lut_cone
 from edgekit.targets.native.lower.movement import (
+    as_view,
     lower_pad,
     lower_slice,
     lower_split,
     spatial_zero_pad,
+    view_of,
 )
 from edgekit.targets.native.lower.walk import (
     ADD_LEFT_SHIFT,
@@ -325,6 +327,8 @@ def lower_reshape(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     out_shape = lw.shape(node.output[0], node)
     if math.prod(out_shape) != math.prod(x.shape):
         raise LoweringError(f"{where(node)}: {x.shape} -> {out_shape} changes the element count", "check the model")
+    if x.view is not None or len(out_shape) > ekm.MAX_RANK:  # a chain through rank 5/6
+        return lw.requant(as_view(lw, x, view_of(x).reshape(out_shape), node.name), want, act, node.output[0])
 
     def same_bytes(shape) -> bool:  # NHWC order == NCHW order
         return len(shape) != 4 or shape[1] == 1 or shape[2] * shape[3] == 1
@@ -333,10 +337,8 @@ def lower_reshape(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         order = 0
     elif len(x.shape) == 4 and len(out_shape) != 4:
         order = 1
-    else:
-        raise LoweringError(f"{where(node)}: reshape {x.shape} -> {out_shape} mixes the channel and spatial axes of a 4-D tensor", "ekrt reshapes 4-D tensors only into 2-D/3-D ones (Flatten)")
-    if len(out_shape) > ekm.MAX_RANK:
-        raise LoweringError(f"{where(node)} makes a rank-{len(out_shape)} tensor", "ekrt tensors have rank <= 4")
+    else:  # mixes the channel and spatial axes of a 4-D tensor: a transpose of merged axes
+        return lw.requant(as_view(lw, x, view_of(x).reshape(out_shape), node.name), want, act, node.output[0])
     out = lw.new_i8(out_shape, x.q)
     lw.op(ekm.RESHAPE, [x.index], out.index, {0: order}, node.name)
     return lw.requant(out, want, act, node.output[0])
@@ -348,6 +350,8 @@ def lower_transpose(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     rank = len(x.shape)
     perm = list(attrs(node).get("perm", range(rank - 1, -1, -1)))
     out_shape = lw.shape(node.output[0], node)
+    if x.view is not None or rank > ekm.MAX_RANK:
+        return lw.requant(as_view(lw, x, view_of(x).transpose(perm), node.name), want, act, node.output[0])
     if rank == 4:
         inv = np.argsort(NHWC)
         stored_perm = [int(inv[perm[NHWC[i]]]) for i in range(4)]

@@ -40,11 +40,15 @@ class QParams:
 
 @dataclass
 class QT:
-    """An int8 tensor of the runtime: its index in the .ekm, its logical (ONNX) shape, its params."""
+    """An int8 tensor of the runtime: its index in the .ekm, its logical (ONNX) shape, its params.
+
+    A tensor of rank > 4 (a Reshape/Transpose chain's middle) is a view: ``index`` -1, ``view`` the
+    element of a real tensor's stored bytes each of its elements is (movement.py realizes it)."""
 
     index: int
     shape: tuple[int, ...]
     q: QParams
+    view: tuple[int, np.ndarray] | None = None  # (real tensor index, stored flat index per element)
 
 
 @dataclass
@@ -196,6 +200,9 @@ class Lowerer:
         return self.qconsts[name].dequantized()
 
     def op(self, type_: int, inputs: list[int], output: int, params=None, name: str = "") -> None:
+        if min(inputs, default=0) < 0:
+            raise LoweringError(f"node '{name}' reads a tensor of rank > {ekm.MAX_RANK}",
+                                f"ekrt tensors have rank <= {ekm.MAX_RANK}; a higher rank may only appear inside a Reshape/Transpose/Squeeze/Unsqueeze chain")
         self.m.add_op(type_, inputs, [output], params, name)
         key = ekm.OP_NAMES[type_]
         self.report.ops[key] = self.report.ops.get(key, 0) + 1
