@@ -242,6 +242,8 @@ def moving_shaped(seed: int = 0) -> onnx.ModelProto:
     x = node("Slice", [x, const("s.start", [-1, 1], np.int64), const("s.end", [-100, 100], np.int64),
                        const("s.axes", [2, 3], np.int64), const("s.step", [-1, 2], np.int64)], "slice")
     x = node("Cast", [x], "cast", to=TensorProto.FLOAT)
+    x = node("ConvTranspose", [x, const("up3.w", rng.normal(0, 0.3, (16, 16, 3, 3))), const("up3.b", rng.normal(0, 0.2, 16))], "up3",
+             kernel_shape=[3, 3], strides=[1, 2], pads=[1, 1, 1, 1], output_padding=[0, 1])  # zero insertion
     up = node("ConvTranspose", [x, const("up.w", rng.normal(0, 0.3, (16, 8, 2, 2)))], "up", kernel_shape=[2, 2], strides=[2, 2])
     up = node("BatchNormalization", [up, const("bn.g", rng.uniform(0.5, 2, 8)), const("bn.b", rng.normal(0, 0.3, 8)),
                                      const("bn.m", rng.normal(0, 0.3, 8)), const("bn.v", rng.uniform(0.5, 2, 8))], "bn")
@@ -249,8 +251,8 @@ def moving_shaped(seed: int = 0) -> onnx.ModelProto:
     c = node("ReduceMean", [up], "mean.c", axes=[1], keepdims=1)
     y = node("Add", [node("Mul", [up, g], "scale.ch"), up], "mix")
     graph = helper.make_graph(nodes, "moving_shaped", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 20, 18])],
-                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 8, 46, 20]),
-                               helper.make_tensor_value_info(c, TensorProto.FLOAT, [1, 1, 46, 20])], inits)
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 8, 46, 40]),
+                               helper.make_tensor_value_info(c, TensorProto.FLOAT, [1, 1, 46, 40])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -268,7 +270,8 @@ def test_moving_shaped_model_matches_the_qdq_reference_and_the_c_runtime(tmp_pat
     # the zero Pad is the stem conv's padding; the reflect Pad, the ConvTranspose's zeros, the slice,
     # the split halves, PRelu and BN run in int8 (the quantizer leaves PRelu float, so the float chain
     # PRelu -> Pad -> Split is lowered once per Split output: each has its own QuantizeLinear)
-    assert counts["PAD"] >= 2 and counts["SLICE"] >= 3 and counts["LUT_CHANNEL"] >= 2 and counts["CONV2D"] == 3, counts
+    assert counts["PAD"] >= 2 and counts["SLICE"] >= 3 and counts["LUT_CHANNEL"] >= 2 and counts["CONV2D"] == 4, counts
+    assert counts["TRANSPOSE"] == 1  # the 2x2/stride-2 ConvTranspose: 1x1 conv + depth-to-space
     pads = [op for op in a.ekm_model.ops if op.type == ekm.PAD]
     assert all(op.params[12] == 1 or any(op.params[8:12]) for op in pads)  # no zero pad left: folded
     stem = next(op for op in a.ekm_model.ops if op.type == ekm.CONV2D)
@@ -427,7 +430,8 @@ def test_ppocr_det_lowers_and_runs_close_to_the_qdq_reference():
     held = FeedSet([{"x": s[None]} for s in det_samples(3, seed=2, size=(160, 160))], "det_samples(3, 2)")
     qdq, held = quantize_native(path, calib, held, shapes={"x": (1, 3, 160, 160)})
     m, report = lower(qdq)
-    assert report.ops["PAD"] == 2 and report.ops["LUT_CHANNEL"] == 1  # ConvTranspose zeros, BN tables
+    # each 2x2/stride-2 ConvTranspose: a 1x1 conv + one depth-to-space transpose; the BN after it: tables
+    assert report.ops["TRANSPOSE"] == 2 and report.ops["LUT_CHANNEL"] == 1 and "PAD" not in report.ops
     ekrt = pytest.importorskip("edgekit._ekrt")
     model = ekrt.Model(ekm.to_bytes(m))
     sess = session(qdq.SerializeToString(), reference=True)

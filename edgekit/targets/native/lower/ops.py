@@ -455,17 +455,28 @@ def lower_conv_transpose(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         conv_pads[d], conv_pads[d + 2] = (k - 1) * dil[d] - begin, (k - 1) * dil[d] - end + out_pad[d]
     if min(conv_pads) < 0 or c != c_in:
         raise LoweringError(f"{where(node)}: pads larger than the kernel or {c} channels for weight {w.q.shape}", "ekrt runs ConvTranspose with pads < kernel")
+    s_w = np.broadcast_to(w.scale.reshape(-1).astype(np.float64), (m_out,))
+    bias = _bias(lw, node, node.input[2], m_out) if len(node.input) > 2 and node.input[2] else np.zeros(m_out, np.int32)
+    amin, amax = lw.act_range(want, act)
+    if strides == (kh, kw) and dil == (1, 1) and tuple(out_shape[2:]) == (h * kh, wd * kw) and conv_pads == [kh - 1, kw - 1, kh - 1, kw - 1]:
+        # kernel == stride, no overlap: a 1x1 conv to (i, j, m) channels, then pixels spread out by
+        # one transpose (depth-to-space): 1/(kh*kw) of the zero-insertion MACs, no zeros
+        wt = np.ascontiguousarray(w.q.transpose(2, 3, 1, 0).reshape(kh * kw * m_out, 1, 1, c))
+        mult, shift = lw.requant_params(np.tile(np.float64(x.q.scale) * s_w / np.float64(want.scale), kh * kw))
+        y = lw.new_i8((n, kh * kw * m_out, h, wd), want)
+        params = {0: 1, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 10: 1, 11: amin, 12: amax}
+        lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, _fit_bias(np.tile(bias, kh * kw), wt)), mult, shift],
+              y.index, params, node.name)
+        spread = view_of(y).reshape(n, kh, kw, m_out, h, wd).transpose(0, 3, 4, 1, 5, 2).reshape(out_shape)
+        return as_view(lw, y, spread, node.name + "__spread")
     if strides != (1, 1):  # interior zeros, in stored (NHWC) axes 1 and 2
         zh, zw = (h - 1) * strides[0] + 1, (wd - 1) * strides[1] + 1
         z = lw.new_i8((n, c, zh, zw), x.q)
         lw.op(ekm.PAD, [x.index], z.index, {9: strides[0] - 1, 10: strides[1] - 1, 12: 0, 13: x.q.zp}, node.name + "__zeros")
         x = z
     wt = np.ascontiguousarray(w.q[:, :, ::-1, ::-1].transpose(1, 2, 3, 0))  # [M][KH][KW][C]
-    s_w = np.broadcast_to(w.scale.reshape(-1).astype(np.float64), (m_out,))
-    bias = _bias(lw, node, node.input[2], m_out) if len(node.input) > 2 and node.input[2] else np.zeros(m_out, np.int32)
     mult, shift = lw.requant_params(np.float64(x.q.scale) * s_w / np.float64(want.scale))
     out = lw.new_i8(out_shape, want)
-    amin, amax = lw.act_range(want, act)
     params = {0: kh, 1: kw, 2: 1, 3: 1, 4: dil[0], 5: dil[1], 6: conv_pads[0], 7: conv_pads[1], 8: conv_pads[2],
               9: conv_pads[3], 10: 1, 11: amin, 12: amax}
     lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, _fit_bias(bias, wt)), mult, shift], out.index, params, node.name)
