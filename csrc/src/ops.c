@@ -825,11 +825,16 @@ static void pad_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r
       continue;
     }
     const int8_t* row = src + (((size_t)s0 * id[1] + (size_t)s1) * id[2] + (size_t)s2) * id[3];
-    if (mode == 0 && inter[3] == 0) { /* constant left, the row, constant right */
-      size_t b = (size_t)before[3];
-      memset(out, value, b);
-      memcpy(out + b, row, id[3]);
-      memset(out + b + id[3], value, W - b - id[3]);
+    if (mode == 0) { /* the constant, then the row's elements at their (strided) places */
+      size_t b = (size_t)before[3], step = (size_t)inter[3] + 1;
+      if (step == 1) {
+        memset(out, value, b);
+        memcpy(out + b, row, id[3]);
+        memset(out + b + id[3], value, W - b - id[3]);
+      } else {
+        memset(out, value, W);
+        for (size_t i = 0; i < id[3]; i++) out[b + i * step] = row[i];
+      }
       continue;
     }
     for (size_t w = 0; w < W; w++) {
