@@ -200,7 +200,7 @@ def every_op_model(size: int = 16, channels: int = 16, seed: int = 0) -> Builder
     sm = _softmax(b, f1)
     h, w = b.t(s).dims[1:3]
     sl = b.slice(s, (0, h - 1, 1, channels - 1), (1, -2, 2, -1), (1, (h + 1) // 2, w // 2, channels))
-    pd = b.pad(b.pad(sl, (0, 1, 2, 0), (0, 1, 0, 0), mode=1), (0, 1, 0, 0), (0, 0, 1, 0), (0, 1, 1, 0), value=-7)
+    pd = b.pad(b.pad(sl, (0, 1, 1, 0), (0, 1, 0, 0), mode=1), (0, 1, 0, 0), (0, 0, 1, 0), (0, 1, 1, 0), value=-7)
     b.output(sm, "probs")
     b.output(f2r, "logits")
     b.output(mp, "features")
