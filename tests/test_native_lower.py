@@ -350,6 +350,20 @@ def test_transpose_axes_merges_what_stays_adjacent_and_refuses_a_non_transpose()
     assert _transpose_axes(src[:, ::-1].reshape(-1)) is None  # a reversal is no transpose
 
 
+def test_zero_pad_before_an_average_pool_is_its_counted_padding(tmp_path):
+    pads = numpy_helper.from_array(np.array([0, 0, 1, 2, 0, 0, 1, 0], np.int64), "pads")
+    nodes = [helper.make_node("Pad", ["c", "pads"], ["p"], name="pad"),
+             helper.make_node("AveragePool", ["p"], ["a"], name="pool", kernel_shape=[3, 3])]
+    path = tmp_path / "padpool.onnx"
+    onnx.save(_model_with_nodes(nodes, (pads,)), path)
+    qdq, held = quantize_native(path, random_feeds(8, 1, (1, 3, 8, 8), "x"), random_feeds(16, 2, (1, 3, 8, 8), "x"))
+    a = agreement(qdq, held.feeds)
+    pool = next(op for op in a.ekm_model.ops if op.type == ekm.AVGPOOL)
+    assert not any(op.type == ekm.PAD for op in a.ekm_model.ops)
+    assert pool.params[6:11] == [1, 2, 1, 0, 1]  # the Pad's zeros, counted
+    assert a.within_1 >= 0.999, a
+
+
 def test_add_of_two_tensors_that_broadcast_other_than_per_channel_is_refused(tmp_path):
     # [1,8,H,W] + [1,1,H,W]: the runtime broadcasts only a per-channel operand; the lowering says so
     nodes = [helper.make_node("ReduceMean", ["c"], ["m"], name="mean", axes=[1], keepdims=1),

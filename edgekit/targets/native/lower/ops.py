@@ -274,7 +274,8 @@ def lower_concat(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     return lw.requant(out, None, act, node.output[0])
 
 
-def _pool_params(lw: Lowerer, node: onnx.NodeProto, x: QT, out_shape) -> dict[int, int]:
+def _pool_params(lw: Lowerer, node: onnx.NodeProto, x: QT, out_shape, extra=(0, 0, 0, 0)) -> dict[int, int]:
+    """Kernel, strides and pads of a 2-D pool; ``extra``: pads of a Pad folded into it."""
     a = attrs(node)
     if len(x.shape) != 4:
         raise LoweringError(f"{where(node)} is not 2-D", "ekrt runs 2-D pools only")
@@ -282,7 +283,8 @@ def _pool_params(lw: Lowerer, node: onnx.NodeProto, x: QT, out_shape) -> dict[in
     strides = tuple(a.get("strides", (1, 1)))
     if tuple(a.get("dilations", (1, 1))) != (1, 1) or a.get("storage_order", 0):
         raise LoweringError(f"{where(node)} has dilations or column-major storage", "ekrt pools have dilation 1")
-    pads = _padding(lw, node, x.shape[2:], kernel, strides, (1, 1), out_shape[2:])
+    in_hw = (x.shape[2] + extra[0] + extra[2], x.shape[3] + extra[1] + extra[3])
+    pads = [p + e for p, e in zip(_padding(lw, node, in_hw, kernel, strides, (1, 1), out_shape[2:]), extra)]
     return {0: kernel[0], 1: kernel[1], 2: strides[0], 3: strides[1], 6: pads[0], 7: pads[1], 8: pads[2], 9: pads[3]}
 
 
@@ -302,10 +304,15 @@ def lower_maxpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
 
 def lower_avgpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     want = lw.want_or_fail(node, want)
-    x = lw.input_i8(node, 0)
     out_shape = lw.shape(node.output[0], node)
+    folded = _avgpool_pad_fold(lw, node, out_shape)
+    x = folded[0] if folded else lw.input_i8(node, 0)
     out = lw.new_i8(out_shape, want)
-    if node.op_type == "GlobalAveragePool":
+    if folded:
+        params = folded[1]
+        params[13], params[14] = quantize_multiplier(x.q.scale / want.scale)
+        lw.op(ekm.AVGPOOL, [x.index], out.index, params, node.name)
+    elif node.op_type == "GlobalAveragePool":
         if len(x.shape) != 4:
             raise LoweringError(f"{where(node)} is not 2-D", "ekrt runs 2-D pools only")
         hw = x.shape[2] * x.shape[3]
@@ -317,6 +324,25 @@ def lower_avgpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         params[13], params[14] = quantize_multiplier(x.q.scale / want.scale)
         lw.op(ekm.AVGPOOL, [x.index], out.index, params, node.name)
     return lw.requant(out, None, act, node.output[0])
+
+
+def _avgpool_pad_fold(lw: Lowerer, node: onnx.NodeProto, out_shape) -> tuple[QT, dict] | None:
+    """Pad(0) -> AveragePool: the zeros are counted, so the pool pads with them itself
+    (count_include_pad), when its own pads are counted too (or absent) and every window still
+    touches the input."""
+    folded = spatial_zero_pad(lw, node.input[0]) if node.op_type == "AveragePool" else None
+    if folded is None:
+        return None
+    src, q, extra = folded
+    a = attrs(node)
+    if not a.get("count_include_pad", 0) and (any(a.get("pads", [])) or text(a.get("auto_pad", "NOTSET")) not in ("NOTSET", "", "VALID")):
+        return None
+    x = lw.materialize(src, q)
+    params = _pool_params(lw, node, x, out_shape, extra)
+    if any(params[6 + i] >= params[i % 2] for i in range(4)):
+        return None
+    params.update({4: 1, 5: 1, 10: 1})
+    return x, params
 
 
 def lower_reshape(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
