@@ -440,11 +440,15 @@ def lower_resize(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
 
 def lower_softmax(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     x = lw.input_i8(node, 0)
-    axis = attrs(node).get("axis", -1 if lw.opset >= 13 else 1) % len(x.shape)
-    if len(x.shape) != 2 or axis != 1:
-        raise LoweringError(f"{where(node)}: softmax over axis {axis} of a {x.shape} tensor", "ekrt runs softmax over the last axis of a 2-D tensor")
+    rank = len(x.shape)
+    axis = attrs(node).get("axis", -1 if lw.opset >= 13 else 1) % rank
+    # the runtime's rows are the stored innermost axis: the last one, or the channels of a 4-D tensor
+    # (before opset 13 Softmax flattens from its axis: only the last axis means the same)
+    innermost = axis == rank - 1 if rank != 4 else (axis == 1 and (lw.opset >= 13 or x.shape[2] * x.shape[3] == 1))
+    if not innermost:
+        raise LoweringError(f"{where(node)}: softmax over axis {axis} of a {x.shape} tensor", "ekrt runs softmax over the innermost axis (the last; the channels of a 4-D tensor)")
     out = lw.new_i8(x.shape, QParams(SOFTMAX_SCALE, SOFTMAX_ZP))
-    lw.op(ekm.SOFTMAX, [x.index], out.index, {0: 1}, node.name)
+    lw.op(ekm.SOFTMAX, [x.index], out.index, {0: rank - 1}, node.name)
     return lw.requant(out, want, act, node.output[0])
 
 
