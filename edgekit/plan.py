@@ -214,6 +214,7 @@ class Plan:
     steps: tuple[Step, ...]
     options: Options
     probed: bool = False  # True: decided with the device's facts; False: on paper
+    coverage: dict[str, dict] = field(default_factory=dict)  # backend -> its nodes by how it runs them
 
     @property
     def quantize(self) -> bool:
@@ -250,6 +251,7 @@ class Plan:
             "variants": [v.to_dict() for v in self.variants],
             "steps": [step_dict(s) for s in self.steps],
             "probed": self.probed,
+            "coverage": self.coverage,
         }
 
 
@@ -337,6 +339,12 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         notes.append(f"{name} on this CPU: {scheme.notes[-1]}")
     counts: dict[str, int] = {}
     float_nodes: tuple[NodeDecision, ...] = ()
+    coverage = {}
+    if options.quantize and model.format == "onnx":  # each listed backend that can say, chosen or not
+        for b in dict.fromkeys([name, *(s.name for s in profile.backends)]):
+            cov = get_backend(b).coverage(model)
+            if cov is not None:
+                coverage[b] = cov
     if scheme is not None:
         prepared, analysis = analyze_model(model, scheme, options.exclude)
         counts = analysis.summary()
@@ -407,6 +415,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         steps=tuple(steps),
         options=options,
         probed=facts is not None,
+        coverage=coverage,
     )
 
 

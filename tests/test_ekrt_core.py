@@ -146,6 +146,25 @@ class Builder:
         self.m.add_op(ekm.LUT, [x, ti], [y])
         return y
 
+    def pad(self, x, before, after, interior=(0, 0, 0, 0), mode=0, value=0) -> int:
+        dims = [d + (d - 1) * i + b + a for d, b, a, i in zip(self.t(x).dims, before, after, interior)]
+        r = len(dims)
+        params = {12: mode, 13: value, **{d: before[d] for d in range(r)}, **{4 + d: after[d] for d in range(r)},
+                  **{8 + d: interior[d] for d in range(r)}}
+        return self.simple(ekm.PAD, [x], dims, params)
+
+    def slice(self, x, starts, steps, out_dims) -> int:
+        r = len(out_dims)
+        return self.simple(ekm.SLICE, [x], out_dims, {**{d: starts[d] for d in range(r)}, **{4 + d: steps[d] for d in range(r)}})
+
+    def lut_channel(self, x) -> int:
+        t = self.t(x)
+        c = t.dims[-1]
+        y = self.act(t.dims)
+        table = self.rng.randint(-128, 128, size=(c, 256)).astype(np.int8)
+        self.m.add_op(ekm.LUT_CHANNEL, [x, self.tensor(ekm.I8, ekm.CONST, (c, 256), data=table)], [y])
+        return y
+
     def finish(self) -> bytes:
         plan_memory(self.m)
         return ekm.to_bytes(self.m)
@@ -179,9 +198,13 @@ def every_op_model(size: int = 16, channels: int = 16, seed: int = 0) -> Builder
     f2 = b.fc(gp, 10, flat_dims=4)
     f2r = b.simple(ekm.RESHAPE, [f2], (1, 10), {0: 0})
     sm = _softmax(b, f1)
+    h, w = b.t(s).dims[1:3]
+    sl = b.slice(s, (0, h - 1, 1, channels - 1), (1, -2, 2, -1), (1, (h + 1) // 2, w // 2, channels))
+    pd = b.pad(b.pad(sl, (0, 1, 1, 0), (0, 1, 0, 0), mode=1), (0, 1, 0, 0), (0, 0, 1, 0), (0, 1, 1, 0), value=-7)
     b.output(sm, "probs")
     b.output(f2r, "logits")
     b.output(mp, "features")
+    b.output(b.lut_channel(pd), "moved")
     return b
 
 
@@ -291,6 +314,12 @@ OP_CASES = {
     "concat_identity_axis3": lambda b, x: _concat(b, [x, x, x], axis=3, same=True),
     "lut_sigmoid": lambda b, x: b.lut(x),
     "global_avgpool": lambda b, x: _gap(b, x),
+    "pad_constant_interior": lambda b, x: b.pad(x, (0, 1, 2, 3), (0, 2, 0, 1), (0, 1, 0, 2), value=5),
+    "pad_reflect": lambda b, x: b.pad(x, (0, 2, 3, 0), (0, 1, 4, 1), mode=1),
+    "pad_edge": lambda b, x: b.pad(x, (1, 3, 0, 2), (0, 0, 5, 1), mode=2),
+    "slice_negative_steps": lambda b, x: b.slice(x, (0, 8, 1, 11), (1, -2, 3, -1), (1, 5, 4, 12)),
+    "slice_rank2": lambda b, x: b.slice(b.simple(ekm.RESHAPE, [x], (9, 11 * 12), {0: 0}), (2, 5), (3, 7), (3, 19)),
+    "lut_channel": lambda b, x: b.lut_channel(x),
     "softmax_rows": lambda b, x: _softmax(b, b.simple(ekm.RESHAPE, [x], (9, 11 * 12), {0: 0})),
 }
 
@@ -483,7 +512,7 @@ def test_extension_api(every_op, tmp_path):
     path.write_bytes(blob)
     model = _ekrt.Model(str(path))
     assert model.inputs == [("x", (1, 3, 16, 16))]
-    assert [name for name, _ in model.outputs] == ["probs", "logits", "features"]
+    assert [name for name, _ in model.outputs] == ["probs", "logits", "features", "moved"]
     assert model.outputs[0][1] == (1, 10) and model.memory_bytes >= b.m.arena_size
     x = inputs_for(b)[0]
     by_list = model.run([x])
@@ -596,6 +625,7 @@ def _malformed(blob: Blob) -> dict[str, tuple[bytes, str]]:
     mp, ap, gap = blob.op_at(ekm.MAXPOOL), blob.op_at(ekm.AVGPOOL), blob.op_at(ekm.GLOBAL_AVGPOOL)
     rs, tr, rz, lut, sm = (blob.op_at(t) for t in (ekm.RESHAPE, ekm.TRANSPOSE, ekm.RESIZE, ekm.LUT, ekm.SOFTMAX))
     fc, q, dq = blob.op_at(ekm.FULLY_CONNECTED), blob.op_at(ekm.QUANTIZE), blob.op_at(ekm.DEQUANTIZE)
+    sl, reflect, zeros, clut = blob.op_at(ekm.SLICE), blob.op_at(ekm.PAD), blob.op_at(ekm.PAD, 1), blob.op_at(ekm.LUT_CHANNEL)
     n_t = len(m.tensors)
     conv_op = m.ops[conv]
     later_out = m.ops[conv + 1].outputs[0]
@@ -660,7 +690,7 @@ def _malformed(blob: Blob) -> dict[str, tuple[bytes, str]]:
         "io_name_outside": (blob.io(0, "name_offset", 2**40), "outside data"),
         # ops: structure and dataflow
         "op_type_0": (blob.op(conv, "type", 0), f"op {conv}: type is 0"),
-        "op_type_16": (blob.op(conv, "type", 16), f"op {conv}: type is 16"),
+        "op_type_past_last": (blob.op(conv, "type", max(ekm.OP_NAMES) + 1), f"op {conv}: type is {max(ekm.OP_NAMES) + 1}"),
         "op_n_inputs": (blob.op(conv, "n_inputs", 4), f"op {conv} (CONV2D): n_inputs is 4"),
         "op_unused_input": (blob.op(q, "in3", 2), "unused inputs[3] is 2"),
         "op_n_outputs": (blob.op(conv, "n_outputs", 2), "n_outputs is 2"),
@@ -702,6 +732,16 @@ def _malformed(blob: Blob) -> dict[str, tuple[bytes, str]]:
         "resize_mode": (blob.op(rz, "p0", 2), "params[0] (mode) is 2"),
         "lut_table": (blob.op(lut, "in1", c_i8), "(table, tensor"),
         "softmax_axis": (blob.op(sm, "p0", 0), "params[0] (axis) is 0"),
+        "slice_reads_past_the_start": (blob.op(sl, "p3", 0), "outside 0.."),
+        "slice_start_past_the_end": (blob.op(sl, "p2", 1000), "params[2] (start) is 1000"),
+        "slice_step_0": (blob.op(sl, "p5", 0), "params[5] (step) is 0"),
+        "slice_unused_param": (blob.op(sl, "p9", 1), "params[9] is 1; this op does not use it"),
+        "pad_reflect_past_the_edge": (blob.op(reflect, "p2", 1000), "params[2] (pad before) is 1000"),
+        "pad_reflect_interior": (blob.op(reflect, "p9", 1), "params[9] (interior) is 1"),
+        "pad_out_shape": (blob.op(zeros, "p5", 3), "the pads make"),
+        "pad_mode": (blob.op(zeros, "p12", 3), "params[12] (mode) is 3"),
+        "pad_value": (blob.op(zeros, "p13", 300), "params[13] (value) is 300"),
+        "lut_channel_table": (blob.op(clut, "in1", m.ops[lut].inputs[1]), "(table, tensor"),
         "fc_weights_shape": (blob.op(fc, "in1", c_i8), "input 1 (weights"),
         "quantize_layout": (blob.op(q, "p0", 0), "shape differs"),
         "dequantize_layout": (blob.op(dq, "p0", 5), "params[0] (nhwc_to_nchw) is 5"),

@@ -772,6 +772,204 @@ static int check_softmax(struct ek_check* o) {
   return ek_need_unused_zero(o, 0x1);
 }
 
+/* ---- PAD / SLICE: data movement on the stored layout, up to rank 4. A row is the innermost
+ * axis of the output; the outer index is decomposed into the other axes (dims as 4, leading 1s). ---- */
+
+/* the output's dims as 4 (leading 1s) and the op's per-axis params aligned the same way */
+static void dims4(const struct ek_tensor* t, size_t d[4]) {
+  uint32_t off = 4 - t->rank;
+  for (uint32_t i = 0; i < 4; i++) d[i] = i < off ? 1 : t->dims[i - off];
+}
+static int32_t param4(const struct ek_op* op, const struct ek_tensor* t, int base, uint32_t i, int32_t dflt) {
+  uint32_t off = 4 - t->rank;
+  return i < off ? dflt : op->p[base + (int)(i - off)];
+}
+
+/* PAD: the input index output o reads on one axis, or -1 for the constant (mode 0) */
+static int64_t pad_src(int64_t o, int64_t in, int64_t before, int64_t interior, int mode) {
+  int64_t j = o - before;
+  if (mode == 1) { /* reflect (no edge repeat); the loader keeps pads <= in - 1 */
+    if (j < 0) j = -j;
+    if (j >= in) j = 2 * (in - 1) - j;
+    return j;
+  }
+  if (mode == 2) return j < 0 ? 0 : j >= in ? in - 1 : j; /* edge */
+  if (j < 0 || j % (interior + 1)) return -1;
+  j /= interior + 1;
+  return j < in ? j : -1;
+}
+
+static void pad_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  size_t od[4], id[4];
+  dims4(y, od);
+  dims4(x, id);
+  int64_t before[4], inter[4];
+  for (uint32_t i = 0; i < 4; i++) {
+    before[i] = param4(op, x, 0, i, 0);
+    inter[i] = param4(op, x, 8, i, 0);
+  }
+  const int mode = op->p[12];
+  const int8_t value = (int8_t)op->p[13];
+  const int8_t* src = x->data;
+  int8_t* dst = y->data;
+  const size_t W = od[3];
+  for (size_t r = r0; r < r1; r++) {
+    size_t o2 = r % od[2], o1 = (r / od[2]) % od[1], o0 = r / (od[2] * od[1]);
+    int64_t s0 = pad_src((int64_t)o0, (int64_t)id[0], before[0], inter[0], mode);
+    int64_t s1 = pad_src((int64_t)o1, (int64_t)id[1], before[1], inter[1], mode);
+    int64_t s2 = pad_src((int64_t)o2, (int64_t)id[2], before[2], inter[2], mode);
+    int8_t* out = dst + r * W;
+    if (s0 < 0 || s1 < 0 || s2 < 0) {
+      memset(out, value, W);
+      continue;
+    }
+    const int8_t* row = src + (((size_t)s0 * id[1] + (size_t)s1) * id[2] + (size_t)s2) * id[3];
+    if (mode == 0) { /* the constant, then the row's elements at their (strided) places */
+      size_t b = (size_t)before[3], step = (size_t)inter[3] + 1;
+      if (step == 1) {
+        memset(out, value, b);
+        memcpy(out + b, row, id[3]);
+        memset(out + b + id[3], value, W - b - id[3]);
+      } else {
+        memset(out, value, W);
+        for (size_t i = 0; i < id[3]; i++) out[b + i * step] = row[i];
+      }
+      continue;
+    }
+    for (size_t w = 0; w < W; w++) {
+      int64_t s = pad_src((int64_t)w, (int64_t)id[3], before[3], inter[3], mode);
+      out[w] = s < 0 ? value : row[s];
+    }
+  }
+}
+
+static void run_pad(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor* y = OUTT;
+  size_t W = y->rank ? y->dims[y->rank - 1] : 1;
+  for_rows(m, op, y->elems / W, W, pad_rows);
+}
+
+static int check_pad(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  if (x->rank < 1) OFAIL0("input must have rank >= 1");
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, (int)x->rank));
+  TRY(ek_need_param(o, 12, "mode", 0, 2));
+  TRY(ek_need_param(o, 13, "value", -128, 127));
+  const int mode = o->op->p[12];
+  uint32_t used = P(12) | P(13);
+  for (uint32_t d = 0; d < x->rank; d++) {
+    TRY(ek_need_param(o, (int)d, "pad before", 0, mode == 1 ? (int32_t)x->dims[d] - 1 : EK_MAX_PAD));
+    TRY(ek_need_param(o, 4 + (int)d, "pad after", 0, mode == 1 ? (int32_t)x->dims[d] - 1 : EK_MAX_PAD));
+    TRY(ek_need_param(o, 8 + (int)d, "interior", 0, mode == 0 ? EK_MAX_STRIDE : 0));
+    used |= P(d) | P(4 + d) | P(8 + d);
+    uint64_t want = (uint64_t)x->dims[d] + (uint64_t)(x->dims[d] - 1) * (uint64_t)o->op->p[8 + d] +
+                    (uint64_t)o->op->p[d] + (uint64_t)o->op->p[4 + d];
+    if (y->dims[d] != want) OFAIL("output dims[%u] is %u, the pads make %llu", d, y->dims[d], (unsigned long long)want);
+  }
+  TRY(ek_need_same_quant(o, 0));
+  return ek_need_unused_zero(o, used);
+}
+
+static void slice_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  size_t od[4], id[4];
+  dims4(y, od);
+  dims4(x, id);
+  int64_t start[4], step[4];
+  for (uint32_t i = 0; i < 4; i++) {
+    start[i] = param4(op, x, 0, i, 0);
+    step[i] = param4(op, x, 4, i, 1);
+  }
+  const int8_t* src = x->data;
+  int8_t* dst = y->data;
+  const size_t W = od[3];
+  for (size_t r = r0; r < r1; r++) {
+    size_t o2 = r % od[2], o1 = (r / od[2]) % od[1], o0 = r / (od[2] * od[1]);
+    size_t s0 = (size_t)(start[0] + (int64_t)o0 * step[0]), s1 = (size_t)(start[1] + (int64_t)o1 * step[1]),
+           s2 = (size_t)(start[2] + (int64_t)o2 * step[2]);
+    const int8_t* row = src + ((s0 * id[1] + s1) * id[2] + s2) * id[3];
+    int8_t* out = dst + r * W;
+    if (step[3] == 1) {
+      memcpy(out, row + start[3], W);
+      continue;
+    }
+    for (size_t w = 0; w < W; w++) out[w] = row[start[3] + (int64_t)w * step[3]];
+  }
+}
+
+static void run_slice(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor* y = OUTT;
+  size_t W = y->rank ? y->dims[y->rank - 1] : 1;
+  for_rows(m, op, y->elems / W, W, slice_rows);
+}
+
+/* SLICE: out[o] = x[start + o * step] per axis; every index read lies inside the input */
+static int check_slice(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  if (x->rank < 1) OFAIL0("input must have rank >= 1");
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, (int)x->rank));
+  uint32_t used = 0;
+  for (uint32_t d = 0; d < x->rank; d++) {
+    int32_t n = (int32_t)(x->dims[d] > (uint32_t)INT32_MAX ? INT32_MAX : x->dims[d]);
+    TRY(ek_need_param(o, (int)d, "start", 0, n - 1));
+    TRY(ek_need_param(o, 4 + (int)d, "step", -n, n));
+    int64_t step = o->op->p[4 + d], last = (int64_t)o->op->p[d] + ((int64_t)y->dims[d] - 1) * step;
+    if (step == 0) OFAIL("params[%u] (step) is 0", 4 + d);
+    if (last < 0 || last >= (int64_t)x->dims[d])
+      OFAIL("axis %u: start %d + (%u - 1) * step %d reads index %lld, outside 0..%u", d, o->op->p[d], y->dims[d],
+            o->op->p[4 + d], (long long)last, x->dims[d] - 1);
+    used |= P(d) | P(4 + d);
+  }
+  TRY(ek_need_same_quant(o, 0));
+  return ek_need_unused_zero(o, used);
+}
+
+/* ---- LUT_CHANNEL: y[..., c] = table[c][x + 128], one 256-entry table per innermost channel
+ * (PRelu, a per-channel affine before an elementwise function) ---- */
+
+static void clut_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const int8_t* t = op->state;
+  const struct ek_tensor* x = IN(0);
+  size_t C = x->dims[x->rank - 1];
+  const int8_t* src = x->data;
+  int8_t* dst = OUTT->data;
+  for (size_t r = r0; r < r1; r++)
+    for (size_t c = 0; c < C; c++) dst[r * C + c] = t[c * 256 + (size_t)(src[r * C + c] + 128)];
+}
+
+static void run_clut(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor* x = IN(0);
+  size_t C = x->dims[x->rank - 1];
+  for_rows(m, op, x->elems / C, C, clut_rows);
+}
+
+static int prepare_clut(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  (void)err;
+  (void)err_len;
+  const struct ek_tensor* t = IN(1);
+  int8_t* p = malloc(t->bytes);
+  if (!p) return EKRT_ENOMEM;
+  memcpy(p, data + t->offset, t->bytes);
+  op->state = p;
+  m->weights_bytes += t->bytes;
+  return 0;
+}
+
+static int check_clut(struct ek_check* o) {
+  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_in(o, 1, "table", EKM_I8, ST_CONST, 2));
+  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  const struct ek_tensor *x = ek_in(o, 0), *t = ek_in(o, 1);
+  if (x->rank < 1) OFAIL0("input must have rank >= 1");
+  if (t->dims[0] != x->dims[x->rank - 1] || t->dims[1] != 256)
+    OFAIL("the table is [%u,%u], must be [%u,256] (one per innermost channel)", t->dims[0], t->dims[1], x->dims[x->rank - 1]);
+  TRY(ek_need_same_dims_out(o, 0));
+  return ek_need_unused_zero(o, 0);
+}
+
 /* ---- the ops: the one list (docs/ekrt.md "Ops"); the loader checks n_inputs, then check(),
  * then prepare(); ekrt_run calls run() ---- */
 
@@ -791,6 +989,9 @@ static const struct ek_op_desc OPS[] = {
     [EKM_RESIZE] = {"RESIZE", 1, 1, 0, check_resize, NULL, run_resize, NULL},
     [EKM_LUT] = {"LUT", 2, 2, 1, check_lut, prepare_lut, run_lut, NULL},
     [EKM_SOFTMAX] = {"SOFTMAX", 1, 1, 0, check_softmax, prepare_softmax, run_softmax, NULL},
+    [EKM_PAD] = {"PAD", 1, 1, 0, check_pad, NULL, run_pad, NULL},
+    [EKM_SLICE] = {"SLICE", 1, 1, 0, check_slice, NULL, run_slice, NULL},
+    [EKM_LUT_CHANNEL] = {"LUT_CHANNEL", 2, 2, 0, check_clut, prepare_clut, run_clut, NULL},
 };
 _Static_assert(sizeof OPS / sizeof OPS[0] == EKM_OP_LAST + 1, "one descriptor per op type of ekm.h");
 

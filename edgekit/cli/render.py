@@ -50,6 +50,8 @@ def print_plan(o: Output, doc: dict) -> None:
         )
     for b in doc["skipped_backends"]:
         o.line(f"skipped   {b['backend']}: {b['reason']}")
+    for backend, cov in doc.get("coverage", {}).items():
+        print_coverage(o, backend, cov)
     for note in doc["notes"]:
         o.line(f"note      {note}")
     if doc["float_nodes"]:
@@ -59,6 +61,28 @@ def print_plan(o: Output, doc: dict) -> None:
         rows.append([i + 1, s["name"], s["detail"]])
         rows += [["", f"  {d['name']}", d["detail"]] for d in s.get("device_steps", ())]  # done by the agent first
     o.table(["#", "step", "detail"], rows)
+
+
+def _op_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{op} x{n}" for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def print_coverage(o: Output, backend: str, cov: dict, rows: int = 12) -> None:
+    """One backend's nodes by how it runs them (int8 ops, int8 tables, float, cannot), and the
+    nodes it cannot run, first ones first."""
+    if cov.get("error"):
+        o.line(f"coverage  {backend}: cannot lower the model: {cov['error']}")
+        return
+    kinds = [("int8", cov["int8"]), ("int8 tables", cov["tables"]), ("float", cov["float"]), ("cannot run", cov["unsupported"])]
+    o.line(f"coverage  {backend} ({cov.get('runtime', backend)}): " + "; ".join(
+        f"{sum(c.values())} {kind}" + (f" ({_op_counts(c)})" if c else "") for kind, c in kinds)
+        + (f"; {cov['blocked']} more not reached (their inputs cannot be lowered)" if cov.get("blocked") else ""))
+    bad = cov["unsupported_nodes"]
+    if bad:
+        table = [[n["name"], n["op"], n["reason"]] for n in bad[:rows]]
+        if len(bad) > rows:
+            table.append(["...", "", f"{len(bad) - rows} more (--json lists all)"])
+        o.table(["node", "op", f"{backend} cannot run it because"], table)
 
 
 def speed_sentence(summary: dict, float_nodes: int = 0) -> str | None:

@@ -129,6 +129,11 @@ class Backend:
         e.g. a runner built for the device's arch. ``out_dir``: a scratch directory."""
         return {}
 
+    def coverage(self, model: LoadedModel) -> dict | None:
+        """Which of ``model``'s nodes this backend runs in int8, in float and not at all (by op type),
+        for the plan to show; None: the backend does not say."""
+        return None
+
     def check_plan(self, prepared: onnx.ModelProto, analysis: Analysis) -> list[str]:
         """Notes from checking the planned int8 graph before calibration (e.g. TensorRT's Q/DQ lint)."""
         return []

@@ -34,7 +34,10 @@ enum ekm_op_type {
   EKM_RESIZE = 13,
   EKM_LUT = 14,
   EKM_SOFTMAX = 15,
-  EKM_OP_LAST = 15
+  EKM_PAD = 16,         /* added in place: files with ops 1..15 load as before */
+  EKM_SLICE = 17,
+  EKM_LUT_CHANNEL = 18,
+  EKM_OP_LAST = 18
 };
 
 struct ekm_header {            /* 128 bytes */

@@ -44,6 +44,12 @@ class NativeBackend(Backend):
             return Verdict(False, (reason,))
         return Verdict(True)
 
+    def coverage(self, model: LoadedModel) -> dict | None:
+        """ekrt's nodes by how it runs them: int8 ops, int8 tables, none in float, unsupported."""
+        from edgekit.targets.native.lower import coverage
+
+        return coverage(model) if model.format == "onnx" else None
+
     def variant_backend(self, variant: str, facts: dict | None = None) -> str:
         """ekrt runs the int8 variant; the fp32 reference runs on ONNX Runtime, or numpy."""
         if variant == "int8":

@@ -204,12 +204,37 @@ def op_softmax(m, op, x, out):
     return np.clip(np.rint(p * 256.0) - 128, -128, 127).astype(np.int8)
 
 
+def _per_axis(op, x, base: int, default: int) -> list[int]:
+    return [op.params[base + d] for d in range(x.ndim)] if x.ndim else [default]
+
+
+def op_pad(m, op, x, out):
+    p = op.params
+    before, after, interior = _per_axis(op, x, 0, 0), _per_axis(op, x, 4, 0), _per_axis(op, x, 8, 0)
+    if p[12] == 0:
+        y = np.full(out.dims, p[13], np.int8)
+        y[tuple(slice(b, b + (n - 1) * (i + 1) + 1, i + 1) for b, n, i in zip(before, x.shape, interior))] = x
+        return y
+    return np.pad(x, list(zip(before, after)), mode="reflect" if p[12] == 1 else "edge")
+
+
+def op_slice(m, op, x, out):
+    starts, steps = _per_axis(op, x, 0, 0), _per_axis(op, x, 4, 1)
+    idx = tuple(np.arange(n) * st + s0 for s0, st, n in zip(starts, steps, out.dims))
+    return x[np.ix_(*idx)]
+
+
+def op_lut_channel(m, op, x, table, out):
+    c = np.arange(x.shape[-1])
+    return table[c, _i(x) + 128]
+
+
 OPS = {
     ekm.QUANTIZE: op_quantize, ekm.DEQUANTIZE: op_dequantize, ekm.CONV2D: op_conv2d,
     ekm.FULLY_CONNECTED: op_fully_connected, ekm.ADD: op_add, ekm.MUL: op_mul, ekm.CONCAT: op_concat,
     ekm.MAXPOOL: op_maxpool, ekm.AVGPOOL: op_avgpool, ekm.GLOBAL_AVGPOOL: op_global_avgpool,
     ekm.RESHAPE: op_reshape, ekm.TRANSPOSE: op_transpose, ekm.RESIZE: op_resize, ekm.LUT: op_lut,
-    ekm.SOFTMAX: op_softmax,
+    ekm.SOFTMAX: op_softmax, ekm.PAD: op_pad, ekm.SLICE: op_slice, ekm.LUT_CHANNEL: op_lut_channel,
 }
 # inputs the op functions take as arrays (the rest are constants they read themselves)
 _ARRAY_INPUTS = {ekm.CONV2D: 1, ekm.FULLY_CONNECTED: 1}

@@ -49,22 +49,50 @@ def lower_file(onnx_path: str | Path, ekm_path: str | Path) -> LowerReport:
 
 def check_lowerable(loaded) -> str | None:
     """None when ekrt can run ``loaded`` quantized with the native scheme, else why not (naming
-    the node). Lowers the QDQ graph built with placeholder ranges: no calibration needed. The
-    verdict is remembered on ``loaded`` (planning asks once per backend choice and again on replan)."""
+    the first node it cannot run)."""
+    cov = coverage(loaded)
+    return cov["reason"] if cov["unsupported_nodes"] or cov.get("error") else None
+
+
+def coverage(loaded) -> dict:
+    """Which nodes of ``loaded`` ekrt runs, quantized with the native scheme: ``int8`` (integer
+    ops) and ``tables`` (float functions of one int8 value, run as 256-entry tables), by op type;
+    ``float``: always empty, ekrt has no float path, so an op it cannot run in int8 is
+    ``unsupported`` (by op type, and per node with the reason); ``blocked``: nodes not lowered
+    only because an input was not. Lowers the QDQ graph built with placeholder ranges (no
+    calibration needed), going on past each failure; remembered on ``loaded`` (the planner asks
+    once per backend choice and again on replan)."""
+    from collections import Counter
+
     from edgekit.quantize import analyze_model
     from edgekit.quantize.rewrite import rewrite, tensor_params
     from edgekit.quantize.scheme import NATIVE
 
-    if "native.lowerable" not in loaded.memo:
-        prepared, analysis = analyze_model(loaded, NATIVE)
-        ranges = {t: (-1.0, 1.0) for t in analysis.calibrated}
-        qmodel = rewrite(prepared, analysis, tensor_params(analysis, ranges, NATIVE), NATIVE)
-        try:
-            lower(qmodel)
-            loaded.memo["native.lowerable"] = None
-        except LoweringError as exc:
-            loaded.memo["native.lowerable"] = exc.message
-    return loaded.memo["native.lowerable"]
+    if "native.coverage" in loaded.memo:
+        return loaded.memo["native.coverage"]
+    prepared, analysis = analyze_model(loaded, NATIVE)
+    ranges = {t: (-1.0, 1.0) for t in analysis.calibrated}
+    qmodel = rewrite(prepared, analysis, tensor_params(analysis, ranges, NATIVE), NATIVE)
+    cov: dict = {"runtime": "ekrt", "int8": {}, "tables": {}, "float": {}, "unsupported": {}, "unsupported_nodes": [], "blocked": 0, "reason": None}
+    try:
+        lw = Lowerer(qmodel, LOWERINGS, collect=True)
+        lw.run()
+    except LoweringError as exc:  # before or after the walk (shape inference, graph inputs/outputs)
+        cov.update(error=exc.message, reason=exc.message)
+        loaded.memo["native.coverage"] = cov
+        return cov
+    compute = [n for n in qmodel.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear", "Constant") and n.name not in lw.folded]
+    failed = {n.name for n, _ in lw.failures if n is not None}
+    cov["int8"] = dict(Counter(n.op_type for n in compute if n.name in lw.lowered and n.name not in lw.tabled))
+    cov["tables"] = dict(Counter(n.op_type for n in compute if n.name in lw.tabled))
+    cov["unsupported"] = dict(Counter(n.op_type for n, _ in lw.failures if n is not None))
+    cov["unsupported_nodes"] = [{"name": n.name if n is not None else "", "op": n.op_type if n is not None else "", "reason": msg} for n, msg in lw.failures]
+    cov["blocked"] = sum(1 for n in compute if n.name not in lw.lowered and n.name not in lw.tabled and n.name not in failed)
+    if lw.failures:
+        ops = ", ".join(f"{op} x{k}" for op, k in sorted(cov["unsupported"].items()))
+        cov["reason"] = f"{len(lw.failures)} node(s) have no int8 lowering ({ops}); first: {lw.failures[0][1]}"
+    loaded.memo["native.coverage"] = cov
+    return cov
 
 
-__all__ = ["LOWERINGS", "LowerReport", "Lowerer", "LoweringError", "check_lowerable", "lower", "lower_file", "plan_memory", "stored"]
+__all__ = ["LOWERINGS", "LowerReport", "Lowerer", "LoweringError", "check_lowerable", "coverage", "lower", "lower_file", "plan_memory", "stored"]

@@ -98,6 +98,7 @@ def lower_lut(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     if found is None:
         raise LoweringError(f"{where(node)}: not a function of one int8 tensor", "ekrt turns only elementwise ops of one tensor (and scalar constants) into tables")
     chain, src = found
+    lw.tabled.update(n.name for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
     x = lw.alias[src]
     name = "+".join(n.name for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
     if want is not None:

@@ -8,10 +8,19 @@ import math
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from edgekit.quantize import qmath
 from edgekit.targets.native import ekm
 from edgekit.targets.native.lower.lut import ELEMENTWISE, lower_lut, lut_cone
+from edgekit.targets.native.lower.movement import (
+    as_view,
+    lower_pad,
+    lower_slice,
+    lower_split,
+    spatial_zero_pad,
+    view_of,
+)
 from edgekit.targets.native.lower.walk import (
     ADD_LEFT_SHIFT,
     NHWC,
@@ -60,7 +69,13 @@ def _padding(lw: Lowerer, node: onnx.NodeProto, in_hw: tuple[int, int], kernel: 
 
 def lower_conv(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     want = lw.want_or_fail(node, want)
-    x = lw.input_i8(node, 0)
+    folded = spatial_zero_pad(lw, node.input[0])
+    extra = [0, 0, 0, 0]
+    if folded is not None:  # Pad(0) -> Conv: the conv pads with the zero point itself
+        src, q, extra = folded
+        x = lw.materialize(src, q)
+    else:
+        x = lw.input_i8(node, 0)
     if len(x.shape) != 4:
         raise LoweringError(f"{where(node)} is {len(x.shape) - 2}-D", "ekrt runs 2-D convolutions only")
     wname = node.input[1]
@@ -78,7 +93,8 @@ def lower_conv(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     n, c, h, wd = x.shape
     if c != cpg * group or m_out % group:
         raise LoweringError(f"{where(node)}: {c} input channels do not fit weight {w.q.shape} with group {group}", "check the model")
-    pads = _padding(lw, node, (h, wd), (kh, kw), strides, dil, out_shape[2:])
+    pads = _padding(lw, node, (h + extra[0] + extra[2], wd + extra[1] + extra[3]), (kh, kw), strides, dil, out_shape[2:])
+    pads = [p + e for p, e in zip(pads, extra)]
     s_w = np.broadcast_to(w.scale.astype(np.float64), (m_out,))
     real = np.float64(x.q.scale) * s_w / np.float64(want.scale)
     bias = np.zeros(m_out, np.int32)
@@ -90,7 +106,7 @@ def lower_conv(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     amin, amax = lw.act_range(want, act)
     params = {0: kh, 1: kw, 2: strides[0], 3: strides[1], 4: dil[0], 5: dil[1],
               6: pads[0], 7: pads[1], 8: pads[2], 9: pads[3], 10: group, 11: amin, 12: amax}
-    lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, bias), mult, shift], out.index, params, node.name)
+    lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, _fit_bias(bias, wt)), mult, shift], out.index, params, node.name)
     return out
 
 
@@ -99,6 +115,15 @@ def _bias(lw: Lowerer, node: onnx.NodeProto, name: str, n: int) -> np.ndarray:
     if b is None or b.q.dtype != np.int32 or b.q.size != n:
         raise LoweringError(f"{where(node)}: the bias is not an int32 constant of {n} values", "quantize the model with edgekit")
     return b.q.reshape(n).astype(np.int32)
+
+
+def _fit_bias(bias: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The bias within the runtime's accumulator bound, |bias| + 256 * sum|w| < 2^31 per output
+    channel. Only a bias the quantizer saturated (a large float bias over a near-zero weight row:
+    s_x * s_w tiny) is out of it; moving it by at most 256 * sum|w| accumulator steps changes the
+    channel's real value by under 2^-15 of itself, and its output is saturated either way."""
+    room = (2**31 - 1) - 256 * np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1)
+    return np.clip(bias.astype(np.int64), -room, room).astype(np.int32)
 
 
 def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
@@ -130,7 +155,7 @@ def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     mult, shift = lw.requant_params(real)
     out = lw.new_i8(out_shape, want)
     amin, amax = lw.act_range(want, act)
-    lw.op(ekm.FULLY_CONNECTED, [x.index, lw.const(ekm.I8, wq, wname), lw.const(ekm.I32, bias), mult, shift], out.index, {11: amin, 12: amax}, node.name)
+    lw.op(ekm.FULLY_CONNECTED, [x.index, lw.const(ekm.I8, wq, wname), lw.const(ekm.I32, _fit_bias(bias, wq)), mult, shift], out.index, {11: amin, 12: amax}, node.name)
     return out
 
 
@@ -190,6 +215,8 @@ def lower_binary(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         a, b, a_shape, b_shape = b, a, b_shape, a_shape
     if tuple(a_shape) != tuple(out_shape):
         raise LoweringError(f"{where(node)}: neither input has the output's shape {out_shape}", "ekrt broadcasts only a per-channel operand")
+    if tuple(b_shape) != tuple(out_shape) and not _channel_vector(b_shape, out_shape):
+        raise LoweringError(f"{where(node)}: {b_shape} broadcasts over {out_shape} other than per channel", "ekrt broadcasts only a per-channel operand")
     out = lw.new_i8(out_shape, want)
     amin, amax = lw.act_range(want, act)
     if node.op_type == "Add":
@@ -247,7 +274,8 @@ def lower_concat(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     return lw.requant(out, None, act, node.output[0])
 
 
-def _pool_params(lw: Lowerer, node: onnx.NodeProto, x: QT, out_shape) -> dict[int, int]:
+def _pool_params(lw: Lowerer, node: onnx.NodeProto, x: QT, out_shape, extra=(0, 0, 0, 0)) -> dict[int, int]:
+    """Kernel, strides and pads of a 2-D pool; ``extra``: pads of a Pad folded into it."""
     a = attrs(node)
     if len(x.shape) != 4:
         raise LoweringError(f"{where(node)} is not 2-D", "ekrt runs 2-D pools only")
@@ -255,7 +283,8 @@ def _pool_params(lw: Lowerer, node: onnx.NodeProto, x: QT, out_shape) -> dict[in
     strides = tuple(a.get("strides", (1, 1)))
     if tuple(a.get("dilations", (1, 1))) != (1, 1) or a.get("storage_order", 0):
         raise LoweringError(f"{where(node)} has dilations or column-major storage", "ekrt pools have dilation 1")
-    pads = _padding(lw, node, x.shape[2:], kernel, strides, (1, 1), out_shape[2:])
+    in_hw = (x.shape[2] + extra[0] + extra[2], x.shape[3] + extra[1] + extra[3])
+    pads = [p + e for p, e in zip(_padding(lw, node, in_hw, kernel, strides, (1, 1), out_shape[2:]), extra)]
     return {0: kernel[0], 1: kernel[1], 2: strides[0], 3: strides[1], 6: pads[0], 7: pads[1], 8: pads[2], 9: pads[3]}
 
 
@@ -275,10 +304,15 @@ def lower_maxpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
 
 def lower_avgpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     want = lw.want_or_fail(node, want)
-    x = lw.input_i8(node, 0)
     out_shape = lw.shape(node.output[0], node)
+    folded = _avgpool_pad_fold(lw, node, out_shape)
+    x = folded[0] if folded else lw.input_i8(node, 0)
     out = lw.new_i8(out_shape, want)
-    if node.op_type == "GlobalAveragePool":
+    if folded:
+        params = folded[1]
+        params[13], params[14] = quantize_multiplier(x.q.scale / want.scale)
+        lw.op(ekm.AVGPOOL, [x.index], out.index, params, node.name)
+    elif node.op_type == "GlobalAveragePool":
         if len(x.shape) != 4:
             raise LoweringError(f"{where(node)} is not 2-D", "ekrt runs 2-D pools only")
         hw = x.shape[2] * x.shape[3]
@@ -292,6 +326,25 @@ def lower_avgpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     return lw.requant(out, None, act, node.output[0])
 
 
+def _avgpool_pad_fold(lw: Lowerer, node: onnx.NodeProto, out_shape) -> tuple[QT, dict] | None:
+    """Pad(0) -> AveragePool: the zeros are counted, so the pool pads with them itself
+    (count_include_pad), when its own pads are counted too (or absent) and every window still
+    touches the input."""
+    folded = spatial_zero_pad(lw, node.input[0]) if node.op_type == "AveragePool" else None
+    if folded is None:
+        return None
+    src, q, extra = folded
+    a = attrs(node)
+    if not a.get("count_include_pad", 0) and (any(a.get("pads", [])) or text(a.get("auto_pad", "NOTSET")) not in ("NOTSET", "", "VALID")):
+        return None
+    x = lw.materialize(src, q)
+    params = _pool_params(lw, node, x, out_shape, extra)
+    if any(params[6 + i] >= params[i % 2] for i in range(4)):
+        return None
+    params.update({4: 1, 5: 1, 10: 1})
+    return x, params
+
+
 def lower_reshape(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     src = node.input[0]
     if node.op_type == "Identity":
@@ -300,6 +353,8 @@ def lower_reshape(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     out_shape = lw.shape(node.output[0], node)
     if math.prod(out_shape) != math.prod(x.shape):
         raise LoweringError(f"{where(node)}: {x.shape} -> {out_shape} changes the element count", "check the model")
+    if x.view is not None or len(out_shape) > ekm.MAX_RANK:  # a chain through rank 5/6
+        return lw.requant(as_view(lw, x, view_of(x).reshape(out_shape), node.name), want, act, node.output[0])
 
     def same_bytes(shape) -> bool:  # NHWC order == NCHW order
         return len(shape) != 4 or shape[1] == 1 or shape[2] * shape[3] == 1
@@ -308,10 +363,8 @@ def lower_reshape(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         order = 0
     elif len(x.shape) == 4 and len(out_shape) != 4:
         order = 1
-    else:
-        raise LoweringError(f"{where(node)}: reshape {x.shape} -> {out_shape} mixes the channel and spatial axes of a 4-D tensor", "ekrt reshapes 4-D tensors only into 2-D/3-D ones (Flatten)")
-    if len(out_shape) > ekm.MAX_RANK:
-        raise LoweringError(f"{where(node)} makes a rank-{len(out_shape)} tensor", "ekrt tensors have rank <= 4")
+    else:  # mixes the channel and spatial axes of a 4-D tensor: a transpose of merged axes
+        return lw.requant(as_view(lw, x, view_of(x).reshape(out_shape), node.name), want, act, node.output[0])
     out = lw.new_i8(out_shape, x.q)
     lw.op(ekm.RESHAPE, [x.index], out.index, {0: order}, node.name)
     return lw.requant(out, want, act, node.output[0])
@@ -323,6 +376,8 @@ def lower_transpose(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     rank = len(x.shape)
     perm = list(attrs(node).get("perm", range(rank - 1, -1, -1)))
     out_shape = lw.shape(node.output[0], node)
+    if x.view is not None or rank > ekm.MAX_RANK:
+        return lw.requant(as_view(lw, x, view_of(x).transpose(perm), node.name), want, act, node.output[0])
     if rank == 4:
         inv = np.argsort(NHWC)
         stored_perm = [int(inv[perm[NHWC[i]]]) for i in range(4)]
@@ -385,12 +440,199 @@ def lower_resize(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
 
 def lower_softmax(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     x = lw.input_i8(node, 0)
-    axis = attrs(node).get("axis", -1 if lw.opset >= 13 else 1) % len(x.shape)
-    if len(x.shape) != 2 or axis != 1:
-        raise LoweringError(f"{where(node)}: softmax over axis {axis} of a {x.shape} tensor", "ekrt runs softmax over the last axis of a 2-D tensor")
+    rank = len(x.shape)
+    axis = attrs(node).get("axis", -1 if lw.opset >= 13 else 1) % rank
+    # the runtime's rows are the stored innermost axis: the last one, or the channels of a 4-D tensor
+    # (before opset 13 Softmax flattens from its axis: only the last axis means the same)
+    innermost = axis == rank - 1 if rank != 4 else (axis == 1 and (lw.opset >= 13 or x.shape[2] * x.shape[3] == 1))
+    if not innermost:
+        raise LoweringError(f"{where(node)}: softmax over axis {axis} of a {x.shape} tensor", "ekrt runs softmax over the innermost axis (the last; the channels of a 4-D tensor)")
     out = lw.new_i8(x.shape, QParams(SOFTMAX_SCALE, SOFTMAX_ZP))
-    lw.op(ekm.SOFTMAX, [x.index], out.index, {0: 1}, node.name)
+    lw.op(ekm.SOFTMAX, [x.index], out.index, {0: rank - 1}, node.name)
     return lw.requant(out, want, act, node.output[0])
+
+
+def lower_conv_transpose(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    """ConvTranspose = zeros (the zero point) inserted between the input's pixels (PAD's interior),
+    then a stride-1 CONV2D with the kernel flipped and its in/out channels swapped."""
+    want = lw.want_or_fail(node, want)
+    x = lw.input_i8(node, 0)
+    wname = node.input[1]
+    w = lw.qconsts.get(wname)
+    if len(x.shape) != 4 or w is None or w.q.ndim != 4:
+        raise LoweringError(f"{where(node)} is not a 2-D transposed convolution with int8 weights", "ekrt runs 2-D ConvTranspose with constant weights")
+    a = attrs(node)
+    if int(a.get("group", 1)) != 1:
+        raise LoweringError(f"{where(node)} has group {a.get('group')}", "grouped ConvTranspose stays float in the quantizer; deploy with another backend")
+    if np.any(w.zp != 0) or w.q.dtype != np.int8 or (w.scale.size > 1 and (w.axis or 0) % 4 != 1):
+        raise LoweringError(f"{where(node)}: weights are not symmetric int8 per output channel", "quantize with edgekit")
+    c_in, m_out, kh, kw = w.q.shape
+    n, c, h, wd = x.shape
+    out_shape = lw.shape(node.output[0], node)
+    strides, dil = tuple(a.get("strides", (1, 1))), tuple(a.get("dilations", (1, 1)))
+    out_pad = tuple(a.get("output_padding", (0, 0)))
+    auto = text(a.get("auto_pad", "NOTSET"))
+    conv_pads = [0, 0, 0, 0]
+    for d, (size, k) in enumerate(((h, kh), (wd, kw))):
+        span = strides[d] * (size - 1) + out_pad[d] + (k - 1) * dil[d] + 1
+        if "output_shape" in a or auto not in ("NOTSET", ""):
+            total = span - out_shape[2 + d]
+            small, big = total // 2, total - total // 2
+            begin, end = (small, big) if auto == "SAME_UPPER" else (big, small)
+        else:
+            pads = list(a.get("pads", (0, 0, 0, 0)))
+            begin, end = pads[d], pads[d + 2]
+        conv_pads[d], conv_pads[d + 2] = (k - 1) * dil[d] - begin, (k - 1) * dil[d] - end + out_pad[d]
+    if min(conv_pads) < 0 or c != c_in:
+        raise LoweringError(f"{where(node)}: pads larger than the kernel or {c} channels for weight {w.q.shape}", "ekrt runs ConvTranspose with pads < kernel")
+    s_w = np.broadcast_to(w.scale.reshape(-1).astype(np.float64), (m_out,))
+    bias = _bias(lw, node, node.input[2], m_out) if len(node.input) > 2 and node.input[2] else np.zeros(m_out, np.int32)
+    amin, amax = lw.act_range(want, act)
+    if strides == (kh, kw) and dil == (1, 1) and tuple(out_shape[2:]) == (h * kh, wd * kw) and conv_pads == [kh - 1, kw - 1, kh - 1, kw - 1]:
+        # kernel == stride, no overlap: a 1x1 conv to (i, j, m) channels, then pixels spread out by
+        # one transpose (depth-to-space): 1/(kh*kw) of the zero-insertion MACs, no zeros
+        wt = np.ascontiguousarray(w.q.transpose(2, 3, 1, 0).reshape(kh * kw * m_out, 1, 1, c))
+        mult, shift = lw.requant_params(np.tile(np.float64(x.q.scale) * s_w / np.float64(want.scale), kh * kw))
+        y = lw.new_i8((n, kh * kw * m_out, h, wd), want)
+        params = {0: 1, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 10: 1, 11: amin, 12: amax}
+        lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, _fit_bias(np.tile(bias, kh * kw), wt)), mult, shift],
+              y.index, params, node.name)
+        spread = view_of(y).reshape(n, kh, kw, m_out, h, wd).transpose(0, 3, 4, 1, 5, 2).reshape(out_shape)
+        return as_view(lw, y, spread, node.name + "__spread")
+    if strides != (1, 1):  # interior zeros, in stored (NHWC) axes 1 and 2
+        zh, zw = (h - 1) * strides[0] + 1, (wd - 1) * strides[1] + 1
+        z = lw.new_i8((n, c, zh, zw), x.q)
+        lw.op(ekm.PAD, [x.index], z.index, {9: strides[0] - 1, 10: strides[1] - 1, 12: 0, 13: x.q.zp}, node.name + "__zeros")
+        x = z
+    wt = np.ascontiguousarray(w.q[:, :, ::-1, ::-1].transpose(1, 2, 3, 0))  # [M][KH][KW][C]
+    mult, shift = lw.requant_params(np.float64(x.q.scale) * s_w / np.float64(want.scale))
+    out = lw.new_i8(out_shape, want)
+    params = {0: kh, 1: kw, 2: 1, 3: 1, 4: dil[0], 5: dil[1], 6: conv_pads[0], 7: conv_pads[1], 8: conv_pads[2],
+              9: conv_pads[3], 10: 1, 11: amin, 12: amax}
+    lw.op(ekm.CONV2D, [x.index, lw.const(ekm.I8, wt, wname), lw.const(ekm.I32, _fit_bias(bias, wt)), mult, shift], out.index, params, node.name)
+    return out
+
+
+def _clip(values: np.ndarray, act) -> np.ndarray:
+    return values if act is None else np.clip(values, np.float32(act[0]), np.float32(act[1]))
+
+
+def lower_prelu(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    """PRelu: one table of 256 entries (a scalar slope) or one per channel (LUT_CHANNEL), each entry
+    what the float graph computes: quantize(prelu(dequantize(x))), so it is exact."""
+    x = lw.input_i8(node, 0)
+    if not lw.is_const(node.input[1]):
+        raise LoweringError(f"{where(node)}: the slope is not a constant", "ekrt runs PRelu with a constant slope")
+    slope = lw.float_const(node.input[1]).astype(np.float32)
+    grid = (np.arange(-128, 128, dtype=np.float32) - np.float32(x.q.zp)) * np.float32(x.q.scale)
+    if slope.size == 1:
+        lw.tabled.add(node.name)
+        values = _clip(np.where(grid < 0, grid * slope.reshape(()), grid), act)
+        return lw.lut(x, values, want or lw.natural(values), node.name)
+    if not _channel_vector(slope.shape, x.shape):
+        raise LoweringError(f"{where(node)}: slope {slope.shape} for input {x.shape}", "ekrt runs a scalar or per-channel PRelu slope")
+    values = _clip(np.where(grid < 0, grid[None, :] * slope.reshape(-1, 1), grid[None, :]), act)
+    want = want or lw.natural(values)
+    table = qmath.quantize(values, want.scale, want.zp, "int8")
+    out = lw.new_i8(x.shape, want)
+    lw.op(ekm.LUT_CHANNEL, [x.index, lw.const(ekm.I8, table, f"{node.name}__tables")], out.index, name=node.name)
+    lw.tabled.add(node.name)
+    return out
+
+
+def lower_batchnorm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    """An inference BatchNormalization the quantizer left (after a ConvTranspose, say) is a
+    per-channel function of one int8 value: one table per channel (LUT_CHANNEL), each computed
+    by running DQ -> the node -> Q on all 256 values, so it holds what the float graph gives."""
+    want = lw.want_or_fail(node, want)
+    x = lw.input_i8(node, 0)
+    if len(x.shape) not in (2, 4) or not all(lw.is_const(i) for i in node.input[1:]):
+        raise LoweringError(f"{where(node)} on {x.shape}", "ekrt runs BatchNormalization of 2-D/4-D tensors with constant statistics")
+    c = x.shape[1]
+    i8 = onnx.TensorProto.INT8
+    inits = [numpy_helper.from_array(np.float32(x.q.scale), "xs"), numpy_helper.from_array(np.int8(x.q.zp), "xz"),
+             numpy_helper.from_array(np.float32(want.scale), "ys"), numpy_helper.from_array(np.int8(want.zp), "yz")]
+    inits += [numpy_helper.from_array(lw.float_const(i).astype(np.float32), f"c{k}") for k, i in enumerate(node.input[1:])]
+    bn = helper.make_node("BatchNormalization", ["x"] + [f"c{k}" for k in range(len(node.input) - 1)], ["f"])
+    bn.attribute.extend(a for a in node.attribute if a.name == "epsilon")
+    graph = helper.make_graph([helper.make_node("DequantizeLinear", ["q", "xs", "xz"], ["x"]), bn,
+                               helper.make_node("QuantizeLinear", ["f", "ys", "yz"], ["y"])], "bn",
+                              [helper.make_tensor_value_info("q", i8, [1, c, 256])], [helper.make_tensor_value_info("y", i8, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    grid = np.broadcast_to(np.arange(-128, 128, dtype=np.int8), (1, c, 256)).copy()
+    table = _run_small(model, {"q": grid}).reshape(c, 256)
+    if act is not None:
+        table = np.clip(table, *lw.act_range(want, act)).astype(np.int8)
+    out = lw.new_i8(x.shape, want)
+    lw.op(ekm.LUT_CHANNEL, [x.index, lw.const(ekm.I8, table, f"{node.name}__tables")], out.index, name=node.name)
+    lw.tabled.add(node.name)
+    return out
+
+
+def _run_small(model: onnx.ModelProto, feed: dict) -> np.ndarray:
+    """One small graph run as ONNX Runtime runs it (graph optimizations off: the Q/DQ reference
+    semantics), the ONNX reference implementation without ORT."""
+    try:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.log_severity_level = 3
+        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    except ImportError:
+        from onnx.reference import ReferenceEvaluator
+
+        return ReferenceEvaluator(model).run(None, feed)[0]
+
+
+def lower_reduce_mean(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    """ReduceMean over axes that are adjacent in the stored layout = GLOBAL_AVGPOOL of the tensor
+    seen as [outer, reduced, 1, inner] (the spatial axes of a 4-D tensor: no reshape at all)."""
+    x = lw.input_i8(node, 0)
+    want = want or x.q  # a mean stays inside the input's range
+    rank = len(x.shape)
+    a = attrs(node)
+    if lw.opset >= 18 and len(node.input) > 1 and node.input[1]:
+        axes = [int(v) for v in lw.consts[node.input[1]].reshape(-1)] if node.input[1] in lw.consts else None
+        if axes is None:
+            raise LoweringError(f"{where(node)}: axes are not constant", "ekrt reduces over static axes")
+    else:
+        axes = list(a.get("axes", []))
+    axes = sorted({ax % rank for ax in axes} if axes else set(range(rank)))
+    out_shape = lw.shape(node.output[0], node)
+    st = [NHWC[i] for i in range(4)] if rank == 4 else list(range(rank))  # stored axis i holds logical st[i]
+    red = [i for i in range(rank) if st[i] in axes]
+    kept = [st[i] for i in range(rank) if st[i] not in axes]
+    if red != list(range(red[0], red[-1] + 1)) or (len(out_shape) == len(kept) and kept != sorted(kept)):
+        raise LoweringError(f"{where(node)}: mean over axes {axes} of {x.shape}", "ekrt averages over axes that are adjacent in its layout (NHWC for 4-D)")
+    sd = stored(x.shape)
+    outer, r, inner = math.prod(sd[: red[0]]), math.prod(sd[red[0]: red[-1] + 1]), math.prod(sd[red[-1] + 1:])
+    if r > 1 << 23:
+        raise LoweringError(f"{where(node)} averages {r} values", "ekrt averages at most 2^23 values")
+    src = x
+    if not (rank == 4 and red == [1, 2]):
+        src = lw.new_i8((outer, inner, r, 1), x.q)  # stored [outer, r, 1, inner]: the same bytes
+        lw.op(ekm.RESHAPE, [x.index], src.index, {0: 0}, node.name + "__view")
+    m_, s_ = quantize_multiplier(x.q.scale / (want.scale * r))
+    pooled = lw.new_i8((outer, inner, 1, 1), want)
+    lw.op(ekm.GLOBAL_AVGPOOL, [src.index], pooled.index, {0: m_, 1: s_}, node.name)
+    out = pooled
+    if stored(out_shape) != stored(pooled.shape):
+        out = lw.new_i8(out_shape, want)
+        lw.op(ekm.RESHAPE, [pooled.index], out.index, {0: 0}, node.name + "__shape")
+    return lw.requant(out, None, act, node.output[0])
+
+
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+
+
+def lower_cast(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
+    """A Cast of a float activation to float32/float64 changes no value of it: nothing to run."""
+    to = attrs(node).get("to")
+    if to not in FLOAT_TYPES:
+        raise LoweringError(f"{where(node)} casts an activation to {onnx.TensorProto.DataType.Name(to)}", "ekrt keeps activations int8; a Cast to an integer or float16 type changes values")
+    return lw.materialize(node.input[0], want, act)
 
 
 LOWERINGS: dict[str, Lowering] = {
@@ -416,6 +658,14 @@ LOWERINGS: dict[str, Lowering] = {
     "Transpose": lower_transpose,
     "Resize": lower_resize,
     "Softmax": lower_softmax,
+    "Pad": lower_pad,
+    "Slice": lower_slice,
+    "Split": lower_split,
+    "PRelu": lower_prelu,
+    "ReduceMean": lower_reduce_mean,
+    "Cast": lower_cast,
+    "ConvTranspose": lower_conv_transpose,
+    "BatchNormalization": lower_batchnorm,
     "Relu": lower_relu_clip,
     "Clip": lower_relu_clip,
     **{op: lower_lut for op in ELEMENTWISE - {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Identity", "Relu", "Clip"}},

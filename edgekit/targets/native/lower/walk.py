@@ -25,7 +25,11 @@ FLOAT_CONST_MAX = 1 << 22  # elements: larger constant folds are not worth it
 
 
 class LoweringError(ModelError):
-    """A node ekrt cannot run; the message names it."""
+    """A node ekrt cannot run; the message names it. ``node`` is that node (when known);
+    ``blocked``: it only failed because an input could not be lowered (coverage counts the cause once)."""
+
+    node: onnx.NodeProto | None = None
+    blocked: bool = False
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,15 @@ class QParams:
 
 @dataclass
 class QT:
-    """An int8 tensor of the runtime: its index in the .ekm, its logical (ONNX) shape, its params."""
+    """An int8 tensor of the runtime: its index in the .ekm, its logical (ONNX) shape, its params.
+
+    A tensor of rank > 4 (a Reshape/Transpose chain's middle) is a view: ``index`` -1, ``view`` the
+    element of a real tensor's stored bytes each of its elements is (movement.py realizes it)."""
 
     index: int
     shape: tuple[int, ...]
     q: QParams
+    view: tuple[int, np.ndarray] | None = None  # (real tensor index, stored flat index per element)
 
 
 @dataclass
@@ -97,7 +105,7 @@ Lowering = Callable[["Lowerer", onnx.NodeProto, "QParams | None", "tuple | None"
 class Lowerer:
     """One lowering of one QDQ model; ``run()`` returns the EkmModel."""
 
-    def __init__(self, model: onnx.ModelProto, lowerings: dict[str, Lowering]) -> None:
+    def __init__(self, model: onnx.ModelProto, lowerings: dict[str, Lowering], collect: bool = False) -> None:
         try:
             model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         except Exception as exc:  # shape inference raises several types; name the problem
@@ -126,6 +134,14 @@ class Lowerer:
         self.io: dict[str, int] = {}
         self.memo: dict[tuple, QT] = {}
         self.report = LowerReport()
+        self.asked = ""  # the output a lowering function is called for (Split has several)
+        # coverage: with ``collect``, a node that cannot be lowered is recorded and the walk goes on
+        self.collect = collect
+        self.failures: list[tuple[onnx.NodeProto | None, str]] = []
+        self.failed: set[str] = set()  # tensors that could not be lowered
+        self.lowered: set[str] = set()  # nodes run as integer ops
+        self.tabled: set[str] = set()  # float nodes run as int8 tables (LUT, LUT_CHANNEL)
+        self.folded: set[str] = set()  # constant and shape arithmetic, done at lowering time
 
     # -- tensors --------------------------------------------------------------------------
 
@@ -184,6 +200,9 @@ class Lowerer:
         return self.qconsts[name].dequantized()
 
     def op(self, type_: int, inputs: list[int], output: int, params=None, name: str = "") -> None:
+        if min(inputs, default=0) < 0:
+            raise LoweringError(f"node '{name}' reads a tensor of rank > {ekm.MAX_RANK}",
+                                f"ekrt tensors have rank <= {ekm.MAX_RANK}; a higher rank may only appear inside a Reshape/Transpose/Squeeze/Unsqueeze chain")
         self.m.add_op(type_, inputs, [output], params, name)
         key = ekm.OP_NAMES[type_]
         self.report.ops[key] = self.report.ops.get(key, 0) + 1
@@ -196,13 +215,18 @@ class Lowerer:
             if node.op_type == "Constant":
                 self.consts[node.output[0]] = numpy_helper.to_array(attrs(node)["value"])
             elif node.op_type == "DequantizeLinear":
-                self._dequantize(node)
+                if node.input[0] in self.failed:
+                    self.failed.add(node.output[0])
+                else:
+                    self._dequantize(node)
             elif node.op_type == "QuantizeLinear":
-                self._quantize(node)
+                self._collecting(node, self._quantize)
             elif node.input and all((not i) or self.is_const(i) for i in node.input) and node.op_type != "Shape":
                 self._fold(node)
+                self.folded.add(node.name)
             elif node.op_type == "Shape":
                 self._fold_shape(node)
+                self.folded.add(node.name)
         for i, inp in enumerate(g.input):
             if inp.name in self.graph_inputs and inp.name not in self.io:
                 raise LoweringError(
@@ -211,13 +235,17 @@ class Lowerer:
                 ) if any(True for _ in self.consumers.get(inp.name, [])) else LoweringError(
                     f"graph input {i} '{inp.name}' is unused", "remove it from the model")
         for out in g.output:
-            qt = self.alias.get(out.name) or self.materialize(out.name, None)
+            qt = self.alias.get(out.name) or self._collecting(out, lambda o: self.materialize(o.name, None))
+            if qt is None:
+                continue
             shape = self.shape(out.name)
             if len(shape) > ekm.MAX_RANK:
                 raise LoweringError(f"graph output '{out.name}' has rank {len(shape)}", "ekrt tensors have rank <= 4")
             io = self.m.add_tensor(ekm.Tensor(ekm.F32, ekm.IO, shape, name=out.name))
             self.op(ekm.DEQUANTIZE, [qt.index], io, {0: int(len(shape) == 4)}, name=f"{out.name}__DQ")
             self.m.outputs.append((io, out.name))
+        if self.failures:
+            return self.m  # coverage only: the model is incomplete
         self.m.inputs.sort(key=lambda io_name: [i.name for i in g.input].index(io_name[1]))
         remap = prune(self.m)
         self.alias = {k: QT(remap[v.index], v.shape, v.q) for k, v in self.alias.items() if v.index in remap}
@@ -226,6 +254,19 @@ class Lowerer:
         flatten_fc_inputs(self.m)
         self.report.arena_bytes = plan_memory(self.m)
         return self.m
+
+    def _collecting(self, where_, fn):
+        """fn(where_); with ``collect``, a LoweringError is recorded (once, at the node that caused
+        it) and the tensor marked failed instead of ending the walk."""
+        try:
+            return fn(where_)
+        except LoweringError as exc:
+            if not self.collect:
+                raise
+            self.failed.update(getattr(where_, "output", [getattr(where_, "name", "")]))
+            if not exc.blocked and (exc.node is None or all(exc.node is not n for n, _ in self.failures)):
+                self.failures.append((exc.node, exc.message))
+            return None
 
     def _fold(self, node: onnx.NodeProto) -> None:
         from onnx.reference import ReferenceEvaluator
@@ -268,18 +309,23 @@ class Lowerer:
         if x in self.consts:
             self.consts[node.output[0]] = qmath.quantize(self.consts[x], q.scale, q.zp, "int8")
             return
-        if x in self.graph_inputs:
-            if x not in self.io:
-                shape = self.shape(x, node)
-                if len(shape) > ekm.MAX_RANK:
-                    raise LoweringError(f"graph input '{x}' has rank {len(shape)}", "ekrt tensors have rank <= 4")
-                self.io[x] = self.m.add_tensor(ekm.Tensor(ekm.F32, ekm.IO, shape, name=x))
-                self.m.inputs.append((self.io[x], x))
-            out = self.new_i8(self.shape(x), q)
-            self.op(ekm.QUANTIZE, [self.io[x]], out.index, {0: int(len(out.shape) == 4)}, name=node.name)
-            self.alias[node.output[0]] = out
-            return
-        self.alias[node.output[0]] = self.materialize(x, q)
+        self.alias[node.output[0]] = self.quantized_input(x, q, node.name) if x in self.graph_inputs else self.materialize(x, q)
+
+    def quantized_input(self, x: str, q: QParams, name: str = "") -> QT:
+        """Graph input ``x`` quantized with ``q`` (one QUANTIZE per params)."""
+        key = (x, q, None)
+        if key in self.memo:
+            return self.memo[key]
+        if x not in self.io:
+            shape = self.shape(x)
+            if len(shape) > ekm.MAX_RANK:
+                raise LoweringError(f"graph input '{x}' has rank {len(shape)}", "ekrt tensors have rank <= 4")
+            self.io[x] = self.m.add_tensor(ekm.Tensor(ekm.F32, ekm.IO, shape, name=x))
+            self.m.inputs.append((self.io[x], x))
+        out = self.new_i8(self.shape(x), q)
+        self.op(ekm.QUANTIZE, [self.io[x]], out.index, {0: int(len(out.shape) == 4)}, name=name or f"{x}__Q")
+        self.memo[key] = out
+        return out
 
     def qparams(self, node: onnx.NodeProto) -> QParams:
         scale = self.consts.get(node.input[1])
@@ -301,16 +347,28 @@ class Lowerer:
         key = (name, want, act)
         if key in self.memo:
             return self.memo[key]
+        if name in self.failed:
+            exc = LoweringError(f"tensor '{name}' could not be lowered", "see the node that produces it")
+            exc.blocked = True
+            raise exc
         if name in self.alias:
             qt = self.requant(self.alias[name], want, act, name)
+        elif name in self.graph_inputs and want is not None:  # e.g. input -> Pad -> Q: quantize first
+            qt = self.requant(self.quantized_input(name, want), None, act, name)
         else:
             node = self.producer.get(name)
             if node is None:
                 raise LoweringError(f"tensor '{name}' is neither produced by a node nor an int8 tensor", "check the model")
             fn = self.lowerings.get(node.op_type)
-            if fn is None:
-                raise LoweringError(f"{where(node)}: ekrt has no {node.op_type}", f"ekrt runs: {', '.join(sorted(self.lowerings))}; deploy with another backend (--backend onnxruntime)")
-            qt = fn(self, node, want, act)
+            try:
+                if fn is None:
+                    raise LoweringError(f"{where(node)}: ekrt has no {node.op_type}", f"ekrt runs: {', '.join(sorted(self.lowerings))}; deploy with another backend (--backend onnxruntime)")
+                self.asked = name
+                qt = fn(self, node, want, act)
+            except LoweringError as exc:
+                exc.node = exc.node or node  # the innermost node names the cause
+                raise
+            self.lowered.add(node.name)
         self.memo[key] = qt
         return qt
 
