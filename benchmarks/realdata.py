@@ -13,8 +13,8 @@ class Skip(Exception):
     """A model or runtime can't run here (e.g. its package is missing); the message says why."""
 
 
-def rapidocr_cls() -> tuple[ModuleType, Path]:
-    """tests/realmodels.py and the path of RapidOCR's text-direction classifier, or Skip."""
+def realmodels() -> ModuleType:
+    """tests/realmodels.py (the catalogue of real models and their data), or Skip."""
     sys.path.insert(0, str(ROOT / "tests"))
     try:
         import realmodels
@@ -22,7 +22,29 @@ def rapidocr_cls() -> tuple[ModuleType, Path]:
         raise Skip(f"tests/realmodels.py unavailable: {exc}") from None
     finally:
         sys.path.pop(0)
+    return realmodels
+
+
+def catalogue_names() -> list[str]:
+    return list(realmodels().CATALOGUE)
+
+
+def catalogue(name: str) -> tuple[object, ModuleType]:
+    """The catalogue entry ``name`` (its wheel installed) and the realmodels module, or Skip
+    naming the pip line that installs it."""
+    rm = realmodels()
+    model = rm.CATALOGUE[name]
     try:
-        return realmodels, realmodels.find_rapidocr_model("cls")
+        model.locate()
+    except LookupError as exc:
+        raise Skip(str(exc)) from None
+    return model, rm
+
+
+def rapidocr_cls() -> tuple[ModuleType, Path]:
+    """tests/realmodels.py and the path of RapidOCR's text-direction classifier, or Skip."""
+    rm = realmodels()
+    try:
+        return rm, rm.find_rapidocr_model("cls")
     except LookupError as exc:
         raise Skip(str(exc)) from None
