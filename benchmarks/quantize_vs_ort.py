@@ -200,7 +200,9 @@ def ort_best(case: Case, out: Path) -> Column:
         try:
             _quantize_static(pre, path, case.calib.feeds, per_channel=True, reduce_range=True,
                              calibrate_method=getattr(CalibrationMethod, method),
-                             extra_options={"CalibMaxIntermediateOutputs": 4})  # bounded memory
+                             # bounded memory for the histograms; MinMax as ORT's default runs it
+                             # (chunked MinMax raises "No data is collected" when the chunks divide the set)
+                             extra_options={} if method == "MinMax" else {"CalibMaxIntermediateOutputs": 4})
         except Exception as exc:
             tried[method] = _first_line(exc)
             continue
@@ -385,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib", type=int, default=16, help="calibration samples (default 16)")
     ap.add_argument("--eval", type=int, default=8, help="held-out samples for the metric (default 8)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated, from: {', '.join(COLUMNS)} (default: all)")
     ap.add_argument("--with-max-drop", action="store_true", help="add the column 'edgekit --max-drop 1' (edgekit.api.quantize)")
     args = ap.parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -399,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
 
     onnxruntime.set_default_logger_severity(3)
-    columns = dict(COLUMNS)
+    columns = {c: COLUMNS[c] for c in (x.strip() for x in args.columns.split(",")) if c in COLUMNS}
     if args.with_max_drop:
         columns["edgekit --max-drop 1"] = edgekit_max_drop
 
