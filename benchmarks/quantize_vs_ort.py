@@ -333,7 +333,7 @@ def markdown(results: list[dict], columns: list[str]) -> str:
         for c in columns:
             col = r["columns"][c]
             if col["error"]:
-                row += [f"fails: {col['error'][:70]}", "-", "-", "-"]
+                row += [f"fails: {col['error'][:60]}", "-", "-", "-"]  # the whole error is in the JSON
                 continue
             mark = "" if col["meets_goal"] else " ✗"
             row += [_fmt(col["metric"], ".5f" if "cosine" in m["name"] else ".3f") + mark, _fmt(col["quantize_s"], ".2f"),
