@@ -22,16 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from realmodels import CATALOGUE  # noqa: E402
+
 from edgekit.modelio import load_model  # noqa: E402
 from edgekit.targets.native.lower import coverage  # noqa: E402
 
-# name -> (path or a realmodels kind, input shapes)
+# name -> (path or a realmodels catalogue entry, input shapes): the examples and every real model
 MODELS = {
     "digits": (ROOT / "examples/digits/digits_cnn.onnx", None),
     "mobilenetv2": (ROOT / "examples/mobilenetv2/mobilenetv2.onnx", None),
-    "ppocr-cls": ("cls", {"x": (1, 3, 48, 192)}),
-    "ppocr-det": ("det", {"x": (1, 3, 320, 320)}),
-    "ppocr-rec": ("rec", {"x": (1, 3, 48, 320)}),
+    **{name: (m, {k: v for k, v in m.inputs.items() if v}) for name, m in CATALOGUE.items()},
 }
 
 
@@ -43,12 +43,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="one JSON document instead of the table")
     args = ap.parse_args()
-    from realmodels import find_rapidocr_model
-
     rows = {}
     for name, (where, shapes) in MODELS.items():
         try:
-            path = find_rapidocr_model(where) if isinstance(where, str) else where
+            path = where if isinstance(where, Path) else where.locate()
         except LookupError as exc:
             rows[name] = {"missing": str(exc)}
             continue
