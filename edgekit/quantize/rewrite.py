@@ -301,7 +301,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
     del g.node[:]
     g.node.extend(_toposort(nodes, {i.name for i in g.input} | {t.name for t in g.initializer}))
     # Drop float initializers that only fed what is now int8.
-    used = {i for n in g.node for i in n.input}
+    used = {i for n in g.node for i in reads(n)}  # If/Loop bodies read outer names too
     keep = [t for t in g.initializer if t.name in used or t.name in graph_outputs]
     del g.initializer[:]
     g.initializer.extend(keep)
