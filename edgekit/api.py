@@ -30,12 +30,13 @@ from edgekit.bundle import load_bundle
 from edgekit.deploy import DeployRequest, DeployResult, Job, execute, open_job, run
 from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import device_lock
-from edgekit.errors import ModelError, PlanError, UsageError
+from edgekit.errors import GateError, ModelError, PlanError, UsageError
 from edgekit.events import Events
 from edgekit.fsutil import check_output_path
-from edgekit.plan import Plan, plan_bundle
+from edgekit.plan import Plan, Quantize, plan_bundle
 from edgekit.profiles import Profile, load_profile
 from edgekit.quantize import QuantizeResult, save_model
+from edgekit.quantize.mixed import check_metric
 
 MODEL_SUFFIXES = (".onnx", ".tflite")
 
@@ -63,15 +64,25 @@ def plan(model: str | Path, **options: Any) -> Plan:
     return open_job(request(model, **options)).plan()
 
 
-def quantize(model: str | Path, output: str | Path, *, events: Events | None = None, **options: Any) -> QuantizeResult:
+def quantize(
+    model: str | Path, output: str | Path, *, events: Events | None = None, max_drop: float | None = None, metric: str | None = None, **options: Any
+) -> QuantizeResult:
     """Quantize ``model`` to QDQ int8 ONNX at ``output`` for the target's backend; the result
     carries the fp32-vs-int8 agreement on held-out samples.
+
+    ``max_drop`` (a fraction, as deploy's: 0.01 is one point; ``metric``: top1, cosine, snr, iou,
+    ctc or "path/module.py:fn", default top1 for class vectors, else cosine): mixed precision,
+    the int8 nodes that cost the held-out metric most kept in float until it holds
+    (``result.mixed_precision``); when it cannot hold, a GateError (``.decision``) and no file.
 
     >>> r = ek.quantize("examples/digits/digits_cnn.onnx", "digits.int8.onnx", calib="examples/digits/calib.npz")  # doctest: +SKIP
     >>> r.agreement.accuracy_int8  # doctest: +SKIP
     """
     output = Path(output)
     check_output_path(output)
+    if metric is not None and max_drop is None:
+        raise UsageError(f"metric {metric!r} is what mixed precision holds, and no max_drop was given", "add max_drop (--max-drop POINTS)")
+    check_metric(metric)
     job = open_job(request(model, goal="quantize", **options))
     if job.model.format != "onnx":
         raise ModelError(
@@ -84,7 +95,22 @@ def quantize(model: str | Path, output: str | Path, *, events: Events | None = N
             f"{planned.backend} on {planned.profile} runs {planned.precision}: there is nothing to quantize",
             "pick a target (or --backend) with an int8 path, e.g. --target local",
         )
+    if max_drop is not None:
+        steps = tuple(dataclasses.replace(s, max_drop=max_drop * 100, metric=metric) if isinstance(s, Quantize) else s for s in planned.steps)
+        planned = dataclasses.replace(planned, steps=steps)
     result = execute(planned, job, events=events).quantize
+    mp = result.mixed_precision
+    if mp is not None and not mp["holds"]:
+        def v(x: float | None) -> str:
+            return "inf" if x is None else f"{x:g}"
+
+        err = GateError(
+            f"--max-drop {mp['max_drop']:g} ({mp['metric']}) cannot hold: all int8 scores {v(mp['before'])}, and with the "
+            f"{mp['tried_float_layers']} most harmful int8 nodes in float still {v(mp['after'])} (needs >= {v(mp['goal'])}); no model written",
+            "allow a larger --max-drop, calibrate on more or better data (--calib, --method percentile), or deploy float (--no-quantize)",
+        )
+        err.decision = mp
+        raise err
     save_model(result.model, output)
     return result
 

@@ -421,8 +421,11 @@ class _Walk:
 def _quantize(w: _Walk, step: Quantize) -> None:
     job = w.job
     calibration, heldout = job.feeds(w.events)
-    k = qcache.key(job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout)
+    k = qcache.key(job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout, max_drop=step.max_drop, metric=step.metric)
     w.qresult = job.memo.get(("quantize", k), lambda: _quantize_or_reuse(w, step, k, calibration, heldout))
+    mp = w.qresult.mixed_precision
+    if mp and not mp["holds"] and job.request.goal != "quantize":
+        w.events.warn(f"keeping layers in float did not hold the held-out {mp['metric']} within {mp['max_drop']:g} points: the int8 variant stays all int8 (the gate decides)")
     get_backend(w.plan.backend).check_quantized(w.qresult.model)  # e.g. TensorRT's Q/DQ rules
     w.sources["int8"] = w.tmp / "model.int8.onnx"
     save_model(w.qresult.model, w.sources["int8"])
@@ -437,11 +440,17 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
         w.events.info(f"int8 model of {job.model.path.name} unchanged: reusing the cached quantization ({k[:12]})")
         _, analysis = analyze_model(job.model, step.scheme, job.request.exclude)
         cal = report["calibration"]
-        return QuantizeResult(model, step.scheme, step.method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True, layers=report.get("layers") or [])
+        return QuantizeResult(
+            model, step.scheme, step.method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True,
+            layers=report.get("layers") or [], mixed_precision=report.get("mixed_precision"),
+        )
     w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
     passes = 1 if step.method == "minmax" else 2
     with w.events.progress(f"calibrating on {len(calibration.feeds)} samples ({step.method})", total=passes * len(calibration.feeds)) as prog:
-        result = quantize_model(job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog)
+        result = quantize_model(
+            job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog, max_drop=step.max_drop, metric=step.metric,
+            events=w.events,
+        )
     path = w.tmp / f"quantized-{k[:12]}.onnx"
     save_model(result.model, path)
     qcache.save(k, path, result.to_dict())

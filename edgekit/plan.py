@@ -52,14 +52,17 @@ class Quantize:
     method: str
     calibration: str
     evaluation: str
+    max_drop: float | None = None  # mixed precision: held-out metric points int8 may lose (None: all int8)
+    metric: str | None = None  # its metric (None: top1 for class vectors, else cosine)
 
     name = "quantize"
 
     @property
     def detail(self) -> str:
+        mixed = f"; layers kept float while the held-out {self.metric or 'metric'} drops more than {self.max_drop:g} points" if self.max_drop is not None else ""
         return (
             f"QDQ int8 ({self.scheme.name} scheme, {self.method} calibration on {self.calibration}); "
-            f"agreement on {self.evaluation or 'held-out samples'}"
+            f"agreement on {self.evaluation or 'held-out samples'}{mixed}"
         )
 
 
@@ -370,7 +373,9 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
 
     steps: list[Step] = []
     if scheme is not None:
-        steps.append(Quantize(scheme, options.method, options.calibration, options.evaluation))
+        # deploy keeps float the layers that push the host's estimate beyond its int8 gate (not on random data: its ranges say nothing)
+        mixed = options.max_drop * 100 if options.goal != "quantize" and options.calibration != "random" else None
+        steps.append(Quantize(scheme, options.method, options.calibration, options.evaluation, mixed))
     if options.goal != "quantize":
         steps += [Compile(v) for v in variants]
         steps.append(WriteBundle(options.output or "edgekit-out/", tuple(v.name for v in variants)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from edgekit.quantize import cache as qcache
@@ -48,3 +49,23 @@ def test_a_fleet_quantizes_once(cli, tmp_path):
     assert [o["status"] for o in outcomes] == ["ok"] * 3
     hashes = {o["result"]["bundle"]["hash"] for o in outcomes}
     assert len(hashes) == 1  # one int8 model for all three
+
+
+def test_mixed_precision_asks_are_part_of_the_key(tmp_path):
+    from edgekit.quantize import SCHEMES, FeedSet
+
+    cal = FeedSet([{"x": np.full((1, 4), i, np.float32)} for i in range(3)], "cal")
+    held = FeedSet([{"x": np.ones((1, 4), np.float32)}], "held")
+    scheme = SCHEMES["onnxruntime"]
+
+    def k(**kw):
+        return qcache.key("sha", scheme, "minmax", (), cal, held, **kw)
+
+    module = tmp_path / "m.py"
+    module.write_text("def f(r, q):\n    return 1.0\n")
+    keys = {k(), k(max_drop=1.0), k(max_drop=2.0), k(max_drop=1.0, metric="ctc"), k(max_drop=1.0, metric=f"{module}:f")}
+    assert len(keys) == 5
+    assert k(max_drop=1.0, metric="ctc") == k(max_drop=1.0, metric="ctc")
+    before = k(max_drop=1.0, metric=f"{module}:f")
+    module.write_text("def f(r, q):\n    return 2.0\n")  # the metric's source decides the model too
+    assert k(max_drop=1.0, metric=f"{module}:f") != before

@@ -27,6 +27,22 @@ def quantize(
     report_full: Annotated[
         bool, typer.Option("--report-full", help="--report, measuring the output effects however many int8 nodes there are (two inference passes per node and sample).")
     ] = False,
+    max_drop: Annotated[
+        float | None,
+        typer.Option(
+            "--max-drop", min=0, max=100, metavar="POINTS",
+            help="Mixed precision: keep the int8 nodes that cost the held-out --metric most in float until it drops at most POINTS "
+            "below float's (snr: until noise is at most POINTS % of the signal); refuse (exit 5, no file) when it cannot.",
+        ),
+    ] = None,
+    metric: Annotated[
+        str | None,
+        typer.Option(
+            "--metric", metavar="NAME",
+            help="What --max-drop holds: top1, cosine, snr, iou (masks at 0.5), ctc (100 - CER of greedy CTC decodes) or "
+            "path/module.py:fn (fn(ref_outputs, q_outputs) -> float, higher is better). Default: top1 for class vectors, else cosine.",
+        ),
+    ] = None,
     json_out: common.Json = False,
     **opts,
 ) -> None:
@@ -35,13 +51,31 @@ def quantize(
     Example:
 
         edgekit quantize examples/digits/digits_cnn.onnx -o digits.int8.onnx --calib examples/digits/calib.npz
+
+    Keeping layers in float until the held-out character error rate rises at most 1 point:
+
+        edgekit quantize rec.onnx -o rec.int8.onnx --calib lines.npz --eval held.npz --max-drop 1 --metric ctc
     """
     from edgekit import api
+    from edgekit.errors import GateError, UsageError
 
     o = common.output(json_out)
+    if metric is not None and max_drop is None:
+        raise UsageError("--metric is what --max-drop holds, and no --max-drop was given", "add --max-drop POINTS, e.g. --max-drop 1")
     if opts["method"] == "entropy":
         o.warn("entropy calibration is experimental: on the MobileNetV2 example its int8 logits are far noisier than minmax's (SNR 18.9 vs 30.4 dB); percentile is the safer choice")
-    result = api.quantize(model, out, events=o, target=target, backend=backend, **common.quantize_args(opts))
+    try:
+        result = api.quantize(
+            model, out, events=o, target=target, backend=backend, max_drop=None if max_drop is None else max_drop / 100, metric=metric, **common.quantize_args(opts)
+        )
+    except GateError as exc:
+        decision = getattr(exc, "decision", None)
+        if decision is not None:
+            if json_out:
+                o.json({"model": str(model), "output": None, "mixed_precision": decision})
+            else:
+                _print_mixed(o, decision)
+        raise
     doc = {"model": str(model), "output": str(out), "output_bytes": out.stat().st_size, **result.to_dict()}
     if report or report_full:
         sens = _sensitivity(o, model, result, target=target, backend=backend, full=report_full, opts=opts)
@@ -51,6 +85,8 @@ def quantize(
         o.json(doc)
         return
     render.print_quantize_report(o, doc)
+    if doc["mixed_precision"] is not None:
+        _print_mixed(o, doc["mixed_precision"])
     if "sensitivity" in doc:
         render.print_layer_report(o, doc)
     o.info(f"wrote {out} ({render.fmt_bytes(doc['output_bytes'])})")
@@ -70,3 +106,42 @@ def _sensitivity(o, model: Path, result, *, target: str, backend: str | None, fu
     with o.progress(f"measuring {n} int8 nodes alone quantized and alone float", total=n) as prog:
         s = sensitivity.measure_result(job.model, result, heldout.feeds, exclude=args["exclude"] or (), full=full, progress=prog)
     return s.to_dict()
+
+
+def _db(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.2f}"
+
+
+def _print_mixed(o, mp: dict) -> None:
+    """What --max-drop decided: the metric before and after, the layers kept float and why, their cost."""
+    unit = "dB" if mp["unit"] == "dB" else "pt"
+
+    def v(x: float | None) -> str:
+        return "inf" if x is None else f"{x:.2f} {unit}"
+
+    picked = f" ({mp['metric_why']})" if mp["metric_why"] else ""
+    o.line(
+        f"mixed precision, held-out {mp['metric']}{picked} on {mp['samples']} samples: all int8 {v(mp['before'])}, float {v(mp['reference'])}, "
+        f"needs >= {v(mp['goal'])} (--max-drop {mp['max_drop']:g})"
+    )
+    if not mp["holds"]:
+        ranked = mp["sensitivity"]["layers"]
+        o.table(
+            ["node", "op", "local SNR dB", "gain kept float dB", "MACs"],
+            [[x["name"], x["op"], _db(x["snr_db"]), _db(x["output_snr_db_gain_float"]), render.fmt_pct(x["macs_share"])] for x in ranked[:20]],
+            title=f"per-layer sensitivity, most harmful first ({mp['rank_samples']} held-out samples, Q/DQ reference): "
+            f"with the first {mp['tried_float_layers']} in float the {mp['metric']} is {v(mp['after'])}",
+        )
+        return
+    if not mp["float_layers"]:
+        o.line("  all int8 holds: no layer kept in float")
+        return
+    o.table(
+        ["kept float", "op", "gain kept float dB", "MACs"],
+        [[x["name"], x["op"], _db(x["gain_db"]), render.fmt_pct(x["macs_share"])] for x in mp["float_layers"]],
+        title=f"{len(mp['float_layers'])} layer(s) kept in float: {mp['metric']} {v(mp['before'])} -> {v(mp['after'])}, "
+        f"{render.fmt_pct(mp['int8_mac_share'])} of the MACs still int8 (decided in {mp['seconds']:.1f} s)",
+    )
+    lat = mp.get("latency")
+    if lat:
+        o.line(f"latency, {lat['measured_on']}: fp32 {lat['fp32_ms']:.2f} ms, all int8 {lat['int8_ms']:.2f} ms, mixed {lat['mixed_ms']:.2f} ms")

@@ -12,6 +12,7 @@ import onnx
 from edgekit.errors import ModelError
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel
+from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize import sensitivity
 from edgekit.quantize.calib import (
     ElementSample,
@@ -45,6 +46,7 @@ class QuantizeResult:
     seconds: dict[str, float]
     cached: bool = False  # taken from the quantize cache (quantize.cache), not calibrated again
     layers: list[dict] = field(default_factory=list)  # per int8 node: name, op, snr_db (its local error)
+    mixed_precision: dict | None = None  # --max-drop: the decision (mixed.decide), None when not asked
 
     def quantization_record(self) -> dict:
         """What a results-store record keeps of the quantization: the per-layer error."""
@@ -65,6 +67,7 @@ class QuantizeResult:
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
             "cached": self.cached,
             "layers": self.layers,
+            "mixed_precision": self.mixed_precision,
         }
 
 
@@ -81,9 +84,17 @@ def quantize_model(
     *,
     method: str = "minmax",
     exclude: Sequence[str] = (),
+    max_drop: float | None = None,
+    metric: str | None = None,
     progress=None,
+    events=None,
 ) -> QuantizeResult:
-    """Quantize ``loaded`` with ``scheme``, calibrated on ``calibration``, checked on ``heldout``."""
+    """Quantize ``loaded`` with ``scheme``, calibrated on ``calibration``, checked on ``heldout``.
+
+    ``max_drop`` (points of ``metric``, see ``mixed``): keep the int8 nodes that cost most in
+    float until the held-out metric holds; ``result.mixed_precision`` says whether it did
+    (when not, the model is all int8 and the caller refuses or falls back). ``events``: where
+    its progress goes (an ``edgekit.events.Events``)."""
     t0 = time.perf_counter()
     prepared, analysis = analyze_model(loaded, scheme, exclude)
     t1 = time.perf_counter()
@@ -113,6 +124,19 @@ def quantize_model(
     snr = sensitivity.local_snr(qmodel, found, sample)
     layers = [{"name": u.name, "op": u.op, "snr_db": snr[u.name]} for u in found]
     t3 = time.perf_counter()
+    seconds = {"prepare": t1 - t0, "calibrate": t2 - t1, "rewrite": t3 - t2}
+    decision = None
+    if max_drop is not None:
+        all_int8 = qmodel
+        qmodel, decision = mixed_precision.decide(prepared, qmodel, analysis, heldout, snr, max_drop=max_drop, metric=metric, events=events)
+        floats = {x["name"] for x in decision["float_layers"]}
+        layers = [x for x in layers if x["name"] not in floats]
+        if floats:
+            feed = heldout.feeds[0]
+            blobs = {"fp32": loaded.model.SerializeToString(), "int8": all_int8.SerializeToString(), "mixed": qmodel.SerializeToString()}
+            decision["latency"] = mixed_precision.host_latency(blobs, feed)
+        seconds["mixed_precision"] = time.perf_counter() - t3
+        t3 = time.perf_counter()
     agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
     t4 = time.perf_counter()
     return QuantizeResult(
@@ -124,8 +148,9 @@ def quantize_model(
         calibration_samples=len(calibration.feeds),
         calibration_random=calibration.random,
         agreement=agreement,
-        seconds={"prepare": t1 - t0, "calibrate": t2 - t1, "rewrite": t3 - t2, "evaluate": t4 - t3},
+        seconds={**seconds, "evaluate": t4 - t3},
         layers=layers,
+        mixed_precision=decision,
     )
 
 

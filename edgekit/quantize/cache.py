@@ -22,14 +22,21 @@ from edgekit.quantize.calib import FeedSet
 from edgekit.quantize.report import AgreementReport, OutputAgreement
 from edgekit.quantize.scheme import QuantScheme
 
-FORMAT = 2  # 2: the report carries per-layer errors (layers)
+FORMAT = 3  # 2: the report carries per-layer errors (layers); 3: and the mixed-precision decision
 MODEL, REPORT = "int8.onnx", "report.json"
 
 
-def key(model_sha256: str, scheme: QuantScheme, method: str, exclude: Sequence[str], calibration: FeedSet, heldout: FeedSet) -> str:
-    """The cache key of one quantization (hex sha256)."""
+def key(
+    model_sha256: str, scheme: QuantScheme, method: str, exclude: Sequence[str], calibration: FeedSet, heldout: FeedSet,
+    *, max_drop: float | None = None, metric: str | None = None,
+) -> str:
+    """The cache key of one quantization (hex sha256); ``max_drop`` and ``metric``: mixed precision's
+    (a metric module's source is part of the key, so editing it quantizes again)."""
     h = hashlib.sha256()
-    head = {"format": FORMAT, "edgekit": __version__, "model": model_sha256, "scheme": scheme.to_dict(), "method": method, "exclude": sorted(exclude)}
+    head = {
+        "format": FORMAT, "edgekit": __version__, "model": model_sha256, "scheme": scheme.to_dict(), "method": method, "exclude": sorted(exclude),
+        "max_drop": max_drop, "metric": metric, "metric_source": _metric_source(metric) if max_drop is not None else None,
+    }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
     for part in (calibration, heldout):
         h.update(f"|{part.random}|{len(part.feeds)}|".encode())
@@ -41,6 +48,14 @@ def key(model_sha256: str, scheme: QuantScheme, method: str, exclude: Sequence[s
         if part.labels is not None:
             h.update(part.labels.tobytes())
     return h.hexdigest()
+
+
+def _metric_source(metric: str | None) -> str | None:
+    path, colon, _ = (metric or "").rpartition(":")
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if colon and path else None
+    except OSError:
+        return None  # the metric loader reports a missing module, in its own words
 
 
 def load(k: str) -> tuple[onnx.ModelProto, dict, AgreementReport] | None:

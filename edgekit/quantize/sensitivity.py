@@ -90,45 +90,87 @@ def _root(analysis: Analysis, t: str) -> str:
     return t
 
 
-def keep_float(qmodel: onnx.ModelProto, float_model: onnx.ModelProto, keep: Collection[Unit]) -> onnx.ModelProto:
+def keep_float(qmodel: onnx.ModelProto, float_model: onnx.ModelProto, keep: Collection[Unit], *, switch: bool = False) -> onnx.ModelProto:
     """``qmodel`` with the units in ``keep`` back in float: their activation Q/DQ pairs become
     Identity, their weights, biases and constant operands the float initializers of ``float_model``
-    (the prepared model ``qmodel`` was rewritten from)."""
+    (the prepared model ``qmodel`` was rewritten from).
+
+    ``switch=True``: the units in ``keep`` get a choice instead, a scalar bool graph input each
+    (``switch_name(unit)``, true: float) that selects with ``Where`` between the float tensor and
+    its Q/DQ; one session then runs every mix of them, with the numbers of the fixed variant."""
     m = onnx.ModelProto()
     m.CopyFrom(qmodel)
     g = m.graph
-    names = {u.name for u in keep}
-    pairs = {f"{t}__DQ": f"{t}__Q" for u in keep for t in u.tensors}  # rewrite's names for an activation's pair
+    names = {u.name: u for u in keep}
+    pairs = {f"{t}__DQ": (f"{t}__Q", u) for u in keep for t in u.tensors}  # rewrite's names for an activation's pair
     float_inputs = {n.name: list(n.input) for n in float_model.graph.node if n.name in names}
     float_inits = {t.name: t for t in float_model.graph.initializer}
     inits = {t.name for t in g.initializer}
     producer = {o: n for n in g.node for o in n.output}
     q_input = {n.name: n.input[0] for n in g.node if n.op_type == "QuantizeLinear"}
-    drop_q = set(pairs.values())
+    drop_q = set() if switch else {q for q, _ in pairs.values()}
     nodes = []
     for node in g.node:
         if node.name in drop_q:
             continue
         if node.name in pairs:
-            nodes.append(helper.make_node("Identity", [q_input[pairs[node.name]]], [node.output[0]], name=node.name + "__float"))
+            q, u = pairs[node.name]
+            if not switch:
+                nodes.append(helper.make_node("Identity", [q_input[q]], [node.output[0]], name=node.name + "__float"))
+                continue
+            out = node.output[0]
+            node.output[0] = out + "__int8"
+            nodes += [node, helper.make_node("Where", [switch_name(u), q_input[q], node.output[0]], [out], name=node.name + "__switch")]
             continue
         if node.name in names:
             for i, name in enumerate(node.input):
                 p = producer.get(name)
                 if p is not None and p.op_type == "DequantizeLinear" and p.input[0] in inits:
-                    node.input[i] = float_inputs[node.name][i]
+                    if switch:
+                        chosen = f"{name}__{node.name}__switch"
+                        nodes.append(helper.make_node("Where", [switch_name(names[node.name]), float_inputs[node.name][i], name], [chosen], name=chosen))
+                        node.input[i] = chosen
+                    else:
+                        node.input[i] = float_inputs[node.name][i]
         nodes.append(node)
+    if switch:
+        g.input.extend(helper.make_tensor_value_info(switch_name(u), onnx.TensorProto.BOOL, []) for u in keep)
     used = {i for n in nodes for i in n.input}
     nodes = [n for n in nodes if n.op_type != "DequantizeLinear" or n.input[0] not in inits or n.output[0] in used]
     used = {i for n in nodes for i in n.input}
     del g.node[:]
-    g.node.extend(nodes)
+    g.node.extend(nodes)  # a switch sits right after its DQ, or right before its reader: still in order
     kept = [t for t in g.initializer if t.name in used]
     have = {t.name for t in kept}
     kept += [float_inits[n] for n in sorted(used - have) if n in float_inits]
     del g.initializer[:]
     g.initializer.extend(kept)
     return m
+
+
+def switch_name(unit: Unit) -> str:
+    return f"{unit.name}__keep_float"
+
+
+class Switchboard:
+    """One Q/DQ-reference session of ``qmodel`` in which any set of units runs float (see
+    ``keep_float(switch=True)``): the variants sensitivity and mixed precision compare, without a
+    new model and session for each."""
+
+    def __init__(self, qmodel: onnx.ModelProto, float_model: onnx.ModelProto, found: Sequence[Unit]) -> None:
+        self.units = list(found)
+        self.session = session(keep_float(qmodel, float_model, self.units, switch=True).SerializeToString(), reference=True)
+        self.names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, keep: Collection[str], feeds: Sequence[Feed]) -> list[list[np.ndarray]]:
+        """Per sample, the outputs with the units named in ``keep`` float and the others int8."""
+        flags = {switch_name(u): np.array(u.name in keep) for u in self.units}
+        return [self.session.run(self.names, {**feed, **flags}) for feed in feeds]
+
+    def outputs(self, keep: Collection[str], feeds: Sequence[Feed]) -> dict[str, np.ndarray]:
+        """``run``, each output flattened and joined over the samples (what ``_score`` compares)."""
+        runs = self.run(keep, feeds)
+        return {n: np.concatenate([np.ravel(r[i]) for r in runs]).astype(np.float64) for i, n in enumerate(self.names)}
 
 
 def local_snr(qmodel: onnx.ModelProto, found: Sequence[Unit], sample: ElementSample) -> dict[str, float | None]:
@@ -207,10 +249,13 @@ def measure(
     *,
     samples: int = SAMPLES,
     budget: int | None = NODE_BUDGET,
+    alone: bool = True,
+    board: Switchboard | None = None,
     progress=None,
 ) -> Sensitivity:
     """Each int8 node's local error (``local``: node -> dB) and, within ``budget`` nodes (None:
-    no limit), its effect on the outputs alone quantized and alone float, on ``samples`` of ``feeds``."""
+    no limit), its effect on the outputs alone float and (``alone``) alone quantized, on
+    ``samples`` of ``feeds``. ``board``: a ``Switchboard`` of these models, if one is open."""
     t0 = time.perf_counter()
     found = units(float_model, analysis)
     node_macs = macs(float_model)
@@ -226,20 +271,20 @@ def measure(
         notes.append(f"{len(found)} int8 nodes, more than {budget}: output effects not measured (--report-full measures them)")
         feeds = []
     if feeds:
-        ref = _outputs(float_model, feeds)
-        whole = _score(ref, _outputs(qmodel, feeds))[0]
+        board = board or Switchboard(qmodel, float_model, found)
+        everything = {u.name for u in found}
+        ref = board.outputs(everything, feeds)
+        whole = _score(ref, board.outputs((), feeds))[0]
         raw = {}  # node -> (gain kept float, SNR alone quantized), unrounded, for the order
         for u, layer in zip(found, layers):
-            alone_snr, alone_cos = _score(ref, _outputs(keep_float(qmodel, float_model, [x for x in found if x is not u]), feeds))
-            float_snr, _ = _score(ref, _outputs(keep_float(qmodel, float_model, [u]), feeds))
+            float_snr, _ = _score(ref, board.outputs({u.name}, feeds))
             gain = float_snr - whole if math.isfinite(whole) else 0.0
+            alone_snr = 0.0
+            if alone:
+                alone_snr, alone_cos = _score(ref, board.outputs(everything - {u.name}, feeds))
+                layer.update({"output_snr_db_alone": _finite(alone_snr), "output_cosine_alone": round(alone_cos, 6)})
             raw[u.name] = (gain, alone_snr)
-            layer.update({
-                "output_snr_db_alone": _finite(alone_snr),
-                "output_cosine_alone": round(alone_cos, 6),
-                "output_snr_db_float": _finite(float_snr),
-                "output_snr_db_gain_float": _finite(gain),
-            })  # fmt: skip
+            layer.update({"output_snr_db_float": _finite(float_snr), "output_snr_db_gain_float": _finite(gain)})
             if progress is not None:
                 progress.advance()
         # Most harmful first: the largest gain when kept float, then the worst output alone quantized.
@@ -247,13 +292,6 @@ def measure(
     else:
         layers.sort(key=lambda x: math.inf if x["snr_db"] is None else x["snr_db"])
     return Sensitivity(layers, len(feeds), None if whole is None else _finite(whole), time.perf_counter() - t0, notes)
-
-
-def _outputs(model: onnx.ModelProto, feeds: Sequence[Feed]) -> dict[str, np.ndarray]:
-    sess = session(model.SerializeToString(), reference=True)
-    names = [o.name for o in sess.get_outputs()]
-    runs = [sess.run(names, feed) for feed in feeds]
-    return {n: np.concatenate([np.ravel(r[i]) for r in runs]).astype(np.float64) for i, n in enumerate(names)}
 
 
 def _score(ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray]) -> tuple[float, float]:

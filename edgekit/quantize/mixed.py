@@ -1,0 +1,307 @@
+"""Accuracy-driven mixed precision (``quantize --max-drop``): the int8 nodes that cost the held-out
+metric most go back to float until the metric holds, or the quantizer refuses.
+
+Greedy by sensitivity, then pruned. Every int8 node (a ``sensitivity.Unit``) is ranked by what
+the per-layer table calls its gain when kept float; the most harmful prefix of that order, grown
+in doubling batches and then bisected, is the smallest that holds; pruning then tries each kept
+node back in int8, least gain first. Every figure runs with Q/DQ reference semantics on one
+``sensitivity.Switchboard`` session, so a variant measured is exactly the model that ships.
+
+A metric is higher-is-better, in points of percent of the float model's own score (``snr``: in
+dB). ``--max-drop X`` holds when the int8 score is at most X below the float model's; for
+``snr``, when the noise power is at most X % of the signal's (SNR >= 10 log10(100 / X) dB),
+since float's own SNR is infinite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edgekit.errors import InputError, UsageError
+from edgekit.events import Events
+from edgekit.quantize import qmath, sensitivity
+from edgekit.quantize.calib import FeedSet
+from edgekit.quantize.rewrite import Analysis
+
+METRICS = ("top1", "cosine", "snr", "iou", "ctc")
+RANK_SAMPLES = 2  # held-out samples the ranking runs on (one inference per int8 node each)
+MAX_FLOAT_SHARE = 0.5  # refuse rather than keep more than this share of the int8 nodes in float
+PRUNE_TRIES = 32  # kept nodes tried back in int8 (least gain first), one held-out pass each
+LATENCY_ROUNDS = 15
+
+Outputs = list[np.ndarray]  # one array per model output, the held-out samples stacked on axis 0
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    score: Callable[[Outputs, Outputs], float]  # (float's outputs, int8's) -> higher is better
+    unit: str = "points"
+    why: str = ""  # how the default was picked
+
+    def goal(self, reference: float, max_drop: float) -> float:
+        """The lowest score that holds, given float's own ``reference`` score."""
+        if self.name == "snr":
+            return math.inf if max_drop <= 0 else 10 * math.log10(100 / max_drop)
+        return reference - max_drop - 1e-9
+
+
+def _class_output(outs: Outputs) -> int | None:
+    return next((i for i, a in enumerate(outs) if a.ndim == 2 and a.shape[1] > 1), None)
+
+
+def _top1(labels: np.ndarray | None) -> Callable[[Outputs, Outputs], float]:
+    def score(ref: Outputs, q: Outputs) -> float:
+        i = _class_output(ref)
+        if i is None:
+            raise UsageError("--metric top1 needs a class-vector output ([N, classes]); this model has none", "use --metric cosine (or iou, ctc, a module.py:fn)")
+        if labels is not None and len(labels) == len(q[i]):
+            return 100 * float(np.mean(q[i].argmax(axis=1) == labels))
+        return 100 * float(np.mean(ref[i].argmax(axis=1) == q[i].argmax(axis=1)))
+
+    return score
+
+
+def _per_sample(ref: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = max(1, len(ref)) if ref.ndim else 1
+    return ref.reshape(n, -1).astype(np.float64), q.reshape(n, -1).astype(np.float64)
+
+
+def _cosine(ref: Outputs, q: Outputs) -> float:
+    worst = math.inf
+    for r, x in zip(ref, q):
+        r, x = _per_sample(r, x)
+        worst = min(worst, float(np.mean([qmath.cosine(a, b) for a, b in zip(r, x)])))
+    return 100 * worst
+
+
+def _snr(ref: Outputs, q: Outputs) -> float:
+    return min(float(qmath.snr_db(r.astype(np.float64), x.astype(np.float64))) for r, x in zip(ref, q))
+
+
+def _iou(ref: Outputs, q: Outputs) -> float:
+    """Mask IoU of the outputs thresholded at 0.5 (a text detector's probability map)."""
+    worst = math.inf
+    for r, x in zip(ref, q):
+        r, x = _per_sample(r, x)
+        a, b = r > 0.5, x > 0.5
+        union = (a | b).sum(axis=1)
+        inter = (a & b).sum(axis=1)
+        worst = min(worst, float(np.mean(np.where(union == 0, 1.0, inter / np.maximum(union, 1)))))
+    return 100 * worst
+
+
+def ctc_greedy(probs: np.ndarray) -> list[list[int]]:
+    """Greedy CTC decode of [N, T, C] scores: argmax per step, repeats merged, blank (0) dropped."""
+    out = []
+    for best in probs.argmax(axis=-1):
+        keep = np.ones(len(best), bool)
+        keep[1:] = best[1:] != best[:-1]
+        out.append([int(t) for t in best[keep] if t != 0])
+    return out
+
+
+def edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def _ctc(ref: Outputs, q: Outputs) -> float:
+    """100 - character error rate (%) of int8's greedy CTC decodes against float's."""
+    i = next((k for k, a in enumerate(ref) if a.ndim == 3), None)
+    if i is None:
+        raise UsageError("--metric ctc needs a [N, time, classes] output; this model has none", "use --metric cosine (or top1, iou, a module.py:fn)")
+    want, got = ctc_greedy(ref[i]), ctc_greedy(q[i])
+    edits = sum(edit_distance(w, g) for w, g in zip(want, got))
+    return 100 - 100 * edits / max(1, sum(len(w) for w in want))
+
+
+def _custom(spec: str) -> Callable[[Outputs, Outputs], float]:
+    path, _, name = spec.rpartition(":")
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(f"--metric {spec}: no such file {path}", "give path/to/module.py:function")
+    loader = importlib.util.spec_from_file_location(f"edgekit_metric_{file.stem}", file)
+    module = importlib.util.module_from_spec(loader)
+    try:
+        loader.loader.exec_module(module)
+    except Exception as exc:
+        raise InputError(f"--metric {spec}: importing {path} failed: {type(exc).__name__}: {exc}", "run the module with python to see the error") from exc
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise InputError(f"--metric {spec}: {path} has no function {name}", "define fn(ref_outputs, q_outputs) -> float (higher is better)")
+
+    def score(ref: Outputs, q: Outputs) -> float:
+        try:
+            value = float(fn(ref, q))
+        except Exception as exc:
+            raise InputError(f"--metric {spec} raised {type(exc).__name__}: {exc}", "it gets two lists of arrays (one per output, samples on axis 0) and returns a float") from exc
+        if not math.isfinite(value):
+            raise InputError(f"--metric {spec} returned {value}", "return a finite float, higher is better")
+        return value
+
+    return score
+
+
+def check_metric(spec: str | None) -> None:
+    """A metric name the CLI can reject before any work: one of METRICS, 'auto', or module.py:fn."""
+    if spec is None or spec == "auto" or spec in METRICS:
+        return
+    path, colon, name = spec.rpartition(":")
+    if not colon or not path.endswith(".py") or not name.isidentifier():
+        raise UsageError(f"unknown metric '{spec}'", f"choose one of: {', '.join(METRICS)}, or path/module.py:function")
+
+
+def metric_for(spec: str | None, ref: Outputs, labels: np.ndarray | None) -> Metric:
+    """The metric ``spec`` names; None or 'auto': top1 for a class-vector output, else cosine."""
+    check_metric(spec)
+    if spec is None or spec == "auto":
+        if _class_output(ref) is not None:
+            return Metric("top1", _top1(labels), why="default for a class-vector output" + (", against the labels" if labels is not None else ""))
+        return Metric("cosine", _cosine, why="default for outputs that are not class vectors")
+    builtin = {"top1": _top1(labels), "cosine": _cosine, "snr": _snr, "iou": _iou, "ctc": _ctc}
+    if spec in builtin:
+        return Metric(spec, builtin[spec], unit="dB" if spec == "snr" else "points")
+    return Metric(spec, _custom(spec))
+
+
+def _stack(runs: list[list[np.ndarray]]) -> Outputs:
+    return [np.concatenate([np.reshape(r[i], (1, -1)) if np.ndim(r[i]) == 0 else r[i] for r in runs]) for i in range(len(runs[0]))]
+
+
+def decide(
+    float_model: onnx.ModelProto,
+    qmodel: onnx.ModelProto,
+    analysis: Analysis,
+    heldout: FeedSet,
+    local: dict[str, float | None],
+    *,
+    max_drop: float,
+    metric: str | None = None,
+    events: Events | None = None,
+) -> tuple[onnx.ModelProto, dict]:
+    """The mixed model and its decision (``mixed_precision`` of the quantize result), for
+    ``qmodel`` rewritten from the prepared ``float_model``; ``max_drop`` in the metric's points.
+    When nothing holds within MAX_FLOAT_SHARE, the int8 model unchanged and ``holds: False``
+    (with the sensitivity table, most harmful first): the caller refuses or falls back."""
+    t0 = time.perf_counter()
+    found = sensitivity.units(float_model, analysis)
+    board = sensitivity.Switchboard(qmodel, float_model, found)
+    feeds = heldout.feeds
+    ref = _stack(board.run({u.name for u in found}, feeds))
+    m = metric_for(metric, ref, heldout.labels)
+    reference = m.score(ref, ref)
+    goal = m.goal(reference, max_drop)
+    scores: dict[frozenset, float] = {}
+
+    def value(keep: Sequence[str]) -> float:
+        key = frozenset(keep)
+        if key not in scores:
+            scores[key] = m.score(ref, _stack(board.run(key, feeds)))
+        return scores[key]
+
+    before = value(())
+    node_macs = sensitivity.macs(float_model)
+    total = sum(node_macs.values())
+    doc = {
+        "metric": m.name, "metric_why": m.why, "unit": m.unit, "max_drop": max_drop, "samples": len(feeds),
+        "reference": _r(reference), "goal": _r(goal), "before": _r(before),
+    }  # fmt: skip
+    keep: list[str] = []
+    sens = None
+    if before < goal:
+        with (events or Events()).progress(f"ranking {len(found)} int8 nodes by what they cost the outputs", total=len(found)) as prog:
+            sens = sensitivity.measure(float_model, qmodel, analysis, feeds, local, samples=RANK_SAMPLES, budget=None, alone=False, board=board, progress=prog)
+        order = [x["name"] for x in sens.layers]
+        bound = max(1, int(len(order) * MAX_FLOAT_SHARE))
+        found_keep = search(order, lambda keep: value(keep) >= goal, bound)
+        doc["holds"] = found_keep is not None
+        keep = found_keep or []
+        doc["tried_float_layers"] = bound
+        doc["rank_samples"] = sens.samples
+    else:
+        doc["holds"] = True
+    if not doc["holds"]:
+        doc["after"] = _r(value(order[:bound]))
+        doc["sensitivity"] = sens.to_dict()
+        keep = []
+    else:
+        doc["after"] = _r(value(keep))
+    by_name = {x["name"]: x for x in sens.layers} if sens else {}
+    doc["float_layers"] = [
+        {"name": k, "op": by_name[k]["op"], "gain_db": by_name[k]["output_snr_db_gain_float"], "macs_share": by_name[k]["macs_share"]} for k in keep
+    ]
+    float_macs = sum(node_macs.get(k, 0) for k in keep)
+    int8_macs = sum(node_macs.get(u.name, 0) for u in found)
+    doc["int8_mac_share"] = round((int8_macs - float_macs) / total, 4) if total else None
+    doc["int8_mac_share_all_int8"] = round(int8_macs / total, 4) if total else None
+    doc["evaluations"] = len(scores)
+    mixed = sensitivity.keep_float(qmodel, float_model, [u for u in found if u.name in set(keep)]) if keep else qmodel
+    doc["seconds"] = round(time.perf_counter() - t0, 3)
+    return mixed, doc
+
+
+def search(order: Sequence[str], holds: Callable[[list[str]], bool], bound: int) -> list[str] | None:
+    """The nodes to keep float: of ``order`` (most harmful first), the shortest prefix that
+    ``holds``, found in doubling batches then bisected, pruned by trying each back in int8
+    (least harmful first); None when even the first ``bound`` do not hold."""
+    lo, n, hi = 0, 1, None
+    while hi is None:
+        n = min(n, bound)
+        if holds(list(order[:n])):
+            hi = n
+        elif n == bound:
+            return None
+        else:
+            lo, n = n, n * 2
+    while hi - lo > 1:  # the prefix of lo nodes fails, of hi holds
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(list(order[:mid])) else (mid, hi)
+    keep = list(order[:hi])
+    for name in list(reversed(keep))[:PRUNE_TRIES]:
+        trial = [k for k in keep if k != name]
+        if trial and holds(trial):
+            keep = trial
+    return keep
+
+
+def _r(x: float) -> float | None:
+    return round(x, 4) if math.isfinite(x) else None
+
+
+def host_latency(models: dict[str, bytes], feed: dict[str, np.ndarray]) -> dict:
+    """Median latency (ms) of each model on this host, ONNX Runtime on 1 thread with its usual
+    optimizations, runs interleaved so a busy machine slows all alike: an estimate on the host,
+    not the target's backend."""
+    import onnxruntime as ort
+
+    sessions = {}
+    for name, blob in models.items():
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        sessions[name] = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
+    times: dict[str, list[float]] = {n: [] for n in sessions}
+    for r in range(LATENCY_ROUNDS + 2):
+        for name, sess in sessions.items():
+            t = time.perf_counter()
+            sess.run(None, feed)
+            if r >= 2:  # two warm-up rounds
+                times[name].append(time.perf_counter() - t)
+    out = {f"{n}_ms": round(float(np.median(t)) * 1e3, 3) for n, t in times.items()}
+    return {**out, "rounds": LATENCY_ROUNDS, "measured_on": "host estimate: ONNX Runtime CPU, 1 thread (not the target's backend)"}
+
+
+__all__ = ["METRICS", "Metric", "check_metric", "ctc_greedy", "decide", "edit_distance", "host_latency", "metric_for", "search"]
