@@ -8,13 +8,25 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "../common/load-tail.h"
 #include "../common/requant-avx2.h"
 
+/* inline partial loads: a memcpy of nc bytes would be a library call per tap (9 per pixel) */
 static inline __m256i ek_load16(const int8_t* p, size_t nc) {
   if (nc == 16) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
-  int8_t tmp[16] = {0};
-  memcpy(tmp, p, nc);
-  return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)tmp));
+  int64_t lo, hi;
+  ek_load_tail128(p, nc, &lo, &hi);
+  return _mm256_cvtepi8_epi16(_mm_set_epi64x(hi, lo));
+}
+
+static inline void ek_store16(int8_t* p, __m128i y, size_t nc) {
+  if (nc == 16) {
+    _mm_storeu_si128((__m128i*)p, y);
+    return;
+  }
+  const size_t lo = nc < 8 ? nc : 8;
+  ek_store_tail64(p, (uint64_t)_mm_cvtsi128_si64(y), lo);
+  if (nc > 8) ek_store_tail64(p + 8, (uint64_t)_mm_extract_epi64(y, 1), nc - 8);
 }
 
 /* natural-order int32 x 16 -> the lo / hi accumulator orders (lane L: channels 8L+0..3 / 8L+4..7) */
@@ -72,14 +84,7 @@ void ek_qs8_dwconv_ukernel_c16__avx2(size_t channels, size_t output_width, size_
       __m256i v = _mm256_adds_epi16(_mm256_packs_epi32(y_lo, y_hi), vzp);
       __m128i y = _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
       y = _mm_min_epi8(_mm_max_epi8(y, vqmin), vqmax);
-      int8_t* out = output + p * output_stride + c0;
-      if (nc == 16) {
-        _mm_storeu_si128((__m128i*)out, y);
-      } else {
-        int8_t tmp[16];
-        _mm_storeu_si128((__m128i*)tmp, y);
-        memcpy(out, tmp, nc);
-      }
+      ek_store16(output + p * output_stride + c0, y, nc);
     }
   }
 }
