@@ -141,12 +141,27 @@ static void task_direct(void* ctx, size_t i, int thread) {
   gemm_cols(s, g, rows, j->x + r0 * a_stride, a_stride, j->y + r0 * s->m, s->m, c0, cols);
 }
 
+/* a copy of n bytes; the short ones (a stem conv's kw * C = 9) inline, not a library call */
+static inline void copy_bytes(int8_t* dst, const int8_t* src, size_t n) {
+  if (n >= 8 && n <= 16) {
+    uint64_t lo, hi;
+    memcpy(&lo, src, 8);
+    memcpy(&hi, src + n - 8, 8);
+    memcpy(dst, &lo, 8);
+    memcpy(dst + n - 8, &hi, 8);
+  } else if (n < 8) {
+    for (size_t i = 0; i < n; i++) dst[i] = src[i];
+  } else {
+    memcpy(dst, src, n);
+  }
+}
+
 static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t r0, size_t rows, int8_t* a) {
   size_t cg = s->cg;
   /* one group, no dilation: a kernel row's taps are kw*C contiguous input bytes */
   int rows_contiguous = s->groups == 1 && s->dw == 1;
+  size_t ox = r0 % s->ow, oy = (r0 / s->ow) % s->oh, n = r0 / (s->ow * s->oh);
   for (size_t r = 0; r < rows; r++) {
-    size_t p = r0 + r, ox = p % s->ow, oy = (p / s->ow) % s->oh, n = p / (s->ow * s->oh);
     int8_t* dst = a + r * s->k;
     int64_t ix0 = (int64_t)(ox * s->sw) - (int64_t)s->pl;
     int inside_x = ix0 >= 0 && ix0 + (int64_t)((s->kw - 1) * s->dw) < (int64_t)s->w;
@@ -159,7 +174,7 @@ static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t
       }
       const int8_t* row = x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
       if (rows_contiguous && inside_x) {
-        memcpy(dst, row + (size_t)ix0 * s->c, s->kw * cg);
+        copy_bytes(dst, row + (size_t)ix0 * s->c, s->kw * cg);
         dst += s->kw * cg;
         continue;
       }
@@ -168,8 +183,15 @@ static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t
         if (ix < 0 || ix >= (int64_t)s->w)
           memset(dst, s->zx, cg);
         else
-          memcpy(dst, row + (size_t)ix * s->c, cg);
+          copy_bytes(dst, row + (size_t)ix * s->c, cg);
         dst += cg;
+      }
+    }
+    if (++ox == s->ow) { /* next output pixel without a division per row */
+      ox = 0;
+      if (++oy == s->oh) {
+        oy = 0;
+        n++;
       }
     }
   }

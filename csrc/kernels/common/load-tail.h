@@ -37,6 +37,10 @@ static inline void ek_load_tail128(const int8_t* p, size_t len, int64_t* lo, int
 
 /* the low len bytes of v (little-endian) to p, len in [1, 8] */
 static inline void ek_store_tail64(int8_t* p, uint64_t v, size_t len) {
+  if (len == 8) {
+    __builtin_memcpy(p, &v, 8);
+    return;
+  }
   for (size_t i = 0; i < len; i++) p[i] = (int8_t)(v >> (8 * i));
 }
 
