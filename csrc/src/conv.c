@@ -2,7 +2,8 @@
  * qs8-dwconv for depthwise), then run as tiles spread over the model's threads.
  *
  *   1x1, stride 1, no pad, 1 group  -> qs8-gemm straight on the NHWC input (rows = pixels)
- *   depthwise (group == C == M)     -> qs8-dwconv over a per-row indirection buffer
+ *   depthwise (group == C == M)     -> qs8-dwconv over a per-row indirection buffer, built per
+ *                                      row at run time (column-shared without dilation)
  *   anything else                   -> im2col of a block of output pixels, then qs8-gemm,
  *                                      per group
  * Padding reads the input's zero point (real zero). */
@@ -91,7 +92,9 @@ struct conv_state {
   /* dwconv */
   ek_qs8_dwconv_fn dwconv;
   int8_t* zero_row; /* c bytes of zx, for padding taps */
-  const int8_t** indirection; /* depthwise: all rows' tap pointers, built at load when small */
+  int shared_columns;         /* depthwise without width dilation: taps in (kx, ky) order */
+  const int8_t** columns;     /* shared columns: every row's pointers, built at load when small */
+  size_t row_pointers;        /* pointers per row (shared columns) */
   void* packed;     /* groups * group_bytes (gemm) or the dwconv packing */
   int32_t* mult;
   int32_t* shift;
@@ -210,8 +213,25 @@ static void task_im2col(void* ctx, size_t i, int thread) {
   gemm_cols(s, g, rows, a, s->k, j->y + r0 * s->m, s->m, c0, cols);
 }
 
-#define EK_DW_PIXELS 64                  /* output pixels per indirection chunk built at run time */
-#define EK_DW_TABLE_BYTES (2u << 20)     /* up to this, the whole indirection is built at load */
+#define EK_DW_PIXELS 64                /* output pixels per indirection chunk (width-dilated depthwise) */
+#define EK_DW_TABLE_BYTES (512u << 10) /* up to this, the shared-column pointers are built at load */
+
+/* Without width dilation, output pixel p reads input columns p*sw .. p*sw + kw - 1: one pointer
+ * per (input column, kernel row), column-major, serves every pixel reading that column; pixel
+ * p's taps are the kw*kh pointers from p*sw*kh on (input_step sw*kh), in (kx, ky) order, which
+ * is the order the weights are packed in. A third of the per-pixel table at stride 1 (a
+ * prebuilt per-pixel table was 72 bytes a pixel of a 3x3, more than the pixel's activations). */
+static void fill_columns(const struct conv_state* s, const int8_t* x, size_t n, size_t oy, const int8_t** ind) {
+  size_t cols = (s->ow - 1) * s->sw + s->kw;
+  for (size_t ky = 0; ky < s->kh; ky++) {
+    int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
+    const int8_t* row = iy >= 0 && iy < (int64_t)s->h ? x + (n * s->h + (size_t)iy) * s->w * s->c : NULL;
+    for (size_t col = 0; col < cols; col++) {
+      int64_t ix = (int64_t)col - (int64_t)s->pl;
+      ind[col * s->kh + ky] = row && ix >= 0 && ix < (int64_t)s->w ? row + (size_t)ix * s->c : s->zero_row;
+    }
+  }
+}
 
 /* the tap pointers of output pixels [ox0, ox0 + np) of row (n, oy) */
 static void fill_indirection(const struct conv_state* s, const int8_t* x, size_t n, size_t oy, size_t ox0, size_t np,
@@ -238,12 +258,16 @@ static void task_depthwise(void* ctx, size_t i, int thread) {
   size_t oy = i % s->oh, n = i / s->oh, ks = s->kh * s->kw;
   struct ek_requant_params rq = {s->mult, s->shift, s->zp_out, s->qmin, s->qmax};
   int8_t* yrow = j->y + (n * s->oh + oy) * s->ow * s->c;
-  if (s->indirection) {
-    s->dwconv(s->c, s->ow, ks, s->indirection + i * s->ow * ks, ks, s->packed, yrow, s->c, &rq);
-    return;
-  }
   const int8_t** ind =
       (const int8_t**)(void*)(j->model->scratch + (size_t)thread * j->model->scratch_per_thread);
+  if (s->shared_columns) {
+    if (s->columns)
+      ind = s->columns + i * s->row_pointers;
+    else
+      fill_columns(s, j->x, n, oy, ind);
+    s->dwconv(s->c, s->ow, ks, ind, s->sw * s->kh, s->packed, yrow, s->c, &rq);
+    return;
+  }
   for (size_t ox0 = 0; ox0 < s->ow; ox0 += EK_DW_PIXELS) {
     size_t np = ek_min_sz(EK_DW_PIXELS, s->ow - ox0);
     fill_indirection(s, j->x, n, oy, ox0, np, ind);
@@ -274,9 +298,9 @@ void ek_run_conv(struct ekrt_model* m, struct ek_op* op) {
 
 static void free_conv(struct conv_state* s) {
   if (!s) return;
+  free((void*)s->columns);
   free(s->packed);
   free(s->zero_row);
-  free((void*)s->indirection);
   free(s->mult);
   free(s->shift);
   free(s);
@@ -350,7 +374,8 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
     size_t ks = s->kh * s->kw, cr = kern->dwconv.cr;
     s->dwconv = kern->dwconv.fn;
     s->zero_row = aligned_alloc64(s->c);
-    int8_t* taps = malloc(ks * s->c); /* [M][KH][KW][1] -> tap-major [KH*KW][C] */
+    s->shared_columns = s->dw == 1;
+    int8_t* taps = malloc(ks * s->c); /* [M][KH][KW][1] -> tap-major [KH*KW][C] ([KW][KH] if shared) */
     size_t bytes = ek_qs8_dwconv_packed_size(s->c, ks, cr);
     s->packed = aligned_alloc64(bytes);
     if (!s->zero_row || !taps || !s->packed) {
@@ -359,20 +384,22 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
     } else {
       memset(s->zero_row, s->zx, s->c);
       for (size_t ch = 0; ch < s->c; ch++)
-        for (size_t t = 0; t < ks; t++) taps[t * s->c + ch] = wd[ch * ks + t];
+        for (size_t ky = 0; ky < s->kh; ky++)
+          for (size_t kx = 0; kx < s->kw; kx++) {
+            size_t t = s->shared_columns ? kx * s->kh + ky : ky * s->kw + kx;
+            taps[t * s->c + ch] = wd[ch * ks + ky * s->kw + kx];
+          }
       ek_qs8_dwconv_pack(kern->dwconv.isa, cr, s->c, ks, taps, bias, s->zx, s->packed);
       free(taps);
       m->weights_bytes += bytes;
-      /* the input lives in the arena at a fixed address: its tap pointers can be built now */
-      uint64_t table = (uint64_t)s->batch * s->oh * s->ow * ks * sizeof(const int8_t*);
-      if (table <= EK_DW_TABLE_BYTES) s->indirection = malloc((size_t)table);
-      if (s->indirection) {
+      s->row_pointers = ((s->ow - 1) * s->sw + s->kw) * s->kh;
+      /* the input lives in the arena at a fixed address: its pointers can be built now */
+      uint64_t table = (uint64_t)s->batch * s->oh * s->row_pointers * sizeof(const int8_t*);
+      if (s->shared_columns && table <= EK_DW_TABLE_BYTES && (s->columns = malloc((size_t)table)) != NULL) {
         m->weights_bytes += (size_t)table;
-        for (size_t n = 0; n < s->batch; n++)
-          for (size_t oy = 0; oy < s->oh; oy++)
-            fill_indirection(s, x->data, n, oy, 0, s->ow, s->indirection + (n * s->oh + oy) * s->ow * ks);
+        for (size_t i = 0; i < s->batch * s->oh; i++) fill_columns(s, x->data, i / s->oh, i % s->oh, s->columns + i * s->row_pointers);
       } else {
-        scratch = ek_min_sz(s->ow, EK_DW_PIXELS) * ks * sizeof(const int8_t*);
+        scratch = (s->shared_columns ? s->row_pointers : ek_min_sz(s->ow, EK_DW_PIXELS) * ks) * sizeof(const int8_t*);
       }
     }
   } else {

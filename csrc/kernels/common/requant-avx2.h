@@ -88,6 +88,17 @@ static inline __m128i ek_avx2_narrow16(__m256i lo, __m256i hi, __m256i vzp16, __
   return _mm_min_epi8(_mm_max_epi8(b, vqmin), vqmax);
 }
 
+/* Two rows of 16 int32 each (row r: lo = elements 0..7, hi = 8..15) -> row 0's 16 int8 in the
+ * low 128 bits, row 1's in the high: ek_avx2_narrow16 twice, sharing the byte pack and clamp. */
+static inline __m256i ek_avx2_narrow16x2(__m256i lo0, __m256i hi0, __m256i lo1, __m256i hi1, __m256i vzp16,
+                                         __m256i vqmin, __m256i vqmax) {
+  const __m256i a = _mm256_adds_epi16(_mm256_packs_epi32(lo0, hi0), vzp16); /* row 0: 0-3 8-11 | 4-7 12-15 */
+  const __m256i b = _mm256_adds_epi16(_mm256_packs_epi32(lo1, hi1), vzp16);
+  __m256i v = _mm256_packs_epi16(a, b); /* dwords: r0 0-3, r0 8-11, r1 0-3, r1 8-11 | r0 4-7, r0 12-15, r1 4-7, r1 12-15 */
+  v = _mm256_min_epi8(_mm256_max_epi8(v, vqmin), vqmax);
+  return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 /* 8 int32 -> 8 int8 in the low half. */
 static inline __m128i ek_avx2_narrow8(__m256i x, __m128i vzp16, __m128i vqmin, __m128i vqmax) {
   __m128i v = _mm_packs_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));

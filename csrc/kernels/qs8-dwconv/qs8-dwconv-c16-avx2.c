@@ -8,15 +8,13 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "../common/load-tail.h"
 #include "../common/requant-avx2.h"
+#include "../common/tail-avx2.h"
 
 /* inline partial loads: a memcpy of nc bytes would be a library call per tap (9 per pixel) */
 static inline __m256i ek_load16(const int8_t* p, size_t nc) {
   if (nc == 16) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p));
-  int64_t lo, hi;
-  ek_load_tail128(p, nc, &lo, &hi);
-  return _mm256_cvtepi8_epi16(_mm_set_epi64x(hi, lo));
+  return _mm256_cvtepi8_epi16(ek_avx2_load_tail16(p, nc));
 }
 
 static inline void ek_store16(int8_t* p, __m128i y, size_t nc) {
@@ -24,9 +22,7 @@ static inline void ek_store16(int8_t* p, __m128i y, size_t nc) {
     _mm_storeu_si128((__m128i*)p, y);
     return;
   }
-  const size_t lo = nc < 8 ? nc : 8;
-  ek_store_tail64(p, (uint64_t)_mm_cvtsi128_si64(y), lo);
-  if (nc > 8) ek_store_tail64(p + 8, (uint64_t)_mm_extract_epi64(y, 1), nc - 8);
+  ek_avx2_store_tail16(p, y, nc);
 }
 
 /* natural-order int32 x 16 -> the lo / hi accumulator orders (lane L: channels 8L+0..3 / 8L+4..7) */
@@ -45,10 +41,11 @@ static inline int64_t ek_load8(const int8_t* p, size_t nc) {
   return ek_load_tail64(p, nc);
 }
 
-/* channels <= 8 (first layers of slim networks): half a 16-channel block would idle, so two
- * output pixels share the registers, pixel p in the low 128-bit lane and p + 1 in the high one;
- * the block's channels 0-3 / 4-7 weights and constants are repeated in both lanes. */
-static void ek_dwconv_c8x2(size_t nc, size_t output_width, size_t kernel_size, const int8_t* const* input,
+/* A block of nc <= 8 channels from c0 (all channels of a slim network's first layers, or the
+ * last block of 24, 40, 88): half a 16-channel block would idle, so two output pixels share the
+ * registers, pixel p in the low 128-bit lane and p + 1 in the high one; the block's channels
+ * 0-3 / 4-7 weights and constants are repeated in both lanes. */
+static void ek_dwconv_c8x2(size_t nc, size_t c0, size_t output_width, size_t kernel_size, const int8_t* const* input,
                            size_t input_step, const uint8_t* w, int8_t* output, size_t output_stride,
                            const struct ek_requant_params* rq) {
   const __m256i vzp = _mm256_set1_epi16((int16_t)rq->zp_out);
@@ -56,8 +53,8 @@ static void ek_dwconv_c8x2(size_t nc, size_t output_width, size_t kernel_size, c
   int32_t mult[8], shift[8];
   memset(mult, 0, sizeof mult);
   memset(shift, 0, sizeof shift);
-  memcpy(mult, rq->multiplier, nc * sizeof(int32_t));
-  memcpy(shift, rq->shift, nc * sizeof(int32_t));
+  memcpy(mult, rq->multiplier + c0, nc * sizeof(int32_t));
+  memcpy(shift, rq->shift + c0, nc * sizeof(int32_t));
   const struct ek_rq_avx2 r_lo = ek_rq_avx2_init(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)mult)),
                                                  _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)shift)));
   const struct ek_rq_avx2 r_hi =
@@ -72,10 +69,10 @@ static void ek_dwconv_c8x2(size_t nc, size_t output_width, size_t kernel_size, c
     __m256i acc_lo = bias_lo, acc_hi = bias_hi;
     const uint8_t* wt = w + 64;
     for (size_t t = 0; t < kernel_size; t += 2, wt += 64) {
-      const __m256i x0 = _mm256_cvtepi8_epi16(_mm_set_epi64x(ek_load8(in1[t], nc), ek_load8(in0[t], nc)));
+      const __m256i x0 = _mm256_cvtepi8_epi16(_mm_set_epi64x(ek_load8(in1[t] + c0, nc), ek_load8(in0[t] + c0, nc)));
       __m256i x1 = _mm256_setzero_si256(); /* the odd last tap pairs with zeros */
       if (t + 1 < kernel_size)
-        x1 = _mm256_cvtepi8_epi16(_mm_set_epi64x(ek_load8(in1[t + 1], nc), ek_load8(in0[t + 1], nc)));
+        x1 = _mm256_cvtepi8_epi16(_mm_set_epi64x(ek_load8(in1[t + 1] + c0, nc), ek_load8(in0[t + 1] + c0, nc)));
       const __m256i w_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)wt));
       const __m256i w_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(wt + 32)));
       acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1), w_lo));
@@ -85,7 +82,7 @@ static void ek_dwconv_c8x2(size_t nc, size_t output_width, size_t kernel_size, c
     const __m256i v = _mm256_adds_epi16(_mm256_packs_epi32(y_lo, y_hi), vzp); /* lane L: pixel p + L, ch 0-7 */
     __m128i y = _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     y = _mm_min_epi8(_mm_max_epi8(y, vqmin), vqmax);
-    int8_t* out = output + p * output_stride;
+    int8_t* out = output + p * output_stride + c0;
     ek_store_tail64(out, (uint64_t)_mm_cvtsi128_si64(y), nc);
     if (two) ek_store_tail64(out + output_stride, (uint64_t)_mm_extract_epi64(y, 1), nc);
   }
@@ -100,12 +97,12 @@ void ek_qs8_dwconv_ukernel_c16__avx2(size_t channels, size_t output_width, size_
   const size_t pairs = (kernel_size + 1) / 2;
   const size_t block_bytes = 16 * sizeof(int32_t) + pairs * 64;
   const uint8_t* w = (const uint8_t*)packed_w;
-  if (channels <= 8) {
-    ek_dwconv_c8x2(channels, output_width, kernel_size, input, input_step, w, output, output_stride, rq);
-    return;
-  }
   for (size_t c0 = 0; c0 < channels; c0 += 16, w += block_bytes) {
     const size_t nc = channels - c0 < 16 ? channels - c0 : 16;
+    if (nc <= 8) {
+      ek_dwconv_c8x2(nc, c0, output_width, kernel_size, input, input_step, w, output, output_stride, rq);
+      break;
+    }
     int32_t mult[16], shift[16];
     memset(mult, 0, sizeof mult);
     memset(shift, 0, sizeof shift);

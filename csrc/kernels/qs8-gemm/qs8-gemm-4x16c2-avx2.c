@@ -13,8 +13,8 @@
 #if EK_ENABLE_AVX2
 #include <immintrin.h>
 
-#include "../common/load-tail.h"
 #include "../common/requant-avx2.h"
+#include "../common/tail-avx2.h"
 
 /* 8 activations as int16, in both 128-bit lanes */
 static inline __m256i ek_a8(const int8_t* p) {
@@ -52,19 +52,13 @@ static inline void ek_store16(int8_t* dst, __m128i v, size_t nj) {
     _mm_storeu_si128((__m128i*)dst, v);
     return;
   }
-  ek_store_tail64(dst, (uint64_t)_mm_cvtsi128_si64(v), nj < 8 ? nj : 8);
-  if (nj > 8) ek_store_tail64(dst + 8, (uint64_t)_mm_extract_epi64(v, 1), nj - 8);
+  ek_avx2_store_tail16(dst, v, nj);
 }
 
-static inline __attribute__((always_inline)) void ek_store_row(int8_t* dst, __m256i lo, __m256i hi,
-                                                               const struct ek_rq_avx2* r0, const struct ek_rq_avx2* r1,
-                                                               __m256i vzp, __m128i vqmin, __m128i vqmax, size_t nj,
-                                                               const int two) {
-  if (two) {
-    ek_store16(dst, ek_avx2_narrow16(ek_avx2_mul_by_multiplier(lo, r0), ek_avx2_mul_by_multiplier(hi, r1), vzp, vqmin, vqmax), nj);
-    return;
-  }
-  const __m128i v = ek_avx2_narrow8(ek_avx2_mul_by_multiplier(lo, r0), _mm256_castsi256_si128(vzp), vqmin, vqmax);
+/* the first nj <= 8 columns of a row */
+static inline void ek_store_row8(int8_t* dst, __m256i acc, const struct ek_rq_avx2* r0, __m128i vzp, __m128i vqmin,
+                                 __m128i vqmax, size_t nj) {
+  const __m128i v = ek_avx2_narrow8(ek_avx2_mul_by_multiplier(acc, r0), vzp, vqmin, vqmax);
   if (nj == 8)
     _mm_storel_epi64((__m128i*)dst, v);
   else
@@ -78,6 +72,7 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
                                                           const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin,
                                                           __m128i vqmax, const int two) {
   const size_t k_main = k & ~(size_t)7;
+  const __m256i vqmin256 = _mm256_broadcastsi128_si256(vqmin), vqmax256 = _mm256_broadcastsi128_si256(vqmax);
   for (size_t i = 0; i < m; i += 4) {
     const size_t rows = m - i;
     /* rows past m repeat the last row: same values, stored to the same place */
@@ -109,10 +104,24 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
     int8_t* c1 = rows > 1 ? c0 + c_stride : c0;
     int8_t* c2 = rows > 2 ? c1 + c_stride : c1;
     int8_t* c3 = rows > 3 ? c2 + c_stride : c2;
-    ek_store_row(c3, acc30, acc31, r0, r1, vzp, vqmin, vqmax, nj, two);
-    ek_store_row(c2, acc20, acc21, r0, r1, vzp, vqmin, vqmax, nj, two);
-    ek_store_row(c1, acc10, acc11, r0, r1, vzp, vqmin, vqmax, nj, two);
-    ek_store_row(c0, acc00, acc01, r0, r1, vzp, vqmin, vqmax, nj, two);
+    if (two) { /* two rows per byte pack and clamp */
+      const __m256i v32 = ek_avx2_narrow16x2(ek_avx2_mul_by_multiplier(acc30, r0), ek_avx2_mul_by_multiplier(acc31, r1),
+                                             ek_avx2_mul_by_multiplier(acc20, r0), ek_avx2_mul_by_multiplier(acc21, r1),
+                                             vzp, vqmin256, vqmax256);
+      ek_store16(c3, _mm256_castsi256_si128(v32), nj);
+      ek_store16(c2, _mm256_extracti128_si256(v32, 1), nj);
+      const __m256i v10 = ek_avx2_narrow16x2(ek_avx2_mul_by_multiplier(acc10, r0), ek_avx2_mul_by_multiplier(acc11, r1),
+                                             ek_avx2_mul_by_multiplier(acc00, r0), ek_avx2_mul_by_multiplier(acc01, r1),
+                                             vzp, vqmin256, vqmax256);
+      ek_store16(c1, _mm256_castsi256_si128(v10), nj);
+      ek_store16(c0, _mm256_extracti128_si256(v10, 1), nj);
+    } else {
+      const __m128i vzp8 = _mm256_castsi256_si128(vzp);
+      ek_store_row8(c3, acc30, r0, vzp8, vqmin, vqmax, nj);
+      ek_store_row8(c2, acc20, r0, vzp8, vqmin, vqmax, nj);
+      ek_store_row8(c1, acc10, r0, vzp8, vqmin, vqmax, nj);
+      ek_store_row8(c0, acc00, r0, vzp8, vqmin, vqmax, nj);
+    }
   }
 }
 
