@@ -159,39 +159,51 @@ static inline void copy_bytes(int8_t* dst, const int8_t* src, size_t n) {
   }
 }
 
+#define EK_IM2COL_ROWS 16 /* kernel heights up to this keep their input row pointers per output row */
+
 static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t r0, size_t rows, int8_t* a) {
-  size_t cg = s->cg;
+  size_t cg = s->cg, kwc = s->kw * cg;
   /* one group, no dilation: a kernel row's taps are kw*C contiguous input bytes */
   int rows_contiguous = s->groups == 1 && s->dw == 1;
   size_t ox = r0 % s->ow, oy = (r0 / s->ow) % s->oh, n = r0 / (s->ow * s->oh);
+  const int8_t* rowp[EK_IM2COL_ROWS]; /* this output row's input rows (NULL: padding) */
+  int fresh = 0;
   for (size_t r = 0; r < rows; r++) {
+    if (!fresh && s->kh <= EK_IM2COL_ROWS) {
+      for (size_t ky = 0; ky < s->kh; ky++) {
+        int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
+        rowp[ky] = iy < 0 || iy >= (int64_t)s->h ? NULL : x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
+      }
+      fresh = 1;
+    }
     int8_t* dst = a + r * s->k;
     int64_t ix0 = (int64_t)(ox * s->sw) - (int64_t)s->pl;
     int inside_x = ix0 >= 0 && ix0 + (int64_t)((s->kw - 1) * s->dw) < (int64_t)s->w;
-    for (size_t ky = 0; ky < s->kh; ky++) {
-      int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
-      if (iy < 0 || iy >= (int64_t)s->h) {
-        memset(dst, s->zx, s->kw * cg);
-        dst += s->kw * cg;
-        continue;
+    for (size_t ky = 0; ky < s->kh; ky++, dst += kwc) {
+      const int8_t* row;
+      if (s->kh <= EK_IM2COL_ROWS) {
+        row = rowp[ky];
+      } else {
+        int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
+        row = iy < 0 || iy >= (int64_t)s->h ? NULL : x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
       }
-      const int8_t* row = x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
-      if (rows_contiguous && inside_x) {
-        copy_bytes(dst, row + (size_t)ix0 * s->c, s->kw * cg);
-        dst += s->kw * cg;
-        continue;
-      }
-      for (size_t kx = 0; kx < s->kw; kx++) {
-        int64_t ix = ix0 + (int64_t)(kx * s->dw);
-        if (ix < 0 || ix >= (int64_t)s->w)
-          memset(dst, s->zx, cg);
-        else
-          copy_bytes(dst, row + (size_t)ix * s->c, cg);
-        dst += cg;
+      if (!row) {
+        memset(dst, s->zx, kwc);
+      } else if (rows_contiguous && inside_x) {
+        copy_bytes(dst, row + (size_t)ix0 * s->c, kwc);
+      } else {
+        for (size_t kx = 0; kx < s->kw; kx++) {
+          int64_t ix = ix0 + (int64_t)(kx * s->dw);
+          if (ix < 0 || ix >= (int64_t)s->w)
+            memset(dst + kx * cg, s->zx, cg);
+          else
+            copy_bytes(dst + kx * cg, row + (size_t)ix * s->c, cg);
+        }
       }
     }
     if (++ox == s->ow) { /* next output pixel without a division per row */
       ox = 0;
+      fresh = 0;
       if (++oy == s->oh) {
         oy = 0;
         n++;
