@@ -1,11 +1,15 @@
-"""ekrt (edgekit's int8 runtime) against ONNX Runtime int8 and fp32, on the same QDQ models.
+"""ekrt (edgekit's int8 runtime) against ONNX Runtime and OpenVINO, int8 and fp32, on the same QDQ models.
 
 For each model: quantize once with edgekit's native scheme (the QDQ model ORT runs), lower it
 to ``.ekm`` (what ekrt runs), and measure in one run:
 
 * latency p50, 1 thread and all threads, interleaved in rounds so machine drift hits all alike
   (a round times each ``--iterations`` times; the figure is the median over rounds of the
-  per-round median). ORT through its Python API; ekrt through its CPython extension
+  per-round median). Peers: ORT int8 (the QDQ model) and fp32 (the prepared float model), and
+  OpenVINO's CPU plugin on the same two files when it is installed (``PERFORMANCE_HINT``
+  LATENCY, ``INFERENCE_NUM_THREADS``, fp32 inference precision for the float model); the
+  ratios are ekrt over the best int8 peer and over the best peer of any precision. ORT through
+  its Python API; ekrt through its CPython extension
   ``edgekit._ekrt`` in the same process with 1 thread, and with all threads through its static
   runner in its own process (ORT's idle workers spin after each run and would steal the cores
   from ekrt's in a shared process). The runner's 1-thread p50 is shown as a cross-check;
@@ -134,7 +138,7 @@ def latency(fp32: Path, qdq: Path, ekm_path: Path, feed: dict, threads: int, rou
         s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         return lambda f: s.run(None, f)
 
-    runs = {"ort_int8": session(qdq), "ort_fp32": session(fp32)}
+    runs = {"ort_int8": session(qdq), "ort_fp32": session(fp32), **openvino_sessions(qdq, fp32, threads)}
     if threads == 1:
         m = ekrt.Model(str(ekm_path))
         m.set_threads(1)
@@ -152,6 +156,33 @@ def latency(fp32: Path, qdq: Path, ekm_path: Path, feed: dict, threads: int, rou
             time.sleep(0.5)  # let ORT's workers stop spinning first: they would share the cores
             per_round["ekrt"].append(runner_p50(runner, ekm_path, feed, tmp, iterations, threads=os.cpu_count() or 1) * 1e6)
     return {k: statistics.median(v) / 1e6 for k, v in per_round.items()}
+
+
+def openvino_sessions(qdq: Path, fp32: Path, threads: int) -> dict:
+    """OpenVINO CPU on the same QDQ and float files, or nothing when it is not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return {}
+    core = ov.Core()
+
+    def session(path: Path, precision: str | None):
+        config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = threads
+        if precision:
+            config["INFERENCE_PRECISION_HINT"] = precision
+        request = core.compile_model(str(path), "CPU", config).create_infer_request()
+        return lambda f: request.infer(f)
+
+    return {"ov_int8": session(qdq, None), "ov_fp32": session(fp32, "f32")}
+
+
+def best_peers(t: dict[str, float]) -> dict[str, float]:
+    """ekrt's time over the best int8 peer's and over the best peer's of any precision."""
+    int8 = min(v for k, v in t.items() if k.endswith("_int8"))
+    anyp = min(v for k, v in t.items() if k != "ekrt")
+    return {"vs_best_int8": t["ekrt"] / int8, "vs_best_any": t["ekrt"] / anyp}
 
 
 def runner_p50(runner: Path, ekm_path: Path, feed: dict, tmp: Path, iterations: int, threads: int = 1) -> float:
@@ -387,11 +418,13 @@ def main() -> None:
 
 def _print_model(d: dict) -> None:
     print(f"\n== {d['model']}  ({sum(d['ekm_ops'].values())} ekrt ops, arena {d['arena_bytes'] / 1024:.0f} KB)")
-    print(f"{'':14s}{'ekrt ms':>10s}{'ORT int8':>10s}{'ORT fp32':>10s}{'ekrt/int8':>11s}{'ekrt/fp32':>11s}")
+    peers = [k for k in ("ort_int8", "ort_fp32", "ov_int8", "ov_fp32") if k in d["1_thread"]]
+    print(f"{'':14s}{'ekrt ms':>10s}" + "".join(f"{k:>10s}" for k in peers) + f"{'/best int8':>12s}{'/best any':>11s}")
     for key in ("1_thread", "all_threads"):
         t = d[key]
-        print(f"{key:14s}{t['ekrt']:10.3f}{t['ort_int8']:10.3f}{t['ort_fp32']:10.3f}"
-              f"{t['ekrt'] / t['ort_int8']:11.2f}{t['ekrt'] / t['ort_fp32']:11.2f}")
+        r = best_peers(t)
+        print(f"{key:14s}{t['ekrt']:10.3f}" + "".join(f"{t[k]:10.3f}" for k in peers)
+              + f"{r['vs_best_int8']:12.2f}{r['vs_best_any']:11.2f}")
     print(f"static runner `ekrt bench` p50, 1 thread: {d['runner_p50_ms_1_thread']:.3f} ms")
     r = d["peak_rss"]
     if r["ekrt_runner"] is None:

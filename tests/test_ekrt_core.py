@@ -342,13 +342,15 @@ def test_quantize_rounds_half_to_even_and_saturates():
 
 
 def test_depthwise_with_run_time_indirection():
-    """A depthwise conv too large for a load-time indirection table (> 2 MB of pointers) builds
-    it per row at run time; both paths give the reference's bits, with threads too."""
+    """Depthwise tap pointers, every way conv.c builds them: per row at run time (an 11x11 whose
+    shared-column table would exceed 512 KB), prebuilt at load (the 3x3 stride 2), and per pixel
+    for a width-dilated kernel; all give the reference's bits, with threads too."""
     b = Builder(4)
-    x = b.input((1, 5, 60, 61))
+    x = b.input((1, 5, 90, 91))
     y = b.conv(x, 5, (11, 11), pads=(5, 5, 5, 5), group=5)
     y2 = b.conv(y, 5, (3, 3), stride=(2, 2), group=5)
-    b.output(y2)
+    y3 = b.conv(y2, 5, (3, 3), dil=(2, 2), pads=(2, 2, 2, 2), group=5)
+    b.output(y3)
     model = _ekrt.Model(b.finish())
     xs = inputs_for(b, 1)
     want = reference(b, xs)[0]

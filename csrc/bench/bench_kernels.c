@@ -100,6 +100,8 @@ static void report_skip(const char* family, const char* name, uint32_t isa) {
 static void bench_gemm(uint32_t f) {
   static const struct { size_t m, n, k; const char* what; } shapes[] = {
       {12544, 16, 27, "mnv2-0.5 stem im2col"}, {12544, 8, 16, "mnv2-0.5 1x1 n=8"},
+      {12544, 48, 8, "mnv2-0.25 1x1 expand k=8"}, {12544, 8, 27, "mnv2-0.25 stem im2col"}, {2304, 24, 8, "ppocr-cls 1x1 k=8"},
+      {288, 88, 16, "ppocr-cls 1x1 3x96"},
       {3136, 144, 24, "mnv2 1x1 expand"},  {3136, 24, 144, "mnv2 1x1 project"},
       {784, 192, 32, "mnv2 1x1 28x28"},    {196, 384, 64, "mnv2 1x1 14x14"},
       {3136, 64, 576, "resnet 3x3 56x56"}, {784, 128, 1152, "resnet 3x3 28x28"},
@@ -146,7 +148,7 @@ static void bench_gemm(uint32_t f) {
 }
 
 static void bench_dwconv(uint32_t f) {
-  static const struct { size_t h, w, c, ks; } shapes[] = {{112, 112, 16, 9}, {112, 112, 32, 9}, {56, 56, 144, 9}, {14, 14, 576, 9},
+  static const struct { size_t h, w, c, ks; } shapes[] = {{112, 112, 8, 9}, {112, 112, 16, 9}, {112, 112, 32, 9}, {56, 56, 144, 9}, {14, 14, 576, 9},
                                                           {7, 7, 960, 9}};
   for (size_t s = 0; s < COUNT(shapes); s++) {
     const size_t H = shapes[s].h, W = shapes[s].w, C = shapes[s].c, KS = shapes[s].ks;

@@ -2,7 +2,8 @@
  * qs8-dwconv for depthwise), then run as tiles spread over the model's threads.
  *
  *   1x1, stride 1, no pad, 1 group  -> qs8-gemm straight on the NHWC input (rows = pixels)
- *   depthwise (group == C == M)     -> qs8-dwconv over a per-row indirection buffer
+ *   depthwise (group == C == M)     -> qs8-dwconv over a per-row indirection buffer, built per
+ *                                      row at run time (column-shared without dilation)
  *   anything else                   -> im2col of a block of output pixels, then qs8-gemm,
  *                                      per group
  * Padding reads the input's zero point (real zero). */
@@ -91,7 +92,9 @@ struct conv_state {
   /* dwconv */
   ek_qs8_dwconv_fn dwconv;
   int8_t* zero_row; /* c bytes of zx, for padding taps */
-  const int8_t** indirection; /* depthwise: all rows' tap pointers, built at load when small */
+  int shared_columns;         /* depthwise without width dilation: taps in (kx, ky) order */
+  const int8_t** columns;     /* shared columns: every row's pointers, built at load when small */
+  size_t row_pointers;        /* pointers per row (shared columns) */
   void* packed;     /* groups * group_bytes (gemm) or the dwconv packing */
   int32_t* mult;
   int32_t* shift;
@@ -141,35 +144,69 @@ static void task_direct(void* ctx, size_t i, int thread) {
   gemm_cols(s, g, rows, j->x + r0 * a_stride, a_stride, j->y + r0 * s->m, s->m, c0, cols);
 }
 
+/* a copy of n bytes; the short ones (a stem conv's kw * C = 9) inline, not a library call */
+static inline void copy_bytes(int8_t* dst, const int8_t* src, size_t n) {
+  if (n >= 8 && n <= 16) {
+    uint64_t lo, hi;
+    memcpy(&lo, src, 8);
+    memcpy(&hi, src + n - 8, 8);
+    memcpy(dst, &lo, 8);
+    memcpy(dst + n - 8, &hi, 8);
+  } else if (n < 8) {
+    for (size_t i = 0; i < n; i++) dst[i] = src[i];
+  } else {
+    memcpy(dst, src, n);
+  }
+}
+
+#define EK_IM2COL_ROWS 16 /* kernel heights up to this keep their input row pointers per output row */
+
 static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t r0, size_t rows, int8_t* a) {
-  size_t cg = s->cg;
+  size_t cg = s->cg, kwc = s->kw * cg;
   /* one group, no dilation: a kernel row's taps are kw*C contiguous input bytes */
   int rows_contiguous = s->groups == 1 && s->dw == 1;
+  size_t ox = r0 % s->ow, oy = (r0 / s->ow) % s->oh, n = r0 / (s->ow * s->oh);
+  const int8_t* rowp[EK_IM2COL_ROWS]; /* this output row's input rows (NULL: padding) */
+  int fresh = 0;
   for (size_t r = 0; r < rows; r++) {
-    size_t p = r0 + r, ox = p % s->ow, oy = (p / s->ow) % s->oh, n = p / (s->ow * s->oh);
+    if (!fresh && s->kh <= EK_IM2COL_ROWS) {
+      for (size_t ky = 0; ky < s->kh; ky++) {
+        int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
+        rowp[ky] = iy < 0 || iy >= (int64_t)s->h ? NULL : x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
+      }
+      fresh = 1;
+    }
     int8_t* dst = a + r * s->k;
     int64_t ix0 = (int64_t)(ox * s->sw) - (int64_t)s->pl;
     int inside_x = ix0 >= 0 && ix0 + (int64_t)((s->kw - 1) * s->dw) < (int64_t)s->w;
-    for (size_t ky = 0; ky < s->kh; ky++) {
-      int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
-      if (iy < 0 || iy >= (int64_t)s->h) {
-        memset(dst, s->zx, s->kw * cg);
-        dst += s->kw * cg;
-        continue;
+    for (size_t ky = 0; ky < s->kh; ky++, dst += kwc) {
+      const int8_t* row;
+      if (s->kh <= EK_IM2COL_ROWS) {
+        row = rowp[ky];
+      } else {
+        int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
+        row = iy < 0 || iy >= (int64_t)s->h ? NULL : x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
       }
-      const int8_t* row = x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
-      if (rows_contiguous && inside_x) {
-        memcpy(dst, row + (size_t)ix0 * s->c, s->kw * cg);
-        dst += s->kw * cg;
-        continue;
+      if (!row) {
+        memset(dst, s->zx, kwc);
+      } else if (rows_contiguous && inside_x) {
+        copy_bytes(dst, row + (size_t)ix0 * s->c, kwc);
+      } else {
+        for (size_t kx = 0; kx < s->kw; kx++) {
+          int64_t ix = ix0 + (int64_t)(kx * s->dw);
+          if (ix < 0 || ix >= (int64_t)s->w)
+            memset(dst + kx * cg, s->zx, cg);
+          else
+            copy_bytes(dst + kx * cg, row + (size_t)ix * s->c, cg);
+        }
       }
-      for (size_t kx = 0; kx < s->kw; kx++) {
-        int64_t ix = ix0 + (int64_t)(kx * s->dw);
-        if (ix < 0 || ix >= (int64_t)s->w)
-          memset(dst, s->zx, cg);
-        else
-          memcpy(dst, row + (size_t)ix * s->c, cg);
-        dst += cg;
+    }
+    if (++ox == s->ow) { /* next output pixel without a division per row */
+      ox = 0;
+      fresh = 0;
+      if (++oy == s->oh) {
+        oy = 0;
+        n++;
       }
     }
   }
@@ -188,8 +225,25 @@ static void task_im2col(void* ctx, size_t i, int thread) {
   gemm_cols(s, g, rows, a, s->k, j->y + r0 * s->m, s->m, c0, cols);
 }
 
-#define EK_DW_PIXELS 64                  /* output pixels per indirection chunk built at run time */
-#define EK_DW_TABLE_BYTES (2u << 20)     /* up to this, the whole indirection is built at load */
+#define EK_DW_PIXELS 64                /* output pixels per indirection chunk (width-dilated depthwise) */
+#define EK_DW_TABLE_BYTES (512u << 10) /* up to this, the shared-column pointers are built at load */
+
+/* Without width dilation, output pixel p reads input columns p*sw .. p*sw + kw - 1: one pointer
+ * per (input column, kernel row), column-major, serves every pixel reading that column; pixel
+ * p's taps are the kw*kh pointers from p*sw*kh on (input_step sw*kh), in (kx, ky) order, which
+ * is the order the weights are packed in. A third of the per-pixel table at stride 1 (a
+ * prebuilt per-pixel table was 72 bytes a pixel of a 3x3, more than the pixel's activations). */
+static void fill_columns(const struct conv_state* s, const int8_t* x, size_t n, size_t oy, const int8_t** ind) {
+  size_t cols = (s->ow - 1) * s->sw + s->kw;
+  for (size_t ky = 0; ky < s->kh; ky++) {
+    int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
+    const int8_t* row = iy >= 0 && iy < (int64_t)s->h ? x + (n * s->h + (size_t)iy) * s->w * s->c : NULL;
+    for (size_t col = 0; col < cols; col++) {
+      int64_t ix = (int64_t)col - (int64_t)s->pl;
+      ind[col * s->kh + ky] = row && ix >= 0 && ix < (int64_t)s->w ? row + (size_t)ix * s->c : s->zero_row;
+    }
+  }
+}
 
 /* the tap pointers of output pixels [ox0, ox0 + np) of row (n, oy) */
 static void fill_indirection(const struct conv_state* s, const int8_t* x, size_t n, size_t oy, size_t ox0, size_t np,
@@ -216,12 +270,16 @@ static void task_depthwise(void* ctx, size_t i, int thread) {
   size_t oy = i % s->oh, n = i / s->oh, ks = s->kh * s->kw;
   struct ek_requant_params rq = {s->mult, s->shift, s->zp_out, s->qmin, s->qmax};
   int8_t* yrow = j->y + (n * s->oh + oy) * s->ow * s->c;
-  if (s->indirection) {
-    s->dwconv(s->c, s->ow, ks, s->indirection + i * s->ow * ks, ks, s->packed, yrow, s->c, &rq);
-    return;
-  }
   const int8_t** ind =
       (const int8_t**)(void*)(j->model->scratch + (size_t)thread * j->model->scratch_per_thread);
+  if (s->shared_columns) {
+    if (s->columns)
+      ind = s->columns + i * s->row_pointers;
+    else
+      fill_columns(s, j->x, n, oy, ind);
+    s->dwconv(s->c, s->ow, ks, ind, s->sw * s->kh, s->packed, yrow, s->c, &rq);
+    return;
+  }
   for (size_t ox0 = 0; ox0 < s->ow; ox0 += EK_DW_PIXELS) {
     size_t np = ek_min_sz(EK_DW_PIXELS, s->ow - ox0);
     fill_indirection(s, j->x, n, oy, ox0, np, ind);
@@ -252,9 +310,9 @@ void ek_run_conv(struct ekrt_model* m, struct ek_op* op) {
 
 static void free_conv(struct conv_state* s) {
   if (!s) return;
+  free((void*)s->columns);
   free(s->packed);
   free(s->zero_row);
-  free((void*)s->indirection);
   free(s->mult);
   free(s->shift);
   free(s);
@@ -328,7 +386,8 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
     size_t ks = s->kh * s->kw, cr = kern->dwconv.cr;
     s->dwconv = kern->dwconv.fn;
     s->zero_row = aligned_alloc64(s->c);
-    int8_t* taps = malloc(ks * s->c); /* [M][KH][KW][1] -> tap-major [KH*KW][C] */
+    s->shared_columns = s->dw == 1;
+    int8_t* taps = malloc(ks * s->c); /* [M][KH][KW][1] -> tap-major [KH*KW][C] ([KW][KH] if shared) */
     size_t bytes = ek_qs8_dwconv_packed_size(s->c, ks, cr);
     s->packed = aligned_alloc64(bytes);
     if (!s->zero_row || !taps || !s->packed) {
@@ -337,20 +396,22 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
     } else {
       memset(s->zero_row, s->zx, s->c);
       for (size_t ch = 0; ch < s->c; ch++)
-        for (size_t t = 0; t < ks; t++) taps[t * s->c + ch] = wd[ch * ks + t];
+        for (size_t ky = 0; ky < s->kh; ky++)
+          for (size_t kx = 0; kx < s->kw; kx++) {
+            size_t t = s->shared_columns ? kx * s->kh + ky : ky * s->kw + kx;
+            taps[t * s->c + ch] = wd[ch * ks + ky * s->kw + kx];
+          }
       ek_qs8_dwconv_pack(kern->dwconv.isa, cr, s->c, ks, taps, bias, s->zx, s->packed);
       free(taps);
       m->weights_bytes += bytes;
-      /* the input lives in the arena at a fixed address: its tap pointers can be built now */
-      uint64_t table = (uint64_t)s->batch * s->oh * s->ow * ks * sizeof(const int8_t*);
-      if (table <= EK_DW_TABLE_BYTES) s->indirection = malloc((size_t)table);
-      if (s->indirection) {
+      s->row_pointers = ((s->ow - 1) * s->sw + s->kw) * s->kh;
+      /* the input lives in the arena at a fixed address: its pointers can be built now */
+      uint64_t table = (uint64_t)s->batch * s->oh * s->row_pointers * sizeof(const int8_t*);
+      if (s->shared_columns && table <= EK_DW_TABLE_BYTES && (s->columns = malloc((size_t)table)) != NULL) {
         m->weights_bytes += (size_t)table;
-        for (size_t n = 0; n < s->batch; n++)
-          for (size_t oy = 0; oy < s->oh; oy++)
-            fill_indirection(s, x->data, n, oy, 0, s->ow, s->indirection + (n * s->oh + oy) * s->ow * ks);
+        for (size_t i = 0; i < s->batch * s->oh; i++) fill_columns(s, x->data, i / s->oh, i % s->oh, s->columns + i * s->row_pointers);
       } else {
-        scratch = ek_min_sz(s->ow, EK_DW_PIXELS) * ks * sizeof(const int8_t*);
+        scratch = (s->shared_columns ? s->row_pointers : ek_min_sz(s->ow, EK_DW_PIXELS) * ks) * sizeof(const int8_t*);
       }
     }
   } else {

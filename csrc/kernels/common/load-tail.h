@@ -22,4 +22,26 @@ static inline int64_t ek_load_tail64(const int8_t* p, size_t len) {
   return (int64_t)v;
 }
 
+/* len in [1, 16]: bytes 0..len-1 of p, zero-filled to 16, as two 64-bit halves */
+static inline void ek_load_tail128(const int8_t* p, size_t len, int64_t* lo, int64_t* hi) {
+  if (len >= 8) {
+    uint64_t v;
+    __builtin_memcpy(&v, p, 8);
+    *lo = (int64_t)v;
+    *hi = len > 8 ? ek_load_tail64(p + 8, len - 8) : 0;
+  } else {
+    *lo = ek_load_tail64(p, len);
+    *hi = 0;
+  }
+}
+
+/* the low len bytes of v (little-endian) to p, len in [1, 8] */
+static inline void ek_store_tail64(int8_t* p, uint64_t v, size_t len) {
+  if (len == 8) {
+    __builtin_memcpy(p, &v, 8);
+    return;
+  }
+  for (size_t i = 0; i < len; i++) p[i] = (int8_t)(v >> (8 * i));
+}
+
 #endif /* EK_KERNELS_LOAD_TAIL_H */

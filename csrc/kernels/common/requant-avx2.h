@@ -3,7 +3,14 @@
  * AVX2 has no 64-bit arithmetic shift: with |v| < 2^62, (v + 2^(n-1) + 2^62) is non-negative,
  * a logical shift of it equals floor((v + 2^(n-1)) / 2^n) + 2^(62-n), and the 2^(62-n) comes
  * off afterwards (mod 2^32 when the result fits int32, i.e. shift <= 0; in 64 bits with a
- * saturation otherwise). Private to the kernels; include only from files built with -mavx2. */
+ * saturation otherwise).
+ *
+ * When every lane has shift <= -1 (n >= 32: a conv's s_x * s_w / s_y < 0.5, the usual case), a
+ * cheaper exact path: P = x * multiplier + 2^(n-1) needs no bias (|P| < 2^63), its high 32 bits
+ * are floor(P / 2^32) and fit int32, and an arithmetic 32-bit shift by n - 32 of them is
+ * floor(P / 2^n), the reference's value (which fits int32 there, so nothing saturates).
+ * 8 vector ops per 8 lanes instead of 10. Private to the kernels; include only from files built
+ * with -mavx2. */
 #ifndef EK_KERNELS_REQUANT_AVX2_H
 #define EK_KERNELS_REQUANT_AVX2_H
 
@@ -19,6 +26,9 @@ struct ek_rq_avx2 {
   __m256i off_even, off_odd; /* 2^(62-n), 64-bit */
   __m256i off32;             /* 2^(62-n) mod 2^32, per 32-bit lane */
   int has_left;              /* some shift > 0: results may need saturating */
+  int high;                  /* every shift <= -1: the high-half path below */
+  __m256i n_high;            /* n - 32 per 32-bit lane (high path) */
+  __m256i hrnd_even, hrnd_odd; /* 2^(n-1), 64-bit (high path) */
 };
 
 static inline struct ek_rq_avx2 ek_rq_avx2_init(__m256i mult, __m256i shift) {
@@ -36,6 +46,10 @@ static inline struct ek_rq_avx2 ek_rq_avx2_init(__m256i mult, __m256i shift) {
   r.off_odd = _mm256_sllv_epi64(one64, _mm256_sub_epi64(c62, r.n_odd));
   r.off32 = _mm256_blend_epi32(r.off_even, _mm256_slli_epi64(r.off_odd, 32), 0xAA);
   r.has_left = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(shift, _mm256_setzero_si256()))) != 0;
+  r.high = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(shift, _mm256_set1_epi32(-1)))) == 0;
+  r.n_high = _mm256_sub_epi32(n, _mm256_set1_epi32(32));
+  r.hrnd_even = _mm256_sub_epi64(r.rnd_even, bias62);
+  r.hrnd_odd = _mm256_sub_epi64(r.rnd_odd, bias62);
   return r;
 }
 
@@ -47,6 +61,12 @@ static inline __m256i ek_avx2_sat32_epi64(__m256i v) {
 
 /* ek_mul_by_multiplier per lane. */
 static inline __m256i ek_avx2_mul_by_multiplier(__m256i x, const struct ek_rq_avx2* r) {
+  if (r->high) {
+    const __m256i pe = _mm256_add_epi64(_mm256_mul_epi32(x, r->mult), r->hrnd_even);
+    const __m256i po = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(x, 32), r->mult_odd), r->hrnd_odd);
+    const __m256i hi = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA); /* the high halves */
+    return _mm256_srav_epi32(hi, r->n_high);
+  }
   __m256i pe = _mm256_add_epi64(_mm256_mul_epi32(x, r->mult), r->rnd_even);
   __m256i po = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(x, 32), r->mult_odd), r->rnd_odd);
   pe = _mm256_srlv_epi64(pe, r->n_even);
@@ -66,6 +86,17 @@ static inline __m128i ek_avx2_narrow16(__m256i lo, __m256i hi, __m256i vzp16, __
   v = _mm256_adds_epi16(v, vzp16);
   __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   return _mm_min_epi8(_mm_max_epi8(b, vqmin), vqmax);
+}
+
+/* Two rows of 16 int32 each (row r: lo = elements 0..7, hi = 8..15) -> row 0's 16 int8 in the
+ * low 128 bits, row 1's in the high: ek_avx2_narrow16 twice, sharing the byte pack and clamp. */
+static inline __m256i ek_avx2_narrow16x2(__m256i lo0, __m256i hi0, __m256i lo1, __m256i hi1, __m256i vzp16,
+                                         __m256i vqmin, __m256i vqmax) {
+  const __m256i a = _mm256_adds_epi16(_mm256_packs_epi32(lo0, hi0), vzp16); /* row 0: 0-3 8-11 | 4-7 12-15 */
+  const __m256i b = _mm256_adds_epi16(_mm256_packs_epi32(lo1, hi1), vzp16);
+  __m256i v = _mm256_packs_epi16(a, b); /* dwords: r0 0-3, r0 8-11, r1 0-3, r1 8-11 | r0 4-7, r0 12-15, r1 4-7, r1 12-15 */
+  v = _mm256_min_epi8(_mm256_max_epi8(v, vqmin), vqmax);
+  return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 /* 8 int32 -> 8 int8 in the low half. */

@@ -4,9 +4,8 @@
 
 #if EK_ENABLE_AVX2
 #include <immintrin.h>
-#include <string.h>
-
 #include "../common/requant-avx2.h"
+#include "../common/tail-avx2.h"
 
 struct ek_vadd_consts {
   struct ek_rq_avx2 ra, rb, ro;
@@ -14,9 +13,9 @@ struct ek_vadd_consts {
   __m128i lift, qmin, qmax;
 };
 
-static inline __m128i ek_vadd16(const int8_t* a, const int8_t* b, const struct ek_vadd_consts* k) {
-  const __m256i va = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)a)), k->a_zp);
-  const __m256i vb = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)b)), k->b_zp);
+static inline __m128i ek_vadd16(__m128i a8, __m128i b8, const struct ek_vadd_consts* k) {
+  const __m256i va = _mm256_sub_epi16(_mm256_cvtepi8_epi16(a8), k->a_zp);
+  const __m256i vb = _mm256_sub_epi16(_mm256_cvtepi8_epi16(b8), k->b_zp);
   __m256i a_lo = _mm256_sll_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(va)), k->lift);
   __m256i a_hi = _mm256_sll_epi32(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(va, 1)), k->lift);
   __m256i b_lo = _mm256_sll_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(vb)), k->lift);
@@ -40,13 +39,11 @@ void ek_qs8_vadd_ukernel__avx2_u16(size_t n, const int8_t* a, const int8_t* b, i
   k.qmin = _mm_set1_epi8((int8_t)p->qmin);
   k.qmax = _mm_set1_epi8((int8_t)p->qmax);
   size_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm_storeu_si128((__m128i*)(y + i), ek_vadd16(a + i, b + i, &k));
-  if (i < n) {
-    int8_t ta[16] = {0}, tb[16] = {0}, ty[16];
-    memcpy(ta, a + i, n - i);
-    memcpy(tb, b + i, n - i);
-    _mm_storeu_si128((__m128i*)ty, ek_vadd16(ta, tb, &k));
-    memcpy(y + i, ty, n - i);
+  for (; i + 16 <= n; i += 16) {
+    const __m128i va = _mm_loadu_si128((const __m128i*)(a + i)), vb = _mm_loadu_si128((const __m128i*)(b + i));
+    _mm_storeu_si128((__m128i*)(y + i), ek_vadd16(va, vb, &k));
   }
+  if (i < n) /* inline tail: these run once per pixel on broadcast operands (C = 8..88) */
+    ek_avx2_store_tail16(y + i, ek_vadd16(ek_avx2_load_tail16(a + i, n - i), ek_avx2_load_tail16(b + i, n - i), &k), n - i);
 }
 #endif
