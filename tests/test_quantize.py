@@ -816,3 +816,36 @@ def test_quantize_model_with_nothing_to_quantize(tmp_path):
     with pytest.raises(ModelError, match="nothing in this model can be quantized") as exc:
         quantize_model(loaded, SCHEMES["onnxruntime"], feeds, feeds)
     assert "--no-quantize" in exc.value.hint
+
+
+def test_a_concat_of_far_apart_ranges_keeps_its_output_float(tmp_path, monkeypatch):
+    # YOLO's head: boxes in pixels (0-300) and class scores (0-1) in one tensor. One int8 scale
+    # for both (~1.2 per step) rounds every score to a multiple of 1.2; its inputs keep their own.
+    import sys
+
+    rw = sys.modules["edgekit.quantize.rewrite"]  # (edgekit.quantize.rewrite the attribute is the function)
+    boxes = helper.make_node("Mul", ["x", "k"], ["boxes"], name="boxes")
+    scores = helper.make_node("Sigmoid", ["x"], ["scores"], name="scores")
+    cat = helper.make_node("Concat", ["boxes", "scores"], ["out"], name="cat", axis=1)
+    graph = helper.make_graph(
+        [boxes, scores, cat], "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(np.full((1, 8), 300.0, np.float32), "k")],
+    )  # fmt: skip
+    path = tmp_path / "head.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(path))
+    feeds = [{"x": np.random.default_rng(i).uniform(-1, 1, (1, 8)).astype(np.float32)} for i in range(16)]
+
+    def score_error(model) -> float:
+        x = feeds[0]["x"]
+        return float(np.abs(run(model, {"x": x})[0][:, 8:] - 1 / (1 + np.exp(-x))).max())
+
+    result = quantize_model(load_model(path), SCHEMES["native"], FeedSet(feeds[:12], "c"), FeedSet(feeds[12:], "e"))
+    decision = next(d for d in result.analysis.decisions if d.name == "cat")
+    assert decision.kind == "float" and "apart" in decision.reason
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] in ("out", "out__fp") for n in result.model.graph.node)
+    assert score_error(result.model) < 0.01  # the scores' own int8 scale: ~1/255
+    monkeypatch.setattr(rw, "CONCAT_SPAN_RATIO", 1e9)  # one shared scale, as before
+    shared = quantize_model(load_model(path), SCHEMES["native"], FeedSet(feeds[:12], "c"), FeedSet(feeds[12:], "e"))
+    assert score_error(shared.model) > 0.3

@@ -24,7 +24,7 @@ from edgekit.quantize.calib import (
 )
 from edgekit.quantize.prepare import prepare
 from edgekit.quantize.report import HOST_ESTIMATE, AgreementReport, measure_agreement
-from edgekit.quantize.rewrite import Analysis, analyze, rewrite, tensor_params
+from edgekit.quantize.rewrite import Analysis, analyze, float_wide_concats, rewrite, tensor_params
 from edgekit.quantize.scheme import SCHEMES, QuantScheme, scheme_for
 
 __all__ = [
@@ -114,6 +114,7 @@ def quantize_model(
         sample=sample,
     )
     t2 = time.perf_counter()
+    float_wide_concats(prepared, analysis, ranges)
     params = tensor_params(analysis, ranges, scheme)
     qmodel = rewrite(prepared, analysis, params, scheme)
     try:

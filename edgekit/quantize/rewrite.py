@@ -189,6 +189,49 @@ def tensor_params(analysis: Analysis, ranges: dict[str, tuple[float, float]], sc
     return params
 
 
+# A Concat whose inputs' ranges differ more than this keeps its output float: one int8 scale for
+# YOLO's box coordinates (0-320 px) and class scores (0-1) rounds every score below ~0.6 to 0.
+CONCAT_SPAN_RATIO = 16.0
+
+
+def float_wide_concats(model: onnx.ModelProto, analysis: Analysis, ranges: dict[str, tuple[float, float]]) -> list[str]:
+    """Leave float the output of each Concat that joins ranges more than CONCAT_SPAN_RATIO apart,
+    where nothing int8 reads it (a graph output, or float consumers); its inputs keep their own
+    scales. The Concat nodes changed (their decisions say why)."""
+    int8_inputs = {i for n in model.graph.node if n.name in analysis.rules for i in n.input}
+    followers = {src[1] for src in analysis.tensors.values() if src[0] == "same"}
+    changed = []
+    for node in model.graph.node:
+        out = node.output[0] if node.output else ""
+        if node.op_type != "Concat" or node.name not in analysis.rules or analysis.tensors.get(out) != ("own",):
+            continue
+        if out in int8_inputs or out in followers:
+            continue
+        spans = []
+        for i in node.input:
+            src = i
+            while analysis.tensors.get(src, ("",))[0] == "same":
+                src = analysis.tensors[src][1]
+            if src in ranges:
+                lo, hi = ranges[src]
+            elif src in analysis.consts:
+                lo, hi = float(analysis.consts[src].min(initial=0.0)), float(analysis.consts[src].max(initial=0.0))
+            else:
+                break
+            spans.append(max(hi, 0.0) - min(lo, 0.0))
+        else:
+            if min(spans) > 0 and max(spans) / min(spans) > CONCAT_SPAN_RATIO:
+                del analysis.tensors[out]
+                del analysis.rules[node.name]
+                ratio = max(spans) / min(spans)
+                analysis.decisions = [
+                    NodeDecision(d.name, d.op_type, "float", f"joins ranges {ratio:.0f}x apart (one int8 scale would crush the narrow ones)") if d.name == node.name else d
+                    for d in analysis.decisions
+                ]
+                changed.append(node.name)
+    return changed
+
+
 def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParams], scheme: QuantScheme) -> onnx.ModelProto:
     """Insert Q/DQ pairs on activations, int8 weights and int32 biases; return a new model."""
     m = onnx.ModelProto()
