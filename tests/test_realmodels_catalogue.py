@@ -137,3 +137,10 @@ def test_a_model_whose_if_branches_read_a_quantized_constant_quantizes():
     assert any(n.op_type == "If" for n in result.model.graph.node)
     score = m.metric(run_outputs(m.locate(), heldout.feeds), run_outputs(result.model.SerializeToString(), heldout.feeds), heldout)
     assert score.value < 0.5, score  # the speech probability is still an answer, not noise
+    # mixed precision's one-session switchboard (Where between float and int8) keeps them too
+    from edgekit.quantize import analyze_model, sensitivity
+
+    prepared, analysis = analyze_model(model, SCHEMES["native"])
+    found = sensitivity.units(prepared, analysis)
+    board = sensitivity.Switchboard(result.model, prepared, found)
+    assert len(board.run([found[0].name], heldout.feeds[:1])) == 1

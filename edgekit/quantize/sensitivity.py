@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 
 from edgekit.quantize import qmath
 from edgekit.quantize.calib import ElementSample, Feed
+from edgekit.quantize.prepare import reads
 from edgekit.quantize.report import session
 from edgekit.quantize.rewrite import Analysis
 
@@ -135,9 +136,9 @@ def keep_float(qmodel: onnx.ModelProto, float_model: onnx.ModelProto, keep: Coll
         nodes.append(node)
     if switch:
         g.input.extend(helper.make_tensor_value_info(switch_name(u), onnx.TensorProto.BOOL, []) for u in keep)
-    used = {i for n in nodes for i in n.input}
+    used = {i for n in nodes for i in reads(n)}  # If/Loop bodies read outer names too
     nodes = [n for n in nodes if n.op_type != "DequantizeLinear" or n.input[0] not in inits or n.output[0] in used]
-    used = {i for n in nodes for i in n.input}
+    used = {i for n in nodes for i in reads(n)}
     del g.node[:]
     g.node.extend(nodes)  # a switch sits right after its DQ, or right before its reader: still in order
     kept = [t for t in g.initializer if t.name in used]
