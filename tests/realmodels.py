@@ -30,6 +30,8 @@ from typing import Literal
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from edgekit.quantize.mixed import edit_distance  # (works on strings too)
+
 RAPIDOCR_DIST = "rapidocr-onnxruntime"
 RAPIDOCR_MODELS = {
     "cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",  # MobileNetV3 text direction (0 / 180 degrees)
@@ -354,15 +356,6 @@ def mask_iou_score(threshold: float, outputs: slice = slice(0, 1)) -> Callable[[
     return score
 
 
-def _edit_distance(a: str, b: str) -> int:
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
-
-
 @lru_cache(maxsize=1)
 def _ppocr_charset() -> tuple[str, ...]:
     """RapidOCR's CTC alphabet: 'blank', the model's metadata 'character' list, then ' '
@@ -388,8 +381,8 @@ def ctc_score(fp32: Outputs, test: Outputs, samples: Samples) -> Score:
     truth = samples.texts or []
     errs_ref = errs_test = chars = agree = steps = 0
     for a, b, text in zip(fp32, test, truth, strict=True):
-        errs_ref += _edit_distance(ctc_decode(a[0], charset), text)
-        errs_test += _edit_distance(ctc_decode(b[0], charset), text)
+        errs_ref += edit_distance(ctc_decode(a[0], charset), text)
+        errs_test += edit_distance(ctc_decode(b[0], charset), text)
         chars += len(text)
         ia, ib = a[0].argmax(-1), b[0].argmax(-1)
         agree, steps = agree + int(np.count_nonzero(ia == ib)), steps + ia.size
