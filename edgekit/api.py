@@ -35,7 +35,13 @@ from edgekit.events import Events
 from edgekit.fsutil import check_output_path
 from edgekit.plan import Plan, Quantize, plan_bundle
 from edgekit.profiles import Profile, load_profile
-from edgekit.quantize import QuantizeResult, save_model
+from edgekit.quantize import (
+    QuantizeResult,
+    dynamic_dims,
+    same_outputs,
+    save_model,
+    with_dynamic_inputs,
+)
 from edgekit.quantize.mixed import check_metric
 
 MODEL_SUFFIXES = (".onnx", ".tflite")
@@ -111,8 +117,27 @@ def quantize(
         )
         err.decision = mp
         raise err
-    save_model(result.model, output)
+    save_model(_portable(job, result, events or Events()), output)
     return result
+
+
+def _portable(job: Job, result: QuantizeResult, events: Events) -> Any:  # onnx.ModelProto
+    """The model to hand out: with the original's dynamic input dimensions where the int8 graph
+    can keep them (checked to compute what the fixed-shape one does), else the fixed-shape one."""
+    dims = dynamic_dims(job.model.model)
+    if not dims:
+        return result.model
+    fixed = ", ".join(f"{i.name}:{','.join(map(str, i.shape))}" for i in job.model.inputs)
+    kept_float = bool((result.mixed_precision or {}).get("float_layers"))
+    dynamic = None if kept_float else with_dynamic_inputs(result.model, job.model, result.scheme, job.request.exclude)
+    calibration, _ = job.feeds(events)
+    if dynamic is not None and same_outputs(result.model, dynamic, calibration.feeds[0]):
+        shown = ", ".join(f"{name}:[{','.join(map(str, d))}]" for name, d in dims.items())
+        events.info(f"the int8 model keeps the dynamic input dimensions ({shown}); it was calibrated at {fixed}")
+        return dynamic
+    why = "layers kept float by --max-drop" if kept_float else "its graph depends on the fixed shape"
+    events.info(f"the int8 model has fixed input shapes {fixed} ({why}); quantize again with --shape for other sizes")
+    return result.model
 
 
 def deploy(model: str | Path, *, events: Events | None = None, **options: Any) -> DeployResult:

@@ -136,3 +136,31 @@ def test_a_dynamic_batch_model_deploys_with_calib_data_and_no_shape(cli, tmp_pat
     assert doc["plan"]["inputs"] == [{"name": "input", "shape": [1, 1, 8, 8], "dtype": "float32"}]
     assert any("dynamic input shapes taken from the data (batch 1): input:1,1,8,8" in n for n in doc["plan"]["notes"])
     assert doc["summary"]["agreement"]["estimate"] is False and doc["summary"]["variants"]["int8"]["p50_ms"] > 0
+
+
+def test_quantize_keeps_the_models_dynamic_batch(cli, tmp_path):
+    # Calibrated at batch 1 (from the data), the int8 model still takes any batch: one file for
+    # every batch size, as the float model was (--shape used to freeze it).
+    import numpy as np
+    import onnx
+
+    from edgekit.quantize.report import session
+
+    model = onnx.load(str(DIGITS))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    dyn = tmp_path / "dyn.onnx"
+    onnx.save(model, str(dyn))
+    out = tmp_path / "dyn.int8.onnx"
+    r = cli("quantize", dyn, "--calib", EXAMPLES / "digits" / "calib.npz", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "keeps the dynamic input dimensions (input:[N,1,8,8]); it was calibrated at input:1,1,8,8" in r.stderr
+    q = onnx.load(str(out))
+    assert q.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    x = np.load(EXAMPLES / "digits" / "heldout.npz")["input"][:5]
+    run = session(str(out), reference=True)
+    batch = run.run(None, {"input": x})[0]
+    one_by_one = np.concatenate([run.run(None, {"input": x[i : i + 1]})[0] for i in range(5)])
+    assert batch.shape == (5, 10) and np.allclose(batch, one_by_one, atol=1e-5)
+    fixed = cli("quantize", DIGITS, "--calib", EXAMPLES / "digits" / "calib.npz", "-o", tmp_path / "fixed.onnx")
+    assert fixed.returncode == 0 and "dynamic" not in fixed.stderr  # a static model: nothing to keep

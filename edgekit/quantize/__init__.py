@@ -24,7 +24,14 @@ from edgekit.quantize.calib import (
 )
 from edgekit.quantize.prepare import prepare
 from edgekit.quantize.report import HOST_ESTIMATE, AgreementReport, measure_agreement
-from edgekit.quantize.rewrite import Analysis, analyze, float_wide_concats, rewrite, tensor_params
+from edgekit.quantize.rewrite import (
+    Analysis,
+    QParams,
+    analyze,
+    float_wide_concats,
+    rewrite,
+    tensor_params,
+)
 from edgekit.quantize.scheme import SCHEMES, QuantScheme, scheme_for
 
 __all__ = [
@@ -153,6 +160,74 @@ def quantize_model(
         layers=layers,
         mixed_precision=decision,
     )
+
+
+def dynamic_dims(model: onnx.ModelProto) -> dict[str, list[str | int]]:
+    """The graph inputs with a dimension that is not a number: name -> dims (names or "?" for those)."""
+    found = {}
+    for i in model.graph.input:
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in i.type.tensor_type.shape.dim]
+        if any(isinstance(d, str) for d in dims):
+            found[i.name] = dims
+    return found
+
+
+def with_dynamic_inputs(qmodel: onnx.ModelProto, loaded: LoadedModel, scheme: QuantScheme, exclude: Sequence[str] = ()) -> onnx.ModelProto | None:
+    """``qmodel`` (quantized at ``loaded.inputs``' fixed shapes) as a model that keeps the original's
+    dynamic input dimensions, with the very same scales; None when the original has none, or
+    when the int8 graph cannot be rebuilt on the dynamic one (then the fixed-shape model is it).
+
+    The float model is prepared again with its inputs left dynamic (only shape arithmetic that
+    is static in the model itself folds), analysed, and given qmodel's activation scales by
+    tensor name; the result must compute what qmodel computes on a sample of the fixed shape."""
+    if not dynamic_dims(loaded.model):
+        return None
+    try:
+        prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset, fix_inputs=False)
+    except ModelError:
+        return None
+    analysis = analyze(prepared, scheme, exclude)
+    inits = {t.name: t for t in qmodel.graph.initializer}
+    ranges: dict[str, tuple[float, float]] = {}
+    for t, src in list(analysis.tensors.items()):
+        if src[0] != "own":
+            continue
+        if f"{t}__scale" not in inits:  # float in qmodel (a wide Concat, a layer kept float): float here
+            producer = next((n for n in prepared.graph.node if t in n.output), None)
+            if producer is None or producer.op_type != "Concat":
+                return None
+            del analysis.tensors[t]
+            analysis.rules.pop(producer.name, None)
+            continue
+        ranges[t] = (0.0, 0.0)  # placeholder: the scale comes from qmodel below
+    params = tensor_params(analysis, ranges, scheme)
+    for t in ranges:
+        params[t] = QParams(onnx.numpy_helper.to_array(inits[f"{t}__scale"]), onnx.numpy_helper.to_array(inits[f"{t}__zp"]))
+    for t, src in analysis.tensors.items():  # followers take their source's (re-resolve after the swap)
+        if src[0] == "same":
+            root = src[1]
+            while analysis.tensors[root][0] == "same":
+                root = analysis.tensors[root][1]
+            params[t] = params[root]
+    model = rewrite(prepared, analysis, params, scheme)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError:
+        return None
+    return model
+
+
+def same_outputs(a: onnx.ModelProto, b: onnx.ModelProto, feed: dict) -> bool:
+    """Do two models compute the same outputs (Q/DQ reference semantics) on ``feed``?"""
+    import numpy as np
+
+    from edgekit.quantize.report import session
+
+    try:
+        outs = [session(m.SerializeToString(), reference=True).run(None, feed) for m in (a, b)]
+    except Exception:
+        return False
+    return all(x.shape == y.shape and np.allclose(x, y, atol=1e-5, rtol=1e-5) for x, y in zip(*outs))
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> None:

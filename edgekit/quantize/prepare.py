@@ -22,7 +22,10 @@ _QDQ = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearC
 _MAX_FOLD_ELEMENTS = 1 << 24
 
 
-def prepare(model: onnx.ModelProto, inputs: tuple[IOSpec, ...], min_opset: int = 13) -> onnx.ModelProto:
+def prepare(model: onnx.ModelProto, inputs: tuple[IOSpec, ...], min_opset: int = 13, *, fix_inputs: bool = True) -> onnx.ModelProto:
+    """``fix_inputs=False`` keeps the graph inputs' dynamic dimensions: only shape arithmetic that
+    is static in the model itself is folded (the int8 model a user takes away; see
+    ``quantize.with_dynamic_inputs``)."""
     quantized = sorted({n.op_type for n in model.graph.node} & _QDQ)
     if quantized:
         raise ModelError(
@@ -30,7 +33,7 @@ def prepare(model: onnx.ModelProto, inputs: tuple[IOSpec, ...], min_opset: int =
             "deploy it as it is with --no-quantize",
         )
     m = _upgrade_opset(model, min_opset)
-    m = with_static_inputs(m, inputs)
+    m = with_static_inputs(m, inputs) if fix_inputs else _inferred(m)
     _constants_to_initializers(m)
     _fold_constants(m)
     _fold_batchnorm(m)
@@ -41,6 +44,14 @@ def prepare(model: onnx.ModelProto, inputs: tuple[IOSpec, ...], min_opset: int =
     except onnx.checker.ValidationError as exc:  # pragma: no cover - a bug in the passes above
         raise ModelError(f"graph preparation produced an invalid model: {exc}", "report this with the model attached") from exc
     return m
+
+
+def _inferred(m: onnx.ModelProto) -> onnx.ModelProto:
+    del m.graph.value_info[:]  # the exporter's shapes: what inference cannot show is not static
+    try:
+        return onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except onnx.shape_inference.InferenceError:
+        return m
 
 
 def _upgrade_opset(model: onnx.ModelProto, min_opset: int) -> onnx.ModelProto:
