@@ -61,6 +61,9 @@ class Session:
         self._resized = True
 
 
+_SEEN_XNNPACK = [False]  # this process's runtime logged applying XNNPACK (it does so once)
+
+
 def load(model_path: str, threads, options: dict = None, workdir: str = None) -> Session:
     options = dict(options or {})
     module, dist = _import()
@@ -85,12 +88,14 @@ def load(model_path: str, threads, options: dict = None, workdir: str = None) ->
         if "_ARRAY_API" in str(exc) or "numpy" in str(exc).lower():
             hint = f"{dist} was built for another numpy major version; {_install_hint()}"
         raise AgentFailure(f"{dist} {version} cannot load {os.path.basename(model_path)}: {first}", hint) from None
+    _SEEN_XNNPACK[0] = _SEEN_XNNPACK[0] or "XNNPACK" in log
     info = {
         "package": dist,
         "package_version": version,
         "threads": threads,
-        # The runtime says so on stderr when it applies its default delegate; trust that, not the flag.
-        "xnnpack": "XNNPACK" in log,
+        # The runtime says so on stderr when it applies its default delegate; trust that, not the
+        # flag. It says so once per process: a second interpreter (the thread probe's) is silent.
+        "xnnpack": xnnpack and ("XNNPACK" in log or _SEEN_XNNPACK[0]),
         "xnnpack_requested": xnnpack,
     }
     lines = [ln for ln in log.splitlines() if ln.strip()]
