@@ -551,7 +551,7 @@ def test_extension_api(every_op, tmp_path):
     with pytest.raises(TypeError):
         _ekrt.Model(12)
     assert _ekrt.isa() in _ekrt.built_isas().split(",")
-    assert set(_ekrt.kernels()) == {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul"}
+    assert set(_ekrt.kernels()) == {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul", "x8-lut", "f32-qs8-cvt"}
     assert _ekrt.kernels()["qs8-gemm"].endswith("__" + _ekrt.isa())
 
 
@@ -885,7 +885,8 @@ def test_runner_info_json(runner, every_op, tmp_path):
     assert forced["isa"] == "scalar" and forced["forced_isa"] == "scalar"
     assert set(forced["kernels"].values()) == {
         "ek_qs8_gemm_ukernel_1x4c1__scalar", "ek_qs8_dwconv_ukernel_c1__scalar",
-        "ek_qs8_vadd_ukernel__scalar_u1", "ek_qs8_vmul_ukernel__scalar_u1"}
+        "ek_qs8_vadd_ukernel__scalar_u1", "ek_qs8_vmul_ukernel__scalar_u1",
+        "ek_x8_lut_ukernel__scalar_u4", "ek_f32_qs8_cvt_ukernel__scalar_u1"}
     human = _ekrt_cli(runner, "info")
     assert human.returncode == 0 and f"isa: {_ekrt.isa()}" in human.stdout
 
