@@ -324,14 +324,19 @@ OP_CASES = {
 }
 
 
-def test_quantize_rounds_half_to_even_and_saturates():
+# W = 13: the SIMD body and the tail; C = 3: the RGB interleave; W = 300: two 256-wide chunks;
+# C = 7: a block of 4 channels and one of 3
+@pytest.mark.parametrize("dims", [(1, 2, 3, 13), (1, 3, 2, 300), (1, 7, 2, 37)])
+def test_quantize_rounds_half_to_even_and_saturates(dims):
     b = Builder(3)
-    x = b.input((1, 2, 3, 13), scale=0.5, zp=-3)  # W = 13: the SIMD body and the scalar tail
+    x = b.input(dims, scale=0.5, zp=-3)
     b.output(x)
     model = _ekrt.Model(b.finish())
     v = np.array([0.25, 0.75, -0.25, -0.75, 1.25, 63.0, 64.0, 65.25, -62.25, -63.25, 1e30, -1e30,
                   np.inf, -np.inf, 0.0, -0.0, 3.3, -7.7, 0.2499999, 100.0], np.float32)
-    xs = np.resize(v, (1, 2, 3, 13)).astype(np.float32)
+    xs = np.resize(v, dims).astype(np.float32)
+    tail = xs.reshape(-1)[len(v)::3]  # a view: every third value after the edge cases is random
+    tail[:] = np.random.RandomState(0).uniform(-80, 80, tail.size)
     got = model.run([xs])[0]
     np.testing.assert_array_equal(got, reference(b, [xs])[0])
     # 0.25 / 0.5 = 0.5 -> 0 (even), 0.75 / 0.5 = 1.5 -> 2: (q - zp) * scale
