@@ -324,14 +324,19 @@ OP_CASES = {
 }
 
 
-def test_quantize_rounds_half_to_even_and_saturates():
+# W = 13: the SIMD body and the tail; C = 3: the RGB interleave; W = 300: two 256-wide chunks;
+# C = 7: a block of 4 channels and one of 3
+@pytest.mark.parametrize("dims", [(1, 2, 3, 13), (1, 3, 2, 300), (1, 7, 2, 37)])
+def test_quantize_rounds_half_to_even_and_saturates(dims):
     b = Builder(3)
-    x = b.input((1, 2, 3, 13), scale=0.5, zp=-3)  # W = 13: the SIMD body and the scalar tail
+    x = b.input(dims, scale=0.5, zp=-3)
     b.output(x)
     model = _ekrt.Model(b.finish())
     v = np.array([0.25, 0.75, -0.25, -0.75, 1.25, 63.0, 64.0, 65.25, -62.25, -63.25, 1e30, -1e30,
                   np.inf, -np.inf, 0.0, -0.0, 3.3, -7.7, 0.2499999, 100.0], np.float32)
-    xs = np.resize(v, (1, 2, 3, 13)).astype(np.float32)
+    xs = np.resize(v, dims).astype(np.float32)
+    tail = xs.reshape(-1)[len(v)::3]  # a view: every third value after the edge cases is random
+    tail[:] = np.random.RandomState(0).uniform(-80, 80, tail.size)
     got = model.run([xs])[0]
     np.testing.assert_array_equal(got, reference(b, [xs])[0])
     # 0.25 / 0.5 = 0.5 -> 0 (even), 0.75 / 0.5 = 1.5 -> 2: (q - zp) * scale
@@ -551,7 +556,7 @@ def test_extension_api(every_op, tmp_path):
     with pytest.raises(TypeError):
         _ekrt.Model(12)
     assert _ekrt.isa() in _ekrt.built_isas().split(",")
-    assert set(_ekrt.kernels()) == {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul"}
+    assert set(_ekrt.kernels()) == {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul", "x8-lut", "f32-qs8-cvt"}
     assert _ekrt.kernels()["qs8-gemm"].endswith("__" + _ekrt.isa())
 
 
@@ -885,7 +890,8 @@ def test_runner_info_json(runner, every_op, tmp_path):
     assert forced["isa"] == "scalar" and forced["forced_isa"] == "scalar"
     assert set(forced["kernels"].values()) == {
         "ek_qs8_gemm_ukernel_1x4c1__scalar", "ek_qs8_dwconv_ukernel_c1__scalar",
-        "ek_qs8_vadd_ukernel__scalar_u1", "ek_qs8_vmul_ukernel__scalar_u1"}
+        "ek_qs8_vadd_ukernel__scalar_u1", "ek_qs8_vmul_ukernel__scalar_u1",
+        "ek_x8_lut_ukernel__scalar_u4", "ek_f32_qs8_cvt_ukernel__scalar_u1"}
     human = _ekrt_cli(runner, "info")
     assert human.returncode == 0 and f"isa: {_ekrt.isa()}" in human.stdout
 

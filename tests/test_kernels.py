@@ -210,6 +210,35 @@ def test_native_every_isa_the_cpu_has_matches_scalar(native_builds, compiler):
         r.stdout,
     )
     assert m and int(m.group(1)) > 100_000 and float(m.group(2)) > 20.0, r.stdout
+    # LUT: lengths 0..100 and > 4096 under several tables; CVT: edge values and ties, and
+    # both exercise rounding / more than the saturated ends
+    for family, least in (("x8-lut", 20_000), ("f32-qs8-cvt", 100_000)):
+        m = re.search(
+            rf"INFO {family} reference outputs: (\d+), strictly inside \[qmin, qmax\]: ([\d.]+)%",
+            r.stdout,
+        )
+        assert m and int(m.group(1)) > least and float(m.group(2)) > 20.0, r.stdout
+
+
+def test_elementwise_families_have_a_simd_kernel_per_isa():
+    """LUT and QUANTIZE were scalar loops in ops.c; each now has a kernel on every SIMD ISA."""
+    isas_of: dict[str, set[str]] = {}
+    for family, isa in kernel_lists().values():
+        isas_of.setdefault(family, set()).add(isa)
+    for family in ("x8-lut", "f32-qs8-cvt"):
+        assert {"scalar", "avx2", "neon"} <= isas_of[family], (family, isas_of.get(family))
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+def test_runtime_dispatches_lut_and_quantize_kernels(isa):
+    if isa != "scalar" and isa not in host_isas():
+        pytest.skip(f"the CPU lacks {isa}")
+    code = "import json, edgekit._ekrt as e; print(json.dumps(e.kernels()))"
+    r = _run([sys.executable, "-c", code], env={**os.environ, "EKRT_ISA": isa})
+    assert r.returncode == 0, r.stderr
+    chosen = json.loads(r.stdout)
+    assert chosen["x8-lut"].startswith(f"ek_x8_lut_ukernel__{isa}_"), chosen
+    assert chosen["f32-qs8-cvt"].startswith(f"ek_f32_qs8_cvt_ukernel__{isa}_"), chosen
 
 
 def test_native_different_seeds(native_builds):

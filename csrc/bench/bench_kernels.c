@@ -1,7 +1,7 @@
 /* GOPS per kernel, from the same family lists as the tests (csrc/kernels/<family>/<family>.inc).
  *
  * One thread. gemm/dwconv: GOPS = 2 * multiply-adds / s on CNN-shaped problems (the im2col
- * shapes of MobileNetV2 / ResNet layers, an FC layer); vadd/vmul: G elements / s. Each figure
+ * shapes of MobileNetV2 / ResNet layers, an FC layer); vadd/vmul/lut/cvt: G elements / s. Each figure
  * is the fastest of >= 20 runs over >= 0.3 s (--quick: 3 runs, 0.02 s). Kernels the CPU lacks are listed
  * as skipped. Output: one line per (kernel, shape); --json prints one JSON document instead. */
 #define _POSIX_C_SOURCE 199309L
@@ -36,6 +36,18 @@ struct vmul_entry { uint32_t isa; const char* name; ek_qs8_vmul_fn fn; size_t u;
 static const struct vmul_entry vmul_list[] = {
 #define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn, nr},
 #include "../kernels/qs8-vmul/qs8-vmul.inc"
+#undef EK_KERNEL
+};
+struct lut_entry { uint32_t isa; const char* name; ek_x8_lut_fn fn; };
+static const struct lut_entry lut_list[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
+#include "../kernels/x8-lut/x8-lut.inc"
+#undef EK_KERNEL
+};
+struct cvt_entry { uint32_t isa; const char* name; ek_f32_qs8_cvt_fn fn; };
+static const struct cvt_entry cvt_list[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
+#include "../kernels/f32-qs8-cvt/f32-qs8-cvt.inc"
 #undef EK_KERNEL
 };
 #define COUNT(x) (sizeof(x) / sizeof((x)[0]))
@@ -226,6 +238,36 @@ static void bench_elementwise(uint32_t f) {
     TIME_BEST(best, vmul_list[e].fn(n, a, b, y, &mp));
     report("qs8-vmul", vmul_list[e].name, vmul_list[e].isa, shape, "Gelem/s", (double)n / best * 1e-9);
   }
+  uint8_t table[256];
+  for (size_t i = 0; i < 256; i++) table[i] = (uint8_t)rnd8();
+  for (size_t e = 0; e < COUNT(lut_list); e++) {
+    if ((f & lut_list[e].isa) != lut_list[e].isa) {
+      report_skip("x8-lut", lut_list[e].name, lut_list[e].isa);
+      continue;
+    }
+    double best;
+    TIME_BEST(best, lut_list[e].fn(n, (const uint8_t*)a, (uint8_t*)y, table));
+    report("x8-lut", lut_list[e].name, lut_list[e].isa, shape, "Gelem/s", (double)n / best * 1e-9);
+  }
+  /* a 224x224 RGB input */
+  const size_t nf = 3 * 224 * 224;
+  float* xf = xmalloc(nf * sizeof(float));
+  int8_t* yq = xmalloc(nf);
+  for (size_t i = 0; i < nf; i++) xf[i] = (float)rnd8() / 64.0f;
+  const struct ek_f32_qs8_cvt_params cp = {0.0187f, -14};
+  char fshape[64];
+  snprintf(fshape, sizeof fshape, "n=%zu", nf);
+  for (size_t e = 0; e < COUNT(cvt_list); e++) {
+    if ((f & cvt_list[e].isa) != cvt_list[e].isa) {
+      report_skip("f32-qs8-cvt", cvt_list[e].name, cvt_list[e].isa);
+      continue;
+    }
+    double best;
+    TIME_BEST(best, cvt_list[e].fn(nf, xf, yq, &cp));
+    report("f32-qs8-cvt", cvt_list[e].name, cvt_list[e].isa, fshape, "Gelem/s", (double)nf / best * 1e-9);
+  }
+  free(xf);
+  free(yq);
   free(a);
   free(b);
   free(y);

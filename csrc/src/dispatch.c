@@ -63,6 +63,27 @@ static const struct vmul_entry VMUL[] = {
 #undef EK_KERNEL
 };
 
+struct lut_entry {
+  uint32_t isa;
+  ek_x8_lut_fn fn;
+  const char* name;
+};
+static const struct lut_entry LUT[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn},
+#include "../kernels/x8-lut/x8-lut.inc"
+#undef EK_KERNEL
+};
+struct cvt_entry {
+  uint32_t isa;
+  ek_f32_qs8_cvt_fn fn;
+  const char* name;
+};
+static const struct cvt_entry CVT[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn},
+#include "../kernels/f32-qs8-cvt/f32-qs8-cvt.inc"
+#undef EK_KERNEL
+};
+
 static struct ek_kernels chosen;
 static uint64_t cpu_features;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -90,11 +111,13 @@ static void init(void) {
     for (size_t i = 0; i < sizeof ISA_CAPS / sizeof ISA_CAPS[0]; i++)
       if (strcmp(want, ISA_CAPS[i].name) == 0) feats &= ISA_CAPS[i].mask;
   }
-  size_t g, d, a, mu;
+  size_t g, d, a, mu, lu, cv;
   PICK_FROM(GEMM, feats, g);
   PICK_FROM(DWCONV, feats, d);
   PICK_FROM(VADD, feats, a);
   PICK_FROM(VMUL, feats, mu);
+  PICK_FROM(LUT, feats, lu);
+  PICK_FROM(CVT, feats, cv);
   chosen.gemm.fn = GEMM[g].fn;
   chosen.gemm.name = GEMM[g].name;
   chosen.gemm.isa = GEMM[g].isa;
@@ -109,6 +132,10 @@ static void init(void) {
   chosen.vadd_name = VADD[a].name;
   chosen.vmul = VMUL[mu].fn;
   chosen.vmul_name = VMUL[mu].name;
+  chosen.lut = LUT[lu].fn;
+  chosen.lut_name = LUT[lu].name;
+  chosen.cvt = CVT[cv].fn;
+  chosen.cvt_name = CVT[cv].name;
   chosen.isa = ek_isa_name(GEMM[g].isa);
   /* the ISAs this build has kernels for */
   uint32_t seen = 0;
@@ -117,6 +144,8 @@ static void init(void) {
   for (size_t i = 0; i < sizeof DWCONV / sizeof DWCONV[0]; i++) seen |= DWCONV[i].isa;
   for (size_t i = 0; i < sizeof VADD / sizeof VADD[0]; i++) seen |= VADD[i].isa;
   for (size_t i = 0; i < sizeof VMUL / sizeof VMUL[0]; i++) seen |= VMUL[i].isa;
+  for (size_t i = 0; i < sizeof LUT / sizeof LUT[0]; i++) seen |= LUT[i].isa;
+  for (size_t i = 0; i < sizeof CVT / sizeof CVT[0]; i++) seen |= CVT[i].isa;
   static const uint32_t order[] = {0x80000000u, EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI};
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
     if (!(seen & order[i])) continue;
@@ -147,13 +176,15 @@ const char* ekrt_built_isas(void) {
   return built;
 }
 
-int ekrt_num_kernel_families(void) { return 4; }
+static const char* const FAMILIES[] = {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul", "x8-lut", "f32-qs8-cvt"};
+#define N_FAMILIES ((int)(sizeof FAMILIES / sizeof FAMILIES[0]))
+
+int ekrt_num_kernel_families(void) { return N_FAMILIES; }
 
 int ekrt_kernel_choice(int family, const char** family_name, const char** kernel_name) {
   const struct ek_kernels* k = ek_kernels();
-  static const char* const FAMILIES[] = {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul"};
-  if (family < 0 || family >= 4) return EKRT_EARG;
-  const char* names[] = {k->gemm.name, k->dwconv.name, k->vadd_name, k->vmul_name};
+  if (family < 0 || family >= N_FAMILIES) return EKRT_EARG;
+  const char* names[N_FAMILIES] = {k->gemm.name, k->dwconv.name, k->vadd_name, k->vmul_name, k->lut_name, k->cvt_name};
   if (family_name) *family_name = FAMILIES[family];
   if (kernel_name) *kernel_name = names[family];
   return 0;

@@ -111,6 +111,10 @@ struct ek_kernels {
   const char* vadd_name;
   ek_qs8_vmul_fn vmul;
   const char* vmul_name;
+  ek_x8_lut_fn lut;
+  const char* lut_name;
+  ek_f32_qs8_cvt_fn cvt;
+  const char* cvt_name;
   const char* isa; /* the gemm kernel's ISA */
 };
 const struct ek_kernels* ek_kernels(void);

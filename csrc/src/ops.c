@@ -9,12 +9,6 @@
 #include "edgekit/requant.h"
 #include "internal.h"
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#elif defined(__aarch64__)
-#include <arm_neon.h>
-#endif
-
 
 #define IN(k) (&m->tensors[op->in[k]])
 #define OUTT (&m->tensors[op->out])
@@ -50,77 +44,37 @@ static void for_rows(struct ekrt_model* m, struct ek_op* op, size_t rows, size_t
 
 /* ---- QUANTIZE / DEQUANTIZE (rows: N*H for the layout-changing 4-D case, else chunks) ---- */
 
-/* ONNX QuantizeLinear: x / scale (float32 divide), round half to even, + zp, saturate. The
- * rounding is the add-and-subtract of 1.5 * 2^23 (exact for |v| < 2^22, which the clamp to
- * [-128 - zp, 127 - zp] guarantees, under the default rounding mode), so the loops vectorize
- * without SSE4.1's roundps. NaN becomes zp (real zero). */
-#define EK_ROUND_MAGIC 12582912.0f
-
-static inline int8_t quantize1(float v, float scale, float lo, float hi, int32_t zp) {
-  float q = v / scale;
-  q = q != q ? 0.0f : q;
-  q = q < lo ? lo : q > hi ? hi : q;
-  q = (q + EK_ROUND_MAGIC) - EK_ROUND_MAGIC;
-  return (int8_t)((int32_t)q + zp);
-}
-
-/* quantize n contiguous floats; SSE2 / NEON where there is one (bit-identical: the same
- * divide, clamp and round-half-even conversion under the default rounding mode) */
-static void quantize_span(const float* in, int8_t* out, size_t n, float s, float lo, float hi, int32_t zp) {
-  size_t i = 0;
-#if defined(__SSE2__)
-  const __m128 vs = _mm_set1_ps(s), vlo = _mm_set1_ps(lo), vhi = _mm_set1_ps(hi);
-  const __m128i vzp = _mm_set1_epi32(zp);
-  for (; i + 8 <= n; i += 8) {
-    __m128 a = _mm_div_ps(_mm_loadu_ps(in + i), vs), b = _mm_div_ps(_mm_loadu_ps(in + i + 4), vs);
-    a = _mm_and_ps(a, _mm_cmpord_ps(a, a)); /* NaN -> 0 */
-    b = _mm_and_ps(b, _mm_cmpord_ps(b, b));
-    a = _mm_min_ps(_mm_max_ps(a, vlo), vhi);
-    b = _mm_min_ps(_mm_max_ps(b, vlo), vhi);
-    __m128i ia = _mm_add_epi32(_mm_cvtps_epi32(a), vzp), ib = _mm_add_epi32(_mm_cvtps_epi32(b), vzp);
-    __m128i v = _mm_packs_epi16(_mm_packs_epi32(ia, ib), _mm_setzero_si128());
-    _mm_storel_epi64((__m128i*)(void*)(out + i), v);
-  }
-#elif defined(__aarch64__)
-  const float32x4_t vs = vdupq_n_f32(s), vlo = vdupq_n_f32(lo), vhi = vdupq_n_f32(hi);
-  const int32x4_t vzp = vdupq_n_s32(zp);
-  for (; i + 8 <= n; i += 8) {
-    float32x4_t a = vdivq_f32(vld1q_f32(in + i), vs), b = vdivq_f32(vld1q_f32(in + i + 4), vs);
-    a = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(a), vceqq_f32(a, a)));
-    b = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(b), vceqq_f32(b, b)));
-    a = vminq_f32(vmaxq_f32(a, vlo), vhi);
-    b = vminq_f32(vmaxq_f32(b, vlo), vhi);
-    int32x4_t ia = vaddq_s32(vcvtnq_s32_f32(a), vzp), ib = vaddq_s32(vcvtnq_s32_f32(b), vzp);
-    vst1_s8(out + i, vqmovn_s16(vcombine_s16(vqmovn_s32(ia), vqmovn_s32(ib))));
-  }
-#endif
-  for (; i < n; i++) out[i] = quantize1(in[i], s, lo, hi, zp);
-}
-
+/* ONNX QuantizeLinear through the f32-qs8-cvt kernel (kernels.h: float32 divide, round half
+ * to even, NaN -> zp, saturate) */
 static void quantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
   const struct ek_tensor *x = IN(0), *y = OUTT;
   const float* src = x->data;
   int8_t* dst = y->data;
-  const float s = y->scale, lo = (float)(-128 - y->zp), hi = (float)(127 - y->zp);
-  const int32_t zp = y->zp;
+  const struct ek_f32_qs8_cvt_params p = {y->scale, y->zp};
+  const ek_f32_qs8_cvt_fn cvt = ek_kernels()->cvt;
   if (op->p[0]) { /* x [N,C,H,W] -> y [N,H,W,C]; a row is one (n, h) */
     size_t C = x->dims[1], H = x->dims[2], W = x->dims[3];
     for (size_t r = r0; r < r1; r++) {
       size_t n = r / H, h = r % H;
       int8_t* out = dst + r * W * C;
-      for (size_t c = 0; c < C; c++) {
-        const float* in = src + ((n * C + c) * H + h) * W;
-        for (size_t w0 = 0; w0 < W; w0 += 256) { /* quantize contiguously, then scatter */
-          int8_t tmp[256];
-          size_t nw = ek_min_sz(256, W - w0);
-          quantize_span(in + w0, tmp, nw, s, lo, hi, zp);
-          for (size_t w = 0; w < nw; w++) out[(w0 + w) * C + c] = tmp[w];
+      for (size_t w0 = 0; w0 < W; w0 += 256) { /* quantize contiguously, then interleave */
+        int8_t tmp[4][256];
+        size_t nw = ek_min_sz(256, W - w0);
+        for (size_t c0 = 0; c0 < C; c0 += 4) {
+          size_t nc = ek_min_sz(4, C - c0);
+          for (size_t c = 0; c < nc; c++) cvt(nw, src + ((n * C + c0 + c) * H + h) * W + w0, tmp[c], &p);
+          int8_t* o = out + w0 * C + c0;
+          if (nc == 3) /* RGB, the common input: one pass */
+            for (size_t w = 0; w < nw; w++, o += C) o[0] = tmp[0][w], o[1] = tmp[1][w], o[2] = tmp[2][w];
+          else
+            for (size_t c = 0; c < nc; c++)
+              for (size_t w = 0; w < nw; w++) o[w * C + c] = tmp[c][w];
         }
       }
     }
   } else {
     size_t end = ek_min_sz(r1 * 1024, x->elems);
-    quantize_span(src + r0 * 1024, dst + r0 * 1024, end - r0 * 1024, s, lo, hi, zp);
+    cvt(end - r0 * 1024, src + r0 * 1024, dst + r0 * 1024, &p);
   }
 }
 
@@ -687,11 +641,10 @@ static int check_resize(struct ek_check* o) {
 /* ---- LUT ---- */
 
 static void lut_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
-  const int8_t* t = op->state;
-  const int8_t* src = IN(0)->data;
-  int8_t* dst = OUTT->data;
+  const uint8_t* src = IN(0)->data;
+  uint8_t* dst = OUTT->data;
   size_t end = ek_min_sz(r1 * 4096, IN(0)->elems);
-  for (size_t i = r0 * 4096; i < end; i++) dst[i] = t[src[i] + 128];
+  ek_kernels()->lut(end - r0 * 4096, src + r0 * 4096, dst + r0 * 4096, op->state);
 }
 
 static void run_lut(struct ekrt_model* m, struct ek_op* op) {
@@ -701,9 +654,11 @@ static void run_lut(struct ekrt_model* m, struct ek_op* op) {
 static int prepare_lut(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
   (void)err;
   (void)err_len;
-  int8_t* t = malloc(256);
+  uint8_t* t = malloc(256);
   if (!t) return EKRT_ENOMEM;
-  memcpy(t, data + IN(1)->offset, 256);
+  /* the kernel indexes by the byte's unsigned value u; the op's table by x + 128 = u ^ 0x80 */
+  const uint8_t* table = data + IN(1)->offset;
+  for (size_t u = 0; u < 256; u++) t[u] = table[u ^ 0x80];
   op->state = t;
   return 0;
 }

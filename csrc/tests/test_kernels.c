@@ -47,6 +47,18 @@ static const struct vmul_entry vmul_list[] = {
 #include "../kernels/qs8-vmul/qs8-vmul.inc"
 #undef EK_KERNEL
 };
+struct lut_entry { uint32_t isa; const char* name; ek_x8_lut_fn fn; };
+static const struct lut_entry lut_list[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
+#include "../kernels/x8-lut/x8-lut.inc"
+#undef EK_KERNEL
+};
+struct cvt_entry { uint32_t isa; const char* name; ek_f32_qs8_cvt_fn fn; };
+static const struct cvt_entry cvt_list[] = {
+#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
+#include "../kernels/f32-qs8-cvt/f32-qs8-cvt.inc"
+#undef EK_KERNEL
+};
 #define COUNT(x) (sizeof(x) / sizeof((x)[0]))
 
 /* ---- helpers ------------------------------------------------------------------------------- */
@@ -542,6 +554,164 @@ static int8_t mul_ref(int8_t a, int8_t b, const struct ek_qs8_mul_params* p) {
 TEST_ELEMENTWISE("qs8-vadd", vadd_list, vadd, ek_qs8_add_params, make_add_params, add_ref)
 TEST_ELEMENTWISE("qs8-vmul", vmul_list, vmul, ek_qs8_mul_params, make_mul_params, mul_ref)
 
+
+/* ---- x8-lut / f32-qs8-cvt ------------------------------------------------------------------ */
+
+
+/* one line per kernel of a list; ok/ran/why as the elementwise tests keep them */
+static void report(const char* family, size_t count, const uint32_t* isas, const char* const* names, uint32_t features,
+                   const int* ok, const size_t* ran, char (*why)[200]) {
+  for (size_t e = 0; e < count; e++) {
+    if ((features & isas[e]) != isas[e])
+      printf("SKIP %s %s isa=%s: the CPU lacks %s\n", family, names[e], ek_isa_name(isas[e]), ek_cpu_feature_name(isas[e]));
+    else if (ok[e])
+      printf("PASS %s %s isa=%s cases=%zu\n", family, names[e], ek_isa_name(isas[e]), ran[e]);
+    else {
+      printf("FAIL %s %s isa=%s: %s\n", family, names[e], ek_isa_name(isas[e]), why[e]);
+      n_fail++;
+    }
+  }
+}
+
+/* Every length 0..100 and a large one (every byte value in each), random tables and the
+ * identity; in place too. The reference is the plain table walk. */
+static void test_lut(uint32_t features, int quick) {
+  int ok[COUNT(lut_list)];
+  size_t ran[COUNT(lut_list)];
+  char why[COUNT(lut_list)][200];
+  uint32_t isas[COUNT(lut_list)];
+  const char* names[COUNT(lut_list)];
+  for (size_t e = 0; e < COUNT(lut_list); e++) ok[e] = 1, ran[e] = 0, isas[e] = lut_list[e].isa, names[e] = lut_list[e].name;
+  const int reps = quick ? 3 : 12;
+  for (int rep = 0; rep < reps; rep++) {
+    uint8_t table[256];
+    for (size_t i = 0; i < 256; i++) table[i] = rep == 0 ? (uint8_t)i : (uint8_t)rnd();
+    for (size_t n = 0; n <= 101; n++) {
+      const size_t len = n == 101 ? 4096 + 63 + (size_t)rep : n;
+      uint8_t* x = xmalloc(len);
+      uint8_t* ref = xmalloc(len);
+      const size_t start = rnd() % 256;
+      for (size_t i = 0; i < len; i++) x[i] = (uint8_t)(rep % 4 == 3 ? start + i : rnd()); /* runs cover all 256 */
+      for (size_t i = 0; i < len; i++) {
+        ref[i] = table[x[i]];
+        count_interior((int8_t)ref[i], -128, 127);
+      }
+      for (size_t e = 0; e < COUNT(lut_list); e++) {
+        if ((features & lut_list[e].isa) != lut_list[e].isa || !ok[e]) continue;
+        uint8_t* y = xmalloc(len + 1);
+        memset(y, CANARY, len + 1);
+        lut_list[e].fn(len, x, y, table);
+        uint8_t* inplace = xmalloc(len);
+        memcpy(inplace, x, len);
+        lut_list[e].fn(len, inplace, inplace, table);
+        ran[e]++;
+        for (size_t i = 0; i < len; i++)
+          if (y[i] != ref[i] || inplace[i] != ref[i]) {
+            snprintf(why[e], sizeof why[e], "n=%zu: y[%zu]=%u (in place %u) want %u (x=%u)", len, i, y[i], inplace[i],
+                     ref[i], x[i]);
+            ok[e] = 0;
+            break;
+          }
+        if (ok[e] && y[len] != CANARY) {
+          snprintf(why[e], sizeof why[e], "n=%zu: wrote past the end", len);
+          ok[e] = 0;
+        }
+        free(inplace);
+        free(y);
+      }
+      free(x);
+      free(ref);
+    }
+  }
+  /* the byte values 0..255 in order under a random table, at every offset of a vector */
+  for (size_t off = 0; off < 64; off++) {
+    uint8_t table[256], x[320], ref[320];
+    for (size_t i = 0; i < 256; i++) table[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < off + 256; i++) x[i] = (uint8_t)(i - off), ref[i] = table[x[i]];
+    for (size_t e = 0; e < COUNT(lut_list); e++) {
+      if ((features & lut_list[e].isa) != lut_list[e].isa || !ok[e]) continue;
+      uint8_t y[320];
+      lut_list[e].fn(off + 256, x, y, table);
+      ran[e]++;
+      if (memcmp(y, ref, off + 256) != 0) {
+        snprintf(why[e], sizeof why[e], "all byte values at offset %zu differ", off);
+        ok[e] = 0;
+      }
+    }
+  }
+  report("x8-lut", COUNT(lut_list), isas, names, features, ok, ran, why);
+}
+
+static int8_t cvt_ref(float v, const struct ek_f32_qs8_cvt_params* p) { /* nearbyint: ties to even */
+  if (v != v) return (int8_t)p->zp;
+  const float q = v / p->scale;
+  const double r = nearbyint((double)q) + p->zp;
+  return (int8_t)(r < -128 ? -128 : r > 127 ? 127 : r);
+}
+
+static float cvt_value(const struct ek_f32_qs8_cvt_params* p) {
+  static const float edge[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 3.4e38f, -3.4e38f, 1e-45f, -1e-45f,
+                               1.17549435e-38f, 16777216.0f, 4194304.5f, -8388607.0f};
+  switch (rnd() % 8) {
+    case 0: return edge[rnd() % COUNT(edge)];
+    case 1: return ((float)rnd_range(-300, 300) + 0.5f) * p->scale; /* ties (exactly, when scale is a power of 2) */
+    case 2: { /* any bit pattern */
+      uint32_t b = (uint32_t)rnd();
+      float f;
+      memcpy(&f, &b, 4);
+      return f;
+    }
+    default: return (float)((rnd_unit() * 2.0 - 1.0) * 300.0) * p->scale;
+  }
+}
+
+static void test_cvt(uint32_t features, int quick) {
+  int ok[COUNT(cvt_list)];
+  size_t ran[COUNT(cvt_list)];
+  char why[COUNT(cvt_list)][200];
+  uint32_t isas[COUNT(cvt_list)];
+  const char* names[COUNT(cvt_list)];
+  for (size_t e = 0; e < COUNT(cvt_list); e++) ok[e] = 1, ran[e] = 0, isas[e] = cvt_list[e].isa, names[e] = cvt_list[e].name;
+  const int reps = quick ? 3 : 20;
+  for (int rep = 0; rep < reps; rep++) {
+    for (size_t n = 0; n <= 101; n++) {
+      const size_t len = n == 101 ? 4096 + 31 + (size_t)rep : n;
+      struct ek_f32_qs8_cvt_params p;
+      p.zp = rnd_range(-128, 127);
+      p.scale = rnd() % 2 ? ldexpf(1.0f, rnd_range(-12, 2)) : (float)(1e-4 + rnd_unit() * 0.1);
+      float* x = xmalloc(len * sizeof(float));
+      int8_t* ref = xmalloc(len);
+      for (size_t i = 0; i < len; i++) {
+        x[i] = cvt_value(&p);
+        ref[i] = cvt_ref(x[i], &p);
+        count_interior(ref[i], -128, 127);
+      }
+      for (size_t e = 0; e < COUNT(cvt_list); e++) {
+        if ((features & cvt_list[e].isa) != cvt_list[e].isa || !ok[e]) continue;
+        int8_t* y = xmalloc(len + 1);
+        memset(y, CANARY, len + 1);
+        cvt_list[e].fn(len, x, y, &p);
+        ran[e]++;
+        for (size_t i = 0; i < len; i++)
+          if (y[i] != ref[i]) {
+            snprintf(why[e], sizeof why[e], "n=%zu: y[%zu]=%d want %d (x=%a scale=%a zp=%d)", len, i, y[i], ref[i],
+                     (double)x[i], (double)p.scale, p.zp);
+            ok[e] = 0;
+            break;
+          }
+        if (ok[e] && (uint8_t)y[len] != CANARY) {
+          snprintf(why[e], sizeof why[e], "n=%zu: wrote past the end", len);
+          ok[e] = 0;
+        }
+        free(y);
+      }
+      free(x);
+      free(ref);
+    }
+  }
+  report("f32-qs8-cvt", COUNT(cvt_list), isas, names, features, ok, ran, why);
+}
+
 int main(int argc, char** argv) {
   int quick = 0, run_all = 0;
   for (int i = 1; i < argc; i++) {
@@ -563,8 +733,8 @@ int main(int argc, char** argv) {
   /* --run-all: run every kernel whatever the CPU says (an unsupported one dies with SIGILL:
    * the test that shows the skip is needed and the ISA's instructions really are used) */
   const uint32_t f = run_all ? ~0u : detected;
-  void (*const tests[])(uint32_t, int) = {test_gemm, test_dwconv, test_vadd, test_vmul};
-  const char* const names[] = {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul"};
+  void (*const tests[])(uint32_t, int) = {test_gemm, test_dwconv, test_vadd, test_vmul, test_lut, test_cvt};
+  const char* const names[] = {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul", "x8-lut", "f32-qs8-cvt"};
   for (size_t t = 0; t < COUNT(tests); t++) {
     n_interior = n_outputs = 0;
     tests[t](f, quick);

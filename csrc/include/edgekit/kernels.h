@@ -11,6 +11,7 @@
  *     qs8-dwconv  mr = 1, nr = channel tile, kr = 1
  *     qs8-vadd    mr = 1, nr = elements per loop iteration (the unroll), kr = 1
  *     qs8-vmul    as qs8-vadd
+ *     x8-lut, f32-qs8-cvt   as qs8-vadd
  *
  * Every kernel is bit-identical to the scalar reference (csrc/include/edgekit/requant.h).
  * No kernel reads or writes outside the buffers its arguments describe. */
@@ -142,6 +143,20 @@ struct ek_qs8_mul_params {
 typedef void (*ek_qs8_vmul_fn)(size_t n, const int8_t* a, const int8_t* b, int8_t* y,
                                const struct ek_qs8_mul_params* p);
 
+/* ---- x8-lut --------------------------------------------------------------------------------
+ * Table lookup (op LUT): y[i] = table[x[i]] for i < n, table 256 bytes indexed by the byte's
+ * unsigned value (the runtime rotates an int8 op's table by 128 at load). y may be x. */
+typedef void (*ek_x8_lut_fn)(size_t n, const uint8_t* x, uint8_t* y, const uint8_t* table);
+
+/* ---- f32-qs8-cvt -------------------------------------------------------------------------
+ * ONNX QuantizeLinear to int8 (op QUANTIZE): y[i] = clamp(round_half_even(x[i] / scale) + zp,
+ * -128, 127) with a float32 divide; NaN -> zp; +-inf and huge values saturate. scale > 0. */
+struct ek_f32_qs8_cvt_params {
+  float scale;
+  int32_t zp;
+};
+typedef void (*ek_f32_qs8_cvt_fn)(size_t n, const float* x, int8_t* y, const struct ek_f32_qs8_cvt_params* p);
+
 /* ---- prototypes of every kernel in the lists --------------------------------------------- */
 #define EK_KERNEL(isa, fn, mr, nr, kr)                                                           \
   void fn(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride, const void* packed_w, \
@@ -164,6 +179,15 @@ typedef void (*ek_qs8_vmul_fn)(size_t n, const int8_t* a, const int8_t* b, int8_
 #define EK_KERNEL(isa, fn, mr, nr, kr) \
   void fn(size_t n, const int8_t* a, const int8_t* b, int8_t* y, const struct ek_qs8_mul_params* p);
 #include "../../kernels/qs8-vmul/qs8-vmul.inc"
+#undef EK_KERNEL
+
+#define EK_KERNEL(isa, fn, mr, nr, kr) void fn(size_t n, const uint8_t* x, uint8_t* y, const uint8_t* table);
+#include "../../kernels/x8-lut/x8-lut.inc"
+#undef EK_KERNEL
+
+#define EK_KERNEL(isa, fn, mr, nr, kr) \
+  void fn(size_t n, const float* x, int8_t* y, const struct ek_f32_qs8_cvt_params* p);
+#include "../../kernels/f32-qs8-cvt/f32-qs8-cvt.inc"
 #undef EK_KERNEL
 
 #ifdef __cplusplus
