@@ -113,6 +113,23 @@ def test_threads_racing_on_one_model_are_refused_not_crashed(race_files):
     _race(race_files)
 
 
+def test_run_refuses_a_bare_array_instead_of_reading_freed_rows(tmp_path):
+    # run(x) with x an ndarray (not [x]) used to read temporaries freed before use: a segfault.
+    # In a child process, so a regression is a failed test, not a dead test run.
+    b = every_op_model(size=8, channels=4)
+    path = tmp_path / "m.ekm"
+    path.write_bytes(b.finish())
+    code = (
+        "import numpy as np, sys; from edgekit import _ekrt\n"
+        f"m = _ekrt.Model(open({str(path)!r}, 'rb').read()); x = np.zeros((1, 3, 8, 8), np.float32)\n"
+        "try:\n    m.run(x)\nexcept TypeError as e:\n    print('TypeError:', e)\n"
+        "print(m.run((x,))[0].shape)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    assert "TypeError: run() takes a list of arrays (one per input) or a dict by input name, not numpy.ndarray" in r.stdout
+
+
 def test_init_is_one_shot():
     b = every_op_model(size=8, channels=4)
     m = _ekrt.Model(b.finish())

@@ -218,6 +218,13 @@ static PyObject* run_locked(ModelObject* self, PyObject* arg) {
       }
     }
   } else {
+    /* A list or tuple holds its items, which stay alive below; any other sequence (a bare numpy
+       array) would be turned into a new list of temporary rows, freed before they are read. */
+    if (!PyList_Check(arg) && !PyTuple_Check(arg)) {
+      PyErr_Format(PyExc_TypeError, "run() takes a list of arrays (one per input) or a dict by input name, not %s",
+                   Py_TYPE(arg)->tp_name);
+      return NULL;
+    }
     PyObject* seq = PySequence_Fast(arg, "run() takes a list of arrays (one per input) or a dict by input name");
     if (!seq) return NULL;
     if (PySequence_Fast_GET_SIZE(seq) != n_in) {
