@@ -29,6 +29,7 @@ from edgekit.quantize.rewrite import (
     QParams,
     analyze,
     float_wide_concats,
+    keep_output_float,
     rewrite,
     tensor_params,
 )
@@ -188,7 +189,7 @@ def with_dynamic_inputs(qmodel: onnx.ModelProto, loaded: LoadedModel, scheme: Qu
         return None
     analysis = analyze(prepared, scheme, exclude)
     inits = {t.name: t for t in qmodel.graph.initializer}
-    ranges: dict[str, tuple[float, float]] = {}
+    known: dict[str, QParams] = {}
     for t, src in list(analysis.tensors.items()):
         if src[0] != "own":
             continue
@@ -196,19 +197,10 @@ def with_dynamic_inputs(qmodel: onnx.ModelProto, loaded: LoadedModel, scheme: Qu
             producer = next((n for n in prepared.graph.node if t in n.output), None)
             if producer is None or producer.op_type != "Concat":
                 return None
-            del analysis.tensors[t]
-            analysis.rules.pop(producer.name, None)
+            keep_output_float(analysis, producer.name, t, "float in the fixed-shape int8 model")
             continue
-        ranges[t] = (0.0, 0.0)  # placeholder: the scale comes from qmodel below
-    params = tensor_params(analysis, ranges, scheme)
-    for t in ranges:
-        params[t] = QParams(onnx.numpy_helper.to_array(inits[f"{t}__scale"]), onnx.numpy_helper.to_array(inits[f"{t}__zp"]))
-    for t, src in analysis.tensors.items():  # followers take their source's (re-resolve after the swap)
-        if src[0] == "same":
-            root = src[1]
-            while analysis.tensors[root][0] == "same":
-                root = analysis.tensors[root][1]
-            params[t] = params[root]
+        known[t] = QParams(onnx.numpy_helper.to_array(inits[f"{t}__scale"]), onnx.numpy_helper.to_array(inits[f"{t}__zp"]))
+    params = tensor_params(analysis, {}, scheme, known)
     model = rewrite(prepared, analysis, params, scheme)
     try:
         onnx.checker.check_model(model)

@@ -164,8 +164,12 @@ class QParams:
     zero_point: np.ndarray
 
 
-def tensor_params(analysis: Analysis, ranges: dict[str, tuple[float, float]], scheme: QuantScheme) -> dict[str, QParams]:
-    params: dict[str, QParams] = {}
+def tensor_params(
+    analysis: Analysis, ranges: dict[str, tuple[float, float]], scheme: QuantScheme, known: dict[str, QParams] | None = None
+) -> dict[str, QParams]:
+    """Each tensor's scale and zero point: from its calibrated range, its constant's values, or
+    its source's ("same"); ``known`` ones (taken from an existing int8 model) as given."""
+    params: dict[str, QParams] = dict(known or {})
 
     def resolve(t: str) -> QParams:
         if t in params:
@@ -187,6 +191,13 @@ def tensor_params(analysis: Analysis, ranges: dict[str, tuple[float, float]], sc
     for t in analysis.tensors:
         resolve(t)
     return params
+
+
+def keep_output_float(analysis: Analysis, node: str, output: str, reason: str) -> None:
+    """Leave ``node``'s output float (no Q/DQ on it); its inputs keep theirs."""
+    del analysis.tensors[output]
+    analysis.rules.pop(node, None)
+    analysis.decisions = [NodeDecision(d.name, d.op_type, "float", reason) if d.name == node else d for d in analysis.decisions]
 
 
 # A Concat whose inputs' ranges differ more than this keeps its output float: one int8 scale for
@@ -221,13 +232,8 @@ def float_wide_concats(model: onnx.ModelProto, analysis: Analysis, ranges: dict[
             spans.append(max(hi, 0.0) - min(lo, 0.0))
         else:
             if min(spans) > 0 and max(spans) / min(spans) > CONCAT_SPAN_RATIO:
-                del analysis.tensors[out]
-                del analysis.rules[node.name]
                 ratio = max(spans) / min(spans)
-                analysis.decisions = [
-                    NodeDecision(d.name, d.op_type, "float", f"joins ranges {ratio:.0f}x apart (one int8 scale would crush the narrow ones)") if d.name == node.name else d
-                    for d in analysis.decisions
-                ]
+                keep_output_float(analysis, node.name, out, f"joins ranges {ratio:.0f}x apart (one int8 scale would crush the narrow ones)")
                 changed.append(node.name)
     return changed
 
