@@ -4,19 +4,16 @@ this version) and read its one JSON document: a benchmark of one variant, or dev
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import signal
-import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgekit.agent import SCHEMA as AGENT_SCHEMA
 from edgekit.errors import AgentError
-from edgekit.transport.agentzip import push_agent
-from edgekit.transport.base import CommandResult, Conversation, Transport
+from edgekit.transport.agentzip import agent_server, ask_server, close_agent_server, push_agent
+from edgekit.transport.base import CommandResult, Transport
 
 __all__ = ["BenchConfig", "bench_variant", "close_agent", "device_facts", "eval_variant", "parse_agent_output", "push_agent", "run_agent"]
 
@@ -89,52 +86,18 @@ def device_facts(transport: Transport, timeout: float = 120, *, openvino: bool =
 def run_agent(transport: Transport, args: list[str], *, timeout: float, kind: str = "edgekit.bench") -> dict[str, Any]:
     """Run ``agent.pyz ARGS`` on the device (pushed first if missing); its ``kind`` document.
 
-    The commands of one connection share one ``agent.pyz serve`` process (one Python start,
-    one channel; each command still runs in a fresh worker). Where the transport cannot keep
-    a process open, or the server is gone, each command runs on its own as before."""
-    server = _server(transport)
-    if server is not None:
-        start = time.monotonic()
-        argv = (transport.python, server.argv[1], *args)
-        answer, stderr = server.ask(json.dumps({"argv": list(args)}).encode(), timeout=timeout)
-        if answer is not None:
-            try:
-                reply = json.loads(answer)
-                status, document = int(reply["status"]), reply["document"]
-            except (ValueError, KeyError, TypeError):
-                raise AgentError("the agent's server answered something that is not a reply", _OUT_OF_STEP) from None
-            out = json.dumps(document).encode() if document is not None else b""
-            return parse_agent_output(CommandResult(argv, status, out, stderr, time.monotonic() - start), kind=kind)
-        _SERVERS.pop(transport, None)  # it ended (killed, or never started): say why the usual way
-    agent = push_agent(transport)
-    result = transport.run([transport.python, agent, *args], timeout=timeout, check=False)
+    Through the connection's agent server where there is one (``agentzip.agent_server``), else
+    as a command of its own."""
+    server = agent_server(transport)
+    result = ask_server(transport, server, args, timeout=timeout) if server is not None else None
+    if result is None:  # no server, or it ended (killed, or never started): say why the usual way
+        result = transport.run([transport.python, push_agent(transport), *args], timeout=timeout, check=False)
     return parse_agent_output(result, kind=kind)
-
-
-# one agent server per open connection; a closed transport's entry goes with it
-_SERVERS: weakref.WeakKeyDictionary[Transport, Conversation] = weakref.WeakKeyDictionary()
-
-
-def _server(transport: Transport) -> Conversation | None:
-    if os.environ.get("EDGEKIT_AGENT_SERVE", "1") == "0":  # troubleshooting, and the benchmark's peer
-        return None
-    server = _SERVERS.get(transport)
-    if server is not None and server.argv[0] != transport.python:  # provisioning switched to its venv
-        server.close()
-        server = None
-    if server is None or server.returncode is not None:
-        server = transport.converse([transport.python, push_agent(transport), "serve"])
-        if server is None:
-            return None
-        _SERVERS[transport] = server
-    return server
 
 
 def close_agent(transport: Transport) -> None:
     """End the connection's agent server, if one runs (its workers have all finished)."""
-    server = _SERVERS.pop(transport, None)
-    if server is not None:
-        server.close()
+    close_agent_server(transport)
 
 
 def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> dict[str, Any]:

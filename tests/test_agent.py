@@ -18,6 +18,7 @@ from edgekit.agent import bundle_hash
 from edgekit.agentclient import BenchConfig, bench_variant, parse_agent_output
 from edgekit.errors import EXIT_DEVICE, EXIT_INPUT, EXIT_USAGE, AgentError
 from edgekit.fsutil import sha256_file
+from edgekit.transport import agentzip
 from edgekit.transport.agentzip import build_agent_zip
 from edgekit.transport.base import CommandResult
 from edgekit.transport.local import LocalTransport
@@ -270,7 +271,7 @@ def test_one_agent_server_per_connection(tmp_path, monkeypatch):
     assert agentclient.device_facts(dev)["kind"] == "edgekit.facts"
     assert len(started) == 1 and started[0][-1] == "serve"
     assert docs[0]["bundle_hash"] == docs[1]["bundle_hash"] == bundle.manifest.bundle_hash
-    server = agentclient._SERVERS[dev]
+    server = agentzip._SERVERS[dev]
     os.kill(server._proc.pid, 9)  # the server dies between two commands: that one runs on its own,
     assert len(bench_variant(dev, remote, "fp32", BenchConfig(warmup=0, iterations=2))["samples_ns"]) == 2
     assert len(started) == 1 and server.returncode == -9
@@ -283,7 +284,7 @@ def test_one_agent_server_per_connection(tmp_path, monkeypatch):
     assert agentclient.device_facts(dev)["kind"] == "edgekit.facts"
     assert len(started) == 3 and started[-1][0] == dev.python
     dev.close()
-    assert agentclient._SERVERS[dev].returncode == 0  # EOF ended it cleanly
+    assert agentzip._SERVERS[dev].returncode == 0  # EOF ended it cleanly
 
 
 def test_agent_server_can_be_turned_off(tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The agent's command line: ``python agent.pyz bench BUNDLE_DIR --variant NAME ...``, ``eval``,
-``facts``, or ``serve``. (``store ROOT MODE JSON``, the device side of a push, goes straight to
-``store.py`` from the zip's boot stub: it runs twice per push, so it skips this parser.)
+``facts``, or ``serve``. (``store ROOT MODE JSON``, the device side of a push, and ``lock OP
+LOCKDIR ...``, the device lock's, go straight to ``store.py`` / ``lock.py`` from the zip's boot
+stub, skipping this parser; ``serve`` answers them too.)
 
 ``serve`` answers many commands in one process, so a deploy starts Python and opens an SSH
 channel once instead of once per step: each stdin line is a request ``{"argv": [...]}``, each
@@ -129,6 +130,10 @@ def _run(args: argparse.Namespace) -> dict:
 
 def _answer(argv: list) -> tuple:
     """(exit code, document) of one command line."""
+    if argv[:1] in (["store"], ["lock"]):  # a push's and the device lock's steps, their own small protocol
+        from . import lock, store
+
+        return 0, (store if argv[0] == "store" else lock).answer(argv[1:])
     try:
         args = _parser().parse_args(argv)
         if args.command == "serve":

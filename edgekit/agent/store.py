@@ -29,22 +29,25 @@ def _out(doc: dict) -> None:
     raise _Done(doc)
 
 
-def main(argv: list) -> int:
+def answer(argv: list) -> dict:
+    """The JSON answer of one store step (``argv``: ROOT MODE JSON)."""
     if len(argv) != 3:
-        doc = {"error": "agent usage: store ROOT MODE JSON", "hint": "push with the same edgekit version"}
-    else:
-        root = argv[0]
-        try:
-            _Store(root).run(argv[1], json.loads(argv[2]))
-            doc = {"error": f"store mode {argv[1]!r} returned nothing"}
-        except _Done as done:
-            doc = done.doc
-        except OSError as exc:
-            kind = "space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "os"
-            hint = "free space on the device" if kind == "space" else f"check permissions of {root} on the device"
-            where = getattr(exc, "filename", "") or root
-            doc = {"error": f"the device's store failed: {exc.strerror or exc} ({where})", "hint": hint, "kind": kind}
-    sys.stdout.write(json.dumps(doc) + "\n")
+        return {"error": "agent usage: store ROOT MODE JSON", "hint": "push with the same edgekit version"}
+    root = argv[0]
+    try:
+        _Store(root).run(argv[1], json.loads(argv[2]))
+        return {"error": f"store mode {argv[1]!r} returned nothing"}
+    except _Done as done:
+        return done.doc
+    except OSError as exc:
+        kind = "space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "os"
+        hint = "free space on the device" if kind == "space" else f"check permissions of {root} on the device"
+        where = getattr(exc, "filename", "") or root
+        return {"error": f"the device's store failed: {exc.strerror or exc} ({where})", "hint": hint, "kind": kind}
+
+
+def main(argv: list) -> int:
+    sys.stdout.write(json.dumps(answer(argv)) + "\n")
     return 0
 
 

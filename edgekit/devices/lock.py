@@ -18,8 +18,10 @@ only if it is still the same stale lock is it renamed away (then deleted). So tw
 both find a stale lock cannot both break it, and neither can break the fresh lock the other
 took a moment later. A release only removes a lock that still carries the releaser's token.
 
-Every operation is one short stdlib-Python program run on the device with the transport's
-interpreter; paths travel as arguments, never through a shell.
+Every operation is one call of the agent's ``lock`` command on the device (``edgekit/agent/lock.py``,
+stdlib only): through the connection's agent server when one runs, else as its own short
+``python -S agent.pyz lock ...``. The heartbeat always uses its own command: it runs beside
+whatever the server is busy with. Paths travel as arguments, never through a shell.
 """
 
 from __future__ import annotations
@@ -38,123 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import DeviceError, LockLostError
+from edgekit.transport.agentzip import agent_call
 from edgekit.transport.base import Transport
 
 LOCK_DIR = "lock"
 DEFAULT_TTL = 300.0  # seconds without a heartbeat after which a lock counts as abandoned
 DEFAULT_WAIT = 600.0  # how long deploy/bench queue behind another job by default
 
-# The device side. Python 3.4+ stdlib only; argv: OP LOCKDIR [args...]; prints one JSON object.
-_DEVICE_SCRIPT = r"""
-import fcntl, json, os, shutil, sys, time, uuid
-op, lockdir = sys.argv[1], os.path.abspath(os.path.expanduser(sys.argv[2]))
-parent = os.path.dirname(lockdir)
-owner_path = os.path.join(lockdir, "owner.json")
-GRACE = 60.0  # a lock dir with no owner file yet: its creator is writing it (or died doing so)
-
-def read_owner():
-    try:
-        with open(owner_path) as fh:
-            doc = json.load(fh)
-        return doc if isinstance(doc, dict) else None
-    except (OSError, ValueError):
-        return None
-
-def state():
-    try:
-        st = os.stat(lockdir)
-    except OSError:
-        return None, False, False
-    holder = read_owner()
-    now = time.time()
-    if holder is None or not isinstance(holder.get("expires"), (int, float)):
-        return holder, now - st.st_mtime > GRACE, True
-    return holder, now >= holder["expires"], True
-
-def token(holder):
-    return (holder or {}).get("token")
-
-def guarded():
-    fd = os.open(os.path.join(parent, "lock.guard"), os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-def remove():
-    away = lockdir + ".stale." + uuid.uuid4().hex[:12]
-    os.rename(lockdir, away)
-    shutil.rmtree(away, ignore_errors=True)
-
-def write_owner(info):
-    tmp = os.path.join(lockdir, ".owner.json.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(info, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.rename(tmp, owner_path)
-
-out = {"now": time.time()}
-if op == "acquire":
-    info, ttl = json.loads(sys.argv[3]), float(sys.argv[4])
-    if not os.path.isdir(parent):
-        os.makedirs(parent)
-    for attempt in (0, 1):
-        # The lock appears with its owner file already inside (a renamed temp dir), so nobody
-        # ever sees a lock without an owner: rename onto an existing, non-empty dir fails.
-        now = time.time()
-        info.update(created=now, expires=now + ttl, ttl=ttl)
-        fresh = lockdir + ".new." + uuid.uuid4().hex[:12]
-        os.mkdir(fresh, 0o755)
-        with open(os.path.join(fresh, "owner.json"), "w") as fh:
-            json.dump(info, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            os.rename(fresh, lockdir)
-        except OSError:
-            shutil.rmtree(fresh, ignore_errors=True)
-            holder, stale, exists = state()
-            if not exists:
-                continue
-            if not stale or attempt:
-                out.update(acquired=False, holder=holder, stale=stale)
-                break
-            fd = guarded()
-            try:
-                again, stale, exists = state()
-                if exists and stale and token(again) == token(holder):
-                    remove()
-                    out["broke"] = again
-            finally:
-                os.close(fd)
-            continue
-        out.update(acquired=True, holder=info)
-        break
-    else:
-        out.update(acquired=False, holder=read_owner(), stale=False)
-elif op in ("release", "refresh", "break"):
-    if not os.path.isdir(parent):
-        out.update(done=False, holder=None)
-    else:
-        fd = guarded()
-        try:
-            holder, stale, exists = state()
-            # "break" with a token breaks only that holder's lock; with "" whoever holds it.
-            mine = exists and (token(holder) == sys.argv[3] or (op == "break" and not sys.argv[3]))
-            if mine and op == "refresh":
-                holder["expires"] = time.time() + float(sys.argv[4])
-                write_owner(holder)
-            elif mine:
-                remove()
-            out.update(done=bool(mine), holder=holder if exists else None)
-        finally:
-            os.close(fd)
-elif op == "status":
-    holder, stale, exists = state()
-    out.update(holder=holder if exists else None, locked=exists, stale=stale)
-else:
-    raise SystemExit("unknown lock operation: " + op)
-sys.stdout.write(json.dumps(out) + "\n")
-"""
 
 
 def lock_path(transport: Transport) -> str:
@@ -270,12 +162,13 @@ class DeviceLock:
             time.sleep(min(delay, left))  # polling a remote condition; each poll is one command
             delay = min(delay * 1.5, 2.0)
 
-    def refresh(self) -> bool:
-        """Push the expiry ``ttl`` seconds ahead; False when the lock is no longer ours (then it is lost)."""
+    def refresh(self, *, serve: bool = False) -> bool:
+        """Push the expiry ``ttl`` seconds ahead; False when the lock is no longer ours (then it is lost).
+        ``serve``: the caller is the thread that owns the connection's agent server (not the heartbeat)."""
         with self._mutex:
             if not self.held:
                 return False
-            doc = self._call("refresh", self.token, repr(self.ttl))
+            doc = self._call("refresh", self.token, repr(self.ttl), serve=serve)
             if not doc.get("done"):
                 self._mark_lost(doc.get("holder"))
             return self.held
@@ -289,7 +182,7 @@ class DeviceLock:
         if not self.lost:
             if not self.held:
                 raise DeviceError(f"the lock on {self.transport.name} is not held", "take it first (device_lock)")
-            self.refresh()
+            self.refresh(serve=True)
         if self.lost:
             now = f"it is now held by {describe_holder(self.lost_to)}" if self.lost_to else "it was removed"
             raise LockLostError(
@@ -326,8 +219,8 @@ class DeviceLock:
             except Exception:  # noqa: BLE001 - a failed beat is retried; the work itself reports the outage
                 continue
 
-    def _call(self, op: str, *args: str) -> dict[str, Any]:
-        return run_lock_op(self.transport, op, *args)
+    def _call(self, op: str, *args: str, serve: bool = True) -> dict[str, Any]:
+        return run_lock_op(self.transport, op, *args, serve=serve)
 
     def __enter__(self) -> DeviceLock:
         self.acquire()
@@ -358,16 +251,12 @@ def break_lock(transport: Transport) -> dict | None:
     return doc.get("holder") if doc.get("done") else None
 
 
-def run_lock_op(transport: Transport, op: str, *args: str) -> dict[str, Any]:
-    """Run one lock operation on the device; its JSON answer, or DeviceError saying why not."""
-    result = transport.run([transport.python, "-c", _DEVICE_SCRIPT, op, lock_path(transport), *args], timeout=60, check=False)
-    text = result.stdout.decode("utf-8", errors="replace").strip()
-    try:
-        doc = json.loads(text.splitlines()[-1]) if text else None
-    except ValueError:
-        doc = None
-    if result.returncode != 0 or not isinstance(doc, dict):
-        tail = result.stderr_tail(3)
+def run_lock_op(transport: Transport, op: str, *args: str, serve: bool = True) -> dict[str, Any]:
+    """Run one lock operation on the device; its JSON answer, or DeviceError saying why not.
+    ``serve``: through the connection's agent server if one runs (not from another thread)."""
+    doc, result = agent_call(transport, ["lock", op, lock_path(transport), *args], timeout=60, serve=serve)
+    if doc is None or "error" in doc:
+        tail = str(doc["error"]) if doc else result.stderr_tail(3)
         raise DeviceError(
             f"cannot {op} the device lock at {lock_path(transport)} on {transport.name}"
             + (f": {tail}" if tail else f" (exit code {result.returncode})"),

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,15 +103,22 @@ def venv_python(transport: Transport) -> str:
     return posixpath.join(transport.root, VENV, "bin", "python")
 
 
-def use_provisioned_python(transport: Transport) -> bool:
-    """Point ``transport.python`` at edgekit's venv on the device when there is one."""
+def use_provisioned_python(transport: Transport, *, again: bool = False) -> bool:
+    """Point ``transport.python`` at edgekit's venv on the device when there is one. Asked once per
+    connection (connect and preflight both want it), unless ``again`` (a venv may just have been made)."""
     path = venv_python(transport)
     if transport.python == path:
         return True
+    if not again and _NO_VENV.get(transport) == path:
+        return False
     if transport.run(["test", "-x", path], timeout=60, check=False).returncode == 0:
         transport.python = path
         return True
+    _NO_VENV[transport] = path
     return False
+
+
+_NO_VENV: weakref.WeakKeyDictionary[Transport, str] = weakref.WeakKeyDictionary()  # connections found without a venv
 
 
 def provision(
@@ -144,7 +152,7 @@ def provision(
     say = events.info if events is not None else (lambda _msg: None)
     start = time.monotonic()
     with device_lock(transport, wait=lock_wait, on_wait=say):
-        use_provisioned_python(transport)
+        use_provisioned_python(transport, again=True)
         seen_by = ((facts or {}).get("probe") or {}).get("python", {}).get("executable")
         if facts is None or seen_by != transport.python:  # facts of another interpreter
             facts = device_facts(transport)

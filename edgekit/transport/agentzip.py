@@ -1,21 +1,31 @@
-"""The agent as one zipapp (``python agent.pyz bench|facts|store ...``), built here on the host
-from ``edgekit/agent``'s sources, and put on a device once per agent version.
+"""The agent as one zipapp (``python agent.pyz bench|facts|store|lock ...``), built here on the host
+from ``edgekit/agent``'s sources, and put on a device once per agent version; and the one way
+the host runs it there (``agent_server``, ``agent_call``).
 
 The archive is deterministic (sorted entries, fixed timestamps and modes, no compression),
 so its sha256 depends only on the agent's source: it is content-addressed on the device.
+
+The commands of one connection share one ``agent.pyz serve`` process where the transport can
+keep a process open (one Python start and one channel per connection; each command still runs
+in a fresh forked worker). Where it cannot, or the server is gone, each command runs on its own.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
+import json
+import os
 import posixpath
 import tempfile
+import time
+import weakref
 import zipfile
 from pathlib import Path
 
 from edgekit.fsutil import write_bytes_atomic
-from edgekit.transport.base import Transport
+from edgekit.transport.base import CommandResult, Conversation, Transport
 
 PACKAGE = "edgekit_agent"  # the name the agent package has inside the zip
 _SOURCES = Path(__file__).resolve().parents[1] / "agent"
@@ -32,6 +42,9 @@ if sys.version_info < (3, 7):
     sys.exit(1)
 if sys.argv[1:2] == ["store"]:  # a push runs it twice: no command line parser to import
     from {PACKAGE}.store import main
+    sys.exit(main(sys.argv[2:]))
+if sys.argv[1:2] == ["lock"]:  # the device lock: as small a start as the store's
+    from {PACKAGE}.lock import main
     sys.exit(main(sys.argv[2:]))
 from {PACKAGE}.__main__ import main
 sys.exit(main())
@@ -64,9 +77,15 @@ def build_agent_zip(dest_dir: Path) -> Path:
     return dest
 
 
+@functools.lru_cache(maxsize=1)
+def agent_digest() -> str:
+    """The sha256 of this edgekit's agent zipapp (its sources do not change while edgekit runs)."""
+    return hashlib.sha256(agent_zip_bytes()).hexdigest()
+
+
 def agent_path(transport: Transport) -> str:
     """Where this edgekit's agent lives on the device (named by its content), present or not."""
-    return posixpath.join(transport.root, "agent", f"{hashlib.sha256(agent_zip_bytes()).hexdigest()}.pyz")
+    return posixpath.join(transport.root, "agent", f"{agent_digest()}.pyz")
 
 
 def push_agent(transport: Transport) -> str:
@@ -78,3 +97,72 @@ def push_agent(transport: Transport) -> str:
             transport.mkdir(posixpath.dirname(remote))
             transport.put(local, remote, sha256=local.stem)
     return remote
+
+
+# one agent server per open connection; a closed transport's entry goes with it
+_SERVERS: weakref.WeakKeyDictionary[Transport, Conversation] = weakref.WeakKeyDictionary()
+
+
+def agent_server(transport: Transport, *, start: bool = True) -> Conversation | None:
+    """The connection's ``agent.pyz serve`` (started when ``start`` and none runs); None where the
+    transport cannot keep a process open, or with ``EDGEKIT_AGENT_SERVE=0`` (troubleshooting, and
+    the benchmark's peer). Follows ``transport.python`` (provisioning may switch it to a venv)."""
+    if os.environ.get("EDGEKIT_AGENT_SERVE", "1") == "0":
+        return None
+    server = _SERVERS.get(transport)
+    if server is not None and server.argv[0] != transport.python:
+        server.close()
+        server = None
+    if server is None or server.returncode is not None:
+        if not start:
+            return None
+        server = transport.converse([transport.python, push_agent(transport), "serve"])
+        if server is None:
+            return None
+        _SERVERS[transport] = server
+    return server
+
+
+def close_agent_server(transport: Transport) -> None:
+    """End the connection's agent server, if one runs (its workers have all finished)."""
+    server = _SERVERS.pop(transport, None)
+    if server is not None:
+        server.close()
+
+
+def ask_server(transport: Transport, server: Conversation, args: list[str], *, timeout: float) -> CommandResult | None:
+    """One command through the server, as the ``CommandResult`` a separate run would give (its
+    stdout: the document); None when the server is gone (the caller runs the command on its own)."""
+    start = time.monotonic()
+    answer, stderr = server.ask(json.dumps({"argv": list(args)}).encode(), timeout=timeout)
+    argv = (transport.python, server.argv[1], *args)
+    if answer is None:
+        _SERVERS.pop(transport, None)
+        return None
+    try:
+        reply = json.loads(answer)
+        status, document = int(reply["status"]), reply["document"]
+    except (ValueError, KeyError, TypeError):
+        return CommandResult(argv, 1, b"", b"the agent's server answered something that is not a reply", time.monotonic() - start)
+    out = json.dumps(document).encode() if document is not None else b""
+    return CommandResult(argv, status, out, stderr, time.monotonic() - start)
+
+
+def agent_call(transport: Transport, args: list[str], *, timeout: float, serve: bool = True) -> tuple[dict | None, CommandResult]:
+    """A small agent command that answers one JSON line (``store``, ``lock``): through the running
+    server when ``serve`` (it is not started for these), else as its own ``python -S agent.pyz``
+    (-S: the stdlib is all they need; pushed first only when missing). (The answer or None, the run.)"""
+    server = agent_server(transport, start=False) if serve else None
+    result = ask_server(transport, server, args, timeout=timeout) if server is not None else None
+    if result is None:
+        argv = [transport.python, "-S", agent_path(transport), *args]
+        result = transport.run(argv, timeout=timeout, check=False)
+        if result.returncode == 2 and b"can't open file" in result.stderr:  # no agent (of this version) yet
+            push_agent(transport)  # only then: checking first would cost every call a command
+            result = transport.run(argv, timeout=timeout, check=False)
+    text = result.stdout.decode("utf-8", errors="replace").strip()
+    try:
+        doc = json.loads(text.splitlines()[-1]) if text else None
+    except ValueError:
+        doc = None
+    return (doc if isinstance(doc, dict) else None), result

@@ -41,7 +41,7 @@ from pathlib import Path
 from edgekit.bundle import MANIFEST, Bundle
 from edgekit.errors import DeviceError, LinkError, TransportError
 from edgekit.fsutil import sha256_file
-from edgekit.transport.agentzip import agent_path, push_agent
+from edgekit.transport.agentzip import agent_call
 from edgekit.transport.base import Transport
 
 RETRIES = 5  # consecutive attempts without progress before a push gives up
@@ -224,18 +224,8 @@ def _upload(transport: Transport, local: Path, sha: str, size: int, state: _Coun
 
 def _store(transport: Transport, mode: str, request: dict) -> dict:
     """Run one step of the agent's store on the device; its JSON answer."""
-    # -S: no site import (the store needs the stdlib only): starts several times faster
-    argv = [transport.python, "-S", agent_path(transport), "store", transport.root, mode, json.dumps(request, separators=(",", ":"))]
-    result = transport.run(argv, timeout=600, check=False)
-    if result.returncode == 2 and b"can't open file" in result.stderr:  # no agent (of this version) yet
-        push_agent(transport)  # only then: checking first would cost every push a command
-        result = transport.run(argv, timeout=600, check=False)
-    text = result.stdout.decode("utf-8", errors="replace").strip()
-    try:
-        doc = json.loads(text.splitlines()[-1]) if text else None
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
+    doc, result = agent_call(transport, ["store", transport.root, mode, json.dumps(request, separators=(",", ":"))], timeout=600)
+    if doc is None:
         tail = result.stderr_tail(3)
         raise TransportError(
             f"the device's store step '{mode}' failed (exit code {result.returncode})" + (f": {tail}" if tail else ""),
