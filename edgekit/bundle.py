@@ -207,6 +207,13 @@ def write_bundle(
         if not Path(src).is_file():
             raise InputError(f"bundle file {rel}: source {src} does not exist or is not a file", "check the path")
     created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    head = {
+        "schema": SCHEMA, "edgekit_version": __version__, "model_name": model_name, "model_sha256": model_sha256, "profile": profile,
+        "backend": backend, "precision": precision, "variants": [v.to_dict() for v in variants], "plan": plan,
+    }  # fmt: skip
+    same = _same_bundle(out_dir, head, files)
+    if same is not None:  # an unchanged rebuild: nothing to write (or to fsync)
+        return same
     tmp = parent / f".{out_dir.name}.{uuid.uuid4().hex[:12]}.tmp"
     tmp.mkdir()  # not mkdtemp: its 0700 mode would stick to the bundle
     try:
@@ -218,19 +225,7 @@ def write_bundle(
             fsync_path(dest)
             # hash what landed in the bundle, not the source (which may change meanwhile)
             entries.append(BundleFile(rel, sha256_file(dest), dest.stat().st_size))
-        manifest_doc = {
-            "schema": SCHEMA,
-            "edgekit_version": __version__,
-            "created": created,
-            "model_name": model_name,
-            "model_sha256": model_sha256,
-            "profile": profile,
-            "backend": backend,
-            "precision": precision,
-            "variants": [v.to_dict() for v in variants],
-            "files": [e.to_dict() for e in entries],
-            "plan": plan,
-        }
+        manifest_doc = {**head, "created": created, "files": [e.to_dict() for e in entries]}
         manifest_doc["created"] = _created(out_dir, manifest_doc, created)
         manifest = Manifest.from_dict(json.loads(json.dumps(manifest_doc)))  # same checks as load
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2) + "\n", encoding="utf-8")
@@ -299,6 +294,28 @@ def _created(out_dir: Path, doc: dict[str, Any], now: str) -> str:
         return now
     same = {k: v for k, v in old.items() if k != "created"} == json.loads(json.dumps({k: v for k, v in doc.items() if k != "created"}))
     return old["created"] if same else now
+
+
+def _same_bundle(out_dir: Path, head: dict[str, Any], files: Mapping[str, Path]) -> Bundle | None:
+    """The bundle already at ``out_dir`` when it is exactly what would be written (same manifest
+    but its date, every file present with the source's sha256); else None."""
+    if not (out_dir / MANIFEST).is_file():
+        return None
+    try:
+        old = load_bundle(out_dir, verify=True)
+    except InputError:
+        return None
+    doc = old.manifest.to_dict()
+    if {k: doc.get(k) for k in head} != json.loads(json.dumps(head)):
+        return None
+    listed = {f.path: f for f in old.manifest.files}
+    present = {p.relative_to(out_dir).as_posix() for p in out_dir.rglob("*") if not p.is_dir()}
+    if set(listed) != set(files) or present != set(listed) | {MANIFEST}:  # a stray file: write it clean
+        return None
+    for rel, src in files.items():
+        if Path(src).stat().st_size != listed[rel].size or sha256_file(src) != listed[rel].sha256:
+            return None
+    return old
 
 
 def _move_into_place(tmp: Path, out_dir: Path) -> None:

@@ -253,6 +253,22 @@ def test_overwrite_replaces_the_whole_bundle(tmp_path):
     assert _entries(tmp_path) == ["b", "src"]
 
 
+def test_an_unchanged_rebuild_leaves_the_bundle_as_it_is(tmp_path):
+    files = _sources(tmp_path)
+    first = _write(tmp_path / "b", files)
+    stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "b").rglob("*")}
+    again = _write(tmp_path / "b", files, overwrite=True)
+    assert again.manifest == first.manifest
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "b").rglob("*")} == stamp  # nothing rewritten
+    files["int8/inputs.npz"].write_bytes(b"other samples")  # a changed source is written anew
+    changed = _write(tmp_path / "b", files, overwrite=True)
+    assert changed.manifest.bundle_hash != first.manifest.bundle_hash
+    assert load_bundle(tmp_path / "b").manifest == changed.manifest
+    (tmp_path / "b" / "stray.txt").write_text("not listed")  # a bundle holds exactly what it lists
+    _write(tmp_path / "b", files, overwrite=True)
+    assert not (tmp_path / "b" / "stray.txt").exists()
+
+
 def test_bundle_file_dataclass_round_trip():
     f = BundleFile("a/b.onnx", "0" * 64, 3)
     assert f.to_dict() == {"path": "a/b.onnx", "sha256": "0" * 64, "size": 3}
