@@ -176,7 +176,7 @@ def bench(
     if path.is_file() or path.suffix.lower() in MODEL_SUFFIXES:
         if variants:
             raise UsageError("variants select parts of a bundle; a model file has one", "drop the variant selection, or bench a bundle directory")
-        return deploy(path, events=events, quantize=False, **options)
+        return deploy(path, events=events, quantize=False, **{"remeasure": True, **options})  # bench measures, always
     if options.get("backend") or options.get("shapes"):
         raise UsageError("--backend and --shape apply to a model file; a bundle was built for its backend", "pass a model file, or drop them")
     bundle = load_bundle(path)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.agentclient import bench_variant, eval_variant
+from edgekit.bench import reuse
 from edgekit.bench.record import make_record, measurement_warnings
 from edgekit.bench.store import ResultsStore
 from edgekit.bench.vcs import vcs_info
@@ -60,6 +61,7 @@ from edgekit.quantize import (
 from edgekit.quantize import cache as qcache
 from edgekit.quantize.report import AgreementReport, compare
 from edgekit.targets import get_backend
+from edgekit.transport.agentzip import agent_path
 from edgekit.transport.base import Transport
 from edgekit.transport.push import PushResult, progress_reporter, push_bundle
 
@@ -95,6 +97,7 @@ class DeployRequest:
     lock_wait: float = DEFAULT_LOCK_WAIT  # seconds to queue behind another job's lock on the device
     max_drop: float = 0.01  # the int8 gate: accuracy (a fraction) int8 may lose against labels
     require_int8: bool = False  # exit 5 when the int8 gate recommends float
+    remeasure: bool = False  # bench and evaluate even when an identical earlier measurement exists
     trust_new_host: bool = False  # save the key of an SSH device not yet in known_hosts
     password: str | None = field(default=None, repr=False)  # SSH password login, only when given
 
@@ -161,6 +164,7 @@ class Job:
             output=str(self.output),
             max_drop=req.max_drop,
             require_int8=req.require_int8,
+            remeasure=req.remeasure,
         )
         return dataclasses.replace(plan, notes=self.notes + plan.notes)
 
@@ -271,6 +275,7 @@ class DeployResult:
     agreement: AgreementReport | None = None  # measured on the device (Eval steps); else None
     verdict: Verdict | None = None  # the int8 gate (Gate step)
     seconds: list[float] = field(default_factory=list)  # wall time of each executed step
+    reused: set[int] = field(default_factory=set)  # run ids of earlier measurements that stood in for new ones
 
     @property
     def agreement_reported(self) -> AgreementReport | None:
@@ -347,6 +352,8 @@ class DeployResult:
                     "backend_info": r["agent"].get("backend_info") or {},
                     "layers": r["agent"].get("layers"),
                     "warnings": measurement_warnings(r["agent"]),  # drift, throttling: why a number is suspect
+                    "measured": r["created"],
+                    "reused": rid in self.reused,  # an identical earlier measurement, not one made now
                 }
                 for rid, r in zip(self.run_ids, self.records)
             ],
@@ -377,7 +384,7 @@ def execute(
             walk.seconds.append(time.perf_counter() - t0)
     return DeployResult(
         plan, walk.qresult, walk.bundle, walk.push, walk.records, walk.run_ids, walk.sizes, walk.executed, walk.agreement, walk.verdict,
-        walk.seconds,
+        walk.seconds, walk.reused_ids,
     )
 
 
@@ -406,6 +413,8 @@ class _Walk:
     outputs: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # variant -> what the device computed
     agreement: AgreementReport | None = None
     verdict: Verdict | None = None
+    found: dict[int, Any] | None = None  # id(step) -> the earlier measurement reused for it (None: not looked yet)
+    reused_ids: set[int] = field(default_factory=set)
 
     def source(self, name: str) -> Path:
         if name not in self.sources:
@@ -522,17 +531,32 @@ def _push(w: _Walk, step: Push) -> None:
 
 def _bench(w: _Walk, step: Bench) -> None:
     transport, c = w.device(), step.config
+    k = _measurement_key(w, step)
+    earlier = _earlier(w, step)
+    if earlier is not None:
+        rid = earlier["id"]  # (the Store step takes it off: the run is in the store already)
+        w.records.append(earlier)
+        w.reused_ids.add(rid)
+        w.events.info(
+            f"{step.variant.name}: same bundle, device and settings as run {rid} (measured {earlier['created'][:19]} UTC): "
+            "reusing it (--remeasure to measure again)"
+        )
+        return
     how = f"{c.duration_s:g}s" if c.duration_s is not None else f"{c.iterations} iterations"
     with w.events.progress(f"benchmarking {step.variant.name} on {transport.name} ({how})"):
         doc = bench_variant(transport, w.push.remote_dir, step.variant.name, c)
-    w.records.append(make_record(doc, model_name=w.plan.model, target=w.plan.profile, device=w.plan.device))
+    w.records.append(make_record(doc, model_name=w.plan.model, target=w.plan.profile, device=w.plan.device, extra={reuse.RECORD_FIELD: k}))
 
 
 def _eval(w: _Walk, step: Eval) -> None:
     transport, v = w.device(), step.variant
-    local = w.tmp / f"{v.name}.outputs.npz"
-    with w.events.progress(f"evaluating {v.name} on {transport.name} ({v.backend})"):
-        eval_variant(transport, w.push.remote_dir, v.name, step.samples, local, threads=step.threads)
+    k = _measurement_key(w, step)
+    local = _earlier(w, step)
+    if local is None:
+        local = w.tmp / f"{v.name}.outputs.npz"
+        with w.events.progress(f"evaluating {v.name} on {transport.name} ({v.backend})"):
+            eval_variant(transport, w.push.remote_dir, v.name, step.samples, local, threads=step.threads)
+        reuse.save_outputs(k, local)
     with np.load(local, allow_pickle=False) as data:
         w.outputs[v.name] = {k: data[k] for k in data.files}
     if "fp32" in w.outputs and "int8" in w.outputs:
@@ -541,6 +565,39 @@ def _eval(w: _Walk, step: Eval) -> None:
         fp, q = w.plan.variant("fp32"), w.plan.variant("int8")
         where = f"{w.plan.device}: fp32 on {fp.backend}, int8 on {q.backend}"
         w.agreement = compare(per_sample["fp32"], per_sample["int8"], heldout.labels, source=heldout.source, measured_on=where, estimate=False)
+
+
+def _measurement_key(w: _Walk, step: Bench | Eval) -> str:
+    if isinstance(step, Bench):
+        settings = {"config": dataclasses.asdict(step.config), "device_steps": [s.name for s in step.device_steps]}
+    else:
+        settings = {"samples": step.samples, "threads": step.threads}
+    return reuse.key(
+        step.name, bundle_hash=w.bundle.manifest.bundle_hash, variant=step.variant.to_dict(), settings=settings, device=w.plan.device,
+        facts=w.facts, agent=agent_path(w.device()),
+    )  # fmt: skip
+
+
+def _earlier(w: _Walk, step: Bench | Eval) -> Any:
+    """What stands in for measuring ``step``: a stored run (Bench) or cached outputs (Eval); None: measure.
+    Decided once per plan, all or nothing: a fresh fp32 run beside last week's int8 run would
+    compare two moments of the device, not two variants."""
+    if not step.reuse:
+        return None
+    if w.found is None:
+        found: dict[int, Any] = {}
+        p = w.plan
+        for s in p.steps:
+            if not isinstance(s, (Bench, Eval)) or not s.reuse:
+                continue
+            k = _measurement_key(w, s)
+            hit = reuse.find_run(k, model=p.model, target=p.profile, device=p.device, variant=s.variant.name) if isinstance(s, Bench) else reuse.outputs_path(k)
+            if hit is None:
+                found = {}
+                break
+            found[id(s)] = hit
+        w.found = found
+    return w.found.pop(id(step), None)
 
 
 def _gate(w: _Walk, step: Gate) -> None:
@@ -552,6 +609,9 @@ def _gate(w: _Walk, step: Gate) -> None:
 
 
 def _store(w: _Walk, step: Store) -> None:
+    if all("id" in r for r in w.records):  # every run reused: each is in the store already, as it was measured
+        w.run_ids = [r.pop("id") for r in w.records]
+        return
     if w.lock is not None:
         w.lock.ensure_held()  # runs measured while another job had the board are worthless
     for r in w.records:  # the int8 run carries how it compared with float on this device
@@ -563,9 +623,9 @@ def _store(w: _Walk, step: Store) -> None:
             r["quantization"] = w.qresult.quantization_record()  # each int8 node's local error
     vcs = vcs_info()  # the branch the runs belong to: `latest@BRANCH` baselines find them by it
     for r in w.records:
-        r["vcs"] = dict(vcs)
+        r.setdefault("vcs", dict(vcs))
     with ResultsStore() as store:
-        w.run_ids = [store.add(r) for r in w.records]
+        w.run_ids = [r.pop("id") if "id" in r else store.add(r) for r in w.records]
 
 
 _HANDLERS = {

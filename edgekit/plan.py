@@ -106,6 +106,7 @@ class Bench:
     variant: VariantPlan
     config: BenchConfig
     device_steps: tuple[DeviceStep, ...] = ()  # done by the agent before timing (e.g. an engine build)
+    reuse: bool = False  # an identical earlier measurement (same bundle, device, settings) stands in for a new one
 
     name = "bench"
 
@@ -115,7 +116,7 @@ class Bench:
         how = f"{c.duration_s:g} s" if c.duration_s is not None else f"{c.iterations} timed runs"
         first = f" after {', '.join(s.name for s in self.device_steps)} on the device" if self.device_steps else ""
         layers = ", then a profiled pass for per-layer times" if c.profile else ""
-        return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or '1 or all, probed'}{layers}"
+        return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or '1 or all, probed'}{layers}{_REUSE if self.reuse else ''}"
 
 
 @dataclass(frozen=True)
@@ -123,12 +124,17 @@ class Eval:
     variant: VariantPlan
     samples: str  # the bundle's held-out inputs
     threads: int | None = None
+    reuse: bool = False  # as Bench.reuse
 
     name = "eval"
 
     @property
     def detail(self) -> str:
-        return f"{self.variant.name} on {self.variant.backend}: every held-out sample, outputs back to the host for the agreement"
+        return f"{self.variant.name} on {self.variant.backend}: every held-out sample, outputs back to the host for the agreement{_REUSE if self.reuse else ''}"
+
+
+# what a reusing Bench/Eval says it may do instead of measuring
+_REUSE = " (or the identical earlier measurement of this bundle on this device, reused: --remeasure measures again)"
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,8 @@ def step_dict(step: Step) -> dict[str, Any]:
     if isinstance(step, Bench):
         doc["config"] = asdict(step.config)
         doc["device_steps"] = [{"name": s.name, "detail": s.detail} for s in step.device_steps]
+    if isinstance(step, (Bench, Eval)):
+        doc["reuse"] = step.reuse
     return doc
 
 
@@ -191,6 +199,7 @@ class Options:
     output: str = ""
     max_drop: float = 0.01  # the int8 gate: accuracy points (a fraction) int8 may lose
     require_int8: bool = False  # the int8 gate failing is an error (exit 5)
+    remeasure: bool = False  # measure even when the same bundle was measured on the same device with the same settings
 
 
 @dataclass(frozen=True)
@@ -308,7 +317,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
 
     ``asks``: the fields of ``Options`` (device, backend, quantize, method, exclude,
     calibration, evaluation, goal, warmup, iterations, duration_s, threads, layers, output, max_drop,
-    require_int8);
+    require_int8, remeasure);
     ``facts``: the probed device's, or None (planned on paper).
 
     >>> plan = make_plan(load_model("examples/digits/digits_cnn.onnx"), load_profile("rpi5"))  # doctest: +SKIP
@@ -383,14 +392,14 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         steps.append(Push(options.device))
         for v in variants:
             runner = get_backend(v.backend)
-            steps.append(Bench(v, config, tuple(runner.device_steps(profile.backend(runner.name), v.precision))))
+            steps.append(Bench(v, config, tuple(runner.device_steps(profile.backend(runner.name), v.precision)), reuse=not options.remeasure))
         if scheme is not None:
             # the agreement that counts: each variant run on the device by the backend that ships it
             blind = [v.backend for v in variants if not get_backend(v.backend).evaluates]
             if blind:
                 notes.append(f"{', '.join(sorted(set(blind)))} gives no per-sample outputs on the device: the int8 gate uses the host's estimate of the agreement")
             else:
-                steps += [Eval(v, EVAL_SAMPLES, config.threads) for v in variants]
+                steps += [Eval(v, EVAL_SAMPLES, config.threads, reuse=not options.remeasure) for v in variants]
             steps.append(Gate(options.max_drop, options.require_int8))
         steps.append(Store())
     elif options.require_int8:

@@ -13,7 +13,7 @@ from tests.conftest import EXAMPLES
 
 DIGITS = EXAMPLES / "digits" / "digits_cnn.onnx"
 # What differs between two runs of the same deploy: timings, ids, paths, clocks.
-VOLATILE = {"stats", "p50_ms", "p99_ms", "mean_ms", "run_id", "id", "run_uuid", "seconds", "path", "push", "backend_info",
+VOLATILE = {"stats", "p50_ms", "p99_ms", "mean_ms", "run_id", "id", "run_uuid", "measured", "seconds", "path", "push", "backend_info",
             "layers", "peak_rss_bytes", "speedup_p50", "int8_faster", "duration_s",
             "recommended", "recommendation", "cached", "step_seconds", "warnings"}  # fmt: skip  (the gate follows the timings; the second run hits the quantize cache)
 
@@ -29,14 +29,15 @@ def _stable(doc):
 
 @pytest.mark.slow
 def test_api_deploy_gives_the_same_document_as_the_cli(cli, tmp_path):
-    result = api.deploy(DIGITS, target="local", iterations=20, warmup=2, output=tmp_path / "b")
+    result = api.deploy(DIGITS, target="local", iterations=20, warmup=2, output=tmp_path / "b", remeasure=True)
     doc = result.to_dict()
     assert [r["variant"] for r in doc["runs"]] == ["fp32", "int8"]
     assert result.run_ids and all(isinstance(i, int) for i in result.run_ids)
     with api.results() as store:
         assert {store.get(i)["run_uuid"] for i in result.run_ids} == {r["run_uuid"] for r in doc["runs"]}
 
-    r = cli("deploy", DIGITS, "--target", "local", "--json", "--iterations", "20", "--warmup", "2", "-o", tmp_path / "b")
+    # both measure: by default the CLI would reuse the API's runs (same bundle, device, settings)
+    r = cli("deploy", DIGITS, "--target", "local", "--json", "--iterations", "20", "--warmup", "2", "-o", tmp_path / "b", "--remeasure")
     assert r.returncode == 0, r.stderr
     from_cli = json.loads(r.stdout)
     assert _stable(from_cli) == _stable(json.loads(json.dumps(doc)))

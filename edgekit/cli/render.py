@@ -142,7 +142,13 @@ def print_summary(o: Output, doc: dict) -> None:
         if sentence:
             o.line(sentence)
     print_backend_details(o, doc["runs"])
-    if doc["runs"]:
+    reused = [r for r in doc["runs"] if r.get("reused")]
+    if reused:
+        o.line(
+            f"measurements reused: run(s) {', '.join(str(r['id']) for r in reused)}, measured {min(r['measured'] for r in reused)[:16].replace('T', ' ')} UTC "
+            "on this device with this very bundle and settings (--remeasure to measure again)"
+        )
+    elif doc["runs"]:
         o.info(f"results stored as run(s) {', '.join(str(r['id']) for r in doc['runs'])}: edgekit results show ID")
     if doc["bundle"]:
         o.info(f"bundle: {doc['bundle']['path']}")
