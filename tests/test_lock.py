@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekit.devices.lock import DeviceLock, break_lock, device_lock, lock_status
+from edgekit.devices.lock import DeviceLock, break_lock, device_lock, lock_status, run_lock_op
 from edgekit.errors import DeviceError, LockLostError
 from edgekit.transport.local import LocalTransport
 from tests.conftest import EXAMPLES, REPO, assert_one_line_error
@@ -179,6 +179,10 @@ def test_lock_errors_are_one_clear_line(tmp_path):
     assert "no-python-here" in err.value.message and err.value.hint
     with pytest.raises(ValueError):
         DeviceLock(LocalTransport(tmp_path / "d2"), ttl=0)
+    # the device side answers a malformed operation in words, through the server or on its own
+    for serve in (True, False):
+        with pytest.raises(DeviceError, match="cannot refresh the device lock .*agent usage: lock refresh with 0 argument"):
+            run_lock_op(LocalTransport(tmp_path / "d3"), "refresh", serve=serve)
 
 
 def test_odd_workdir_names_reach_no_shell(tmp_path):
