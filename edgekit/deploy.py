@@ -24,7 +24,7 @@ from edgekit.bench import reuse
 from edgekit.bench.record import make_record, measurement_warnings
 from edgekit.bench.store import ResultsStore
 from edgekit.bench.vcs import vcs_info
-from edgekit.bench.verdict import Verdict, int8_verdict
+from edgekit.bench.verdict import Verdict, choose_fastest, int8_verdict
 from edgekit.bundle import Bundle, Variant, write_bundle
 from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
@@ -98,6 +98,7 @@ class DeployRequest:
     max_drop: float = 0.01  # the int8 gate: accuracy (a fraction) int8 may lose against labels
     require_int8: bool = False  # exit 5 when the int8 gate recommends float
     remeasure: bool = False  # bench and evaluate even when an identical earlier measurement exists
+    choose: str = "plan"  # "measure": int8 on every backend of the profile that can run it, the fastest wins
     trust_new_host: bool = False  # save the key of an SSH device not yet in known_hosts
     password: str | None = field(default=None, repr=False)  # SSH password login, only when given
 
@@ -165,6 +166,7 @@ class Job:
             max_drop=req.max_drop,
             require_int8=req.require_int8,
             remeasure=req.remeasure,
+            choose=req.choose,
         )
         return dataclasses.replace(plan, notes=self.notes + plan.notes)
 
@@ -254,7 +256,7 @@ def run(job: Job, plan: Plan, events: Events) -> DeployResult:
     finally:
         transport.close()
     v = result.verdict
-    if v is not None and plan.options.require_int8 and v.recommended != "int8":
+    if v is not None and plan.options.require_int8 and plan.variant(v.recommended).precision != "int8":
         raise GateError(
             f"--require-int8: the int8 gate recommends {v.recommended} on {plan.device}: " + "; ".join(v.reasons),
             f"the runs are stored (edgekit results list); see why with edgekit deploy {job.model.path} --json (summary.recommendation)",
@@ -276,6 +278,7 @@ class DeployResult:
     verdict: Verdict | None = None  # the int8 gate (Gate step)
     seconds: list[float] = field(default_factory=list)  # wall time of each executed step
     reused: set[int] = field(default_factory=set)  # run ids of earlier measurements that stood in for new ones
+    agreements: dict[str, AgreementReport] = field(default_factory=dict)  # each int8 variant's, on the device (--choose measure: several)
 
     @property
     def agreement_reported(self) -> AgreementReport | None:
@@ -298,8 +301,11 @@ class DeployResult:
                 "peak_rss_bytes": rec["agent"].get("peak_rss_bytes") if rec else None,
                 "run_id": rid,
             }
-            if agreement is not None:
-                entry["accuracy"] = agreement.accuracy_int8 if v.precision == "int8" else agreement.accuracy_fp32
+            own = self.agreements.get(v.name, agreement)
+            if own is not None:
+                entry["accuracy"] = own.accuracy_int8 if v.precision == "int8" else own.accuracy_fp32
+            if v.name in self.agreements and v.name != "int8":  # --choose measure's other int8 variants
+                entry["agreement"] = self.agreements[v.name].to_dict()
             variants[v.name] = entry
         out: dict[str, Any] = {"variants": variants}
         fp, q = variants.get("fp32"), variants.get("int8")
@@ -384,7 +390,7 @@ def execute(
             walk.seconds.append(time.perf_counter() - t0)
     return DeployResult(
         plan, walk.qresult, walk.bundle, walk.push, walk.records, walk.run_ids, walk.sizes, walk.executed, walk.agreement, walk.verdict,
-        walk.seconds, walk.reused_ids,
+        walk.seconds, walk.reused_ids, walk.agreements,
     )
 
 
@@ -414,6 +420,7 @@ class _Walk:
     agreement: AgreementReport | None = None
     verdict: Verdict | None = None
     found: dict[int, Any] | None = None  # id(step) -> the earlier measurement reused for it (None: not looked yet)
+    agreements: dict[str, AgreementReport] = field(default_factory=dict)  # int8 variant -> its agreement on the device
     reused_ids: set[int] = field(default_factory=set)
 
     def source(self, name: str) -> Path:
@@ -431,13 +438,16 @@ def _quantize(w: _Walk, step: Quantize) -> None:
     job = w.job
     calibration, heldout = job.feeds(w.events)
     k = qcache.key(job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout, max_drop=step.max_drop, metric=step.metric)
-    w.qresult = job.memo.get(("quantize", k), lambda: _quantize_or_reuse(w, step, k, calibration, heldout))
-    mp = w.qresult.mixed_precision
+    result = job.memo.get(("quantize", k), lambda: _quantize_or_reuse(w, step, k, calibration, heldout))
+    if step.variant == "int8":  # the plan's own backend; --choose measure's rivals are int8-<backend>
+        w.qresult = result
+    mp = result.mixed_precision
     if mp and not mp["holds"] and job.request.goal != "quantize":
-        w.events.warn(f"keeping layers in float did not hold the held-out {mp['metric']} within {mp['max_drop']:g} points: the int8 variant stays all int8 (the gate decides)")
-    get_backend(w.plan.backend).check_quantized(w.qresult.model)  # e.g. TensorRT's Q/DQ rules
-    w.sources["int8"] = w.tmp / "model.int8.onnx"
-    save_model(w.qresult.model, w.sources["int8"])
+        w.events.warn(f"keeping layers in float did not hold the held-out {mp['metric']} within {mp['max_drop']:g} points: the {step.variant} variant stays all int8 (the gate decides)")
+    backend = w.plan.variant(step.variant).backend if any(v.name == step.variant for v in w.plan.variants) else w.plan.backend
+    get_backend(backend).check_quantized(result.model)  # e.g. TensorRT's Q/DQ rules
+    w.sources[step.variant] = w.tmp / f"model.{step.variant}.onnx"
+    save_model(result.model, w.sources[step.variant])
 
 
 def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, heldout: FeedSet) -> QuantizeResult:
@@ -559,12 +569,18 @@ def _eval(w: _Walk, step: Eval) -> None:
         reuse.save_outputs(k, local)
     with np.load(local, allow_pickle=False) as data:
         w.outputs[v.name] = {k: data[k] for k in data.files}
-    if "fp32" in w.outputs and "int8" in w.outputs:
-        _, heldout = w.job.feeds(w.events)
-        per_sample = {name: {k: [a[i : i + 1] for i in range(len(a))] for k, a in outs.items()} for name, outs in w.outputs.items()}
-        fp, q = w.plan.variant("fp32"), w.plan.variant("int8")
-        where = f"{w.plan.device}: fp32 on {fp.backend}, int8 on {q.backend}"
-        w.agreement = compare(per_sample["fp32"], per_sample["int8"], heldout.labels, source=heldout.source, measured_on=where, estimate=False)
+    if "fp32" not in w.outputs:
+        return
+    _, heldout = w.job.feeds(w.events)
+
+    def per_sample(name: str) -> dict[str, list[np.ndarray]]:
+        return {k: [a[i : i + 1] for i in range(len(a))] for k, a in w.outputs[name].items()}
+
+    fp = w.plan.variant("fp32")
+    for name in [n for n in w.outputs if n not in w.agreements and w.plan.variant(n).precision == "int8"]:
+        where = f"{w.plan.device}: fp32 on {fp.backend}, {'int8' if name == 'int8' else name} on {w.plan.variant(name).backend}"
+        w.agreements[name] = compare(per_sample("fp32"), per_sample(name), heldout.labels, source=heldout.source, measured_on=where, estimate=False)
+    w.agreement = w.agreements.get("int8")
 
 
 def _measurement_key(w: _Walk, step: Bench | Eval) -> str:
@@ -606,6 +622,13 @@ def _gate(w: _Walk, step: Gate) -> None:
         return
     measured = w.agreement or (w.qresult.agreement if w.qresult else None)  # the device's, else the host's estimate
     w.verdict = int8_verdict("fp32", samples["fp32"], samples["int8"], measured.to_dict() if measured else None, step.max_drop)
+    if len(step.candidates) > 1:
+        verdicts = {"int8": w.verdict}
+        for name in step.candidates[1:]:
+            if name in samples:
+                a = w.agreements.get(name)
+                verdicts[name] = int8_verdict("fp32", samples["fp32"], samples[name], a.to_dict() if a else None, step.max_drop)
+        w.verdict = choose_fastest(verdicts, {n: w.plan.variant(n).backend for n in verdicts})
 
 
 def _store(w: _Walk, step: Store) -> None:
@@ -614,9 +637,9 @@ def _store(w: _Walk, step: Store) -> None:
         return
     if w.lock is not None:
         w.lock.ensure_held()  # runs measured while another job had the board are worthless
-    for r in w.records:  # the int8 run carries how it compared with float on this device
-        if r["agent"]["variant"] == "int8" and w.agreement is not None:
-            r["agreement"] = w.agreement.to_dict()
+    for r in w.records:  # each int8 run carries how it compared with float on this device
+        if r["agent"]["variant"] in w.agreements:
+            r["agreement"] = w.agreements[r["agent"]["variant"]].to_dict()
         if r["agent"]["variant"] == "int8" and w.verdict is not None:
             r["recommendation"] = w.verdict.to_dict()
         if r["agent"]["variant"] == "int8" and w.qresult is not None and w.qresult.layers:

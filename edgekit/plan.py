@@ -27,6 +27,7 @@ from edgekit.targets.base import DeviceStep
 
 PLAN_SCHEMA = 2
 GOALS = ("quantize", "bundle", "deploy")
+CHOICES = ("plan", "measure")  # --choose: the planner's first feasible backend, or the fastest measured on the device
 EVAL_SAMPLES = "eval/samples.npz"  # the held-out inputs, in the bundle  # how far a plan goes: stop after quantize, after the bundle, or run it all
 
 
@@ -54,14 +55,16 @@ class Quantize:
     evaluation: str
     max_drop: float | None = None  # mixed precision: held-out metric points int8 may lose (None: all int8)
     metric: str | None = None  # its metric (None: top1 for class vectors, else cosine)
+    variant: str = "int8"  # the variant this int8 model is for (--choose measure quantizes per candidate backend)
 
     name = "quantize"
 
     @property
     def detail(self) -> str:
         mixed = f"; layers kept float while the held-out {self.metric or 'metric'} drops more than {self.max_drop:g} points" if self.max_drop is not None else ""
+        which = f"{self.variant}: " if self.variant != "int8" else ""
         return (
-            f"QDQ int8 ({self.scheme.name} scheme, {self.method} calibration on {self.calibration}); "
+            f"{which}QDQ int8 ({self.scheme.name} scheme, {self.method} calibration on {self.calibration}); "
             f"agreement on {self.evaluation or 'held-out samples'}{mixed}"
         )
 
@@ -141,6 +144,7 @@ _REUSE = " (or the identical earlier measurement of this bundle on this device, 
 class Gate:
     max_drop: float  # accuracy points (a fraction) int8 may lose against labels
     require_int8: bool
+    candidates: tuple[str, ...] = ("int8",)  # the int8 variants it weighs (--choose measure: one per backend)
 
     name = "gate"
 
@@ -148,7 +152,8 @@ class Gate:
     def detail(self) -> str:
         acc = f"accuracy drop <= {self.max_drop * 100:g} points (or top-1/cosine agreement >= 0.99 without labels)"
         then = "; fail (exit 5) otherwise (--require-int8)" if self.require_int8 else ""
-        return f"recommend int8 only if faster than float on the device beyond the noise and {acc}{then}"
+        which = f"; of {', '.join(self.candidates)}, the fastest that passes" if len(self.candidates) > 1 else ""
+        return f"recommend int8 only if faster than float on the device beyond the noise and {acc}{which}{then}"
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,7 @@ class Options:
     max_drop: float = 0.01  # the int8 gate: accuracy points (a fraction) int8 may lose
     require_int8: bool = False  # the int8 gate failing is an error (exit 5)
     remeasure: bool = False  # measure even when the same bundle was measured on the same device with the same settings
+    choose: str = "plan"  # "measure": bench the int8 variant on every backend of the profile that can run it, keep the fastest
 
 
 @dataclass(frozen=True)
@@ -317,7 +323,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
 
     ``asks``: the fields of ``Options`` (device, backend, quantize, method, exclude,
     calibration, evaluation, goal, warmup, iterations, duration_s, threads, layers, output, max_drop,
-    require_int8, remeasure);
+    require_int8, remeasure, choose);
     ``facts``: the probed device's, or None (planned on paper).
 
     >>> plan = make_plan(load_model("examples/digits/digits_cnn.onnx"), load_profile("rpi5"))  # doctest: +SKIP
@@ -330,6 +336,10 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         raise UsageError(f"make_plan: {exc}", f"known options: {', '.join(Options.__dataclass_fields__)}") from None
     if options.goal not in GOALS:
         raise UsageError(f"unknown plan goal '{options.goal}'", f"choose one of: {', '.join(GOALS)}")
+    if options.choose not in CHOICES:
+        raise UsageError(f"unknown --choose '{options.choose}'", f"choose one of: {', '.join(CHOICES)}")
+    if options.choose == "measure" and options.backend:
+        raise UsageError("--choose measure weighs the profile's backends, and --backend forces one", "drop one of them")
     name, skipped, notes = choose_backend(model, profile, options.backend, facts, options.quantize)
     impl = get_backend(name)
     spec = profile.backend(name)
@@ -380,11 +390,19 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         profile=options.layers,
     )
 
+    rivals: list[tuple[VariantPlan, QuantScheme]] = []  # --choose measure: int8 on the profile's other backends
+    if options.choose == "measure" and scheme is not None and options.goal == "deploy":
+        rivals, why_not = _rivals(model, profile, name, facts)
+        notes.extend(why_not)
+        variants += [v for v, _ in rivals]
+        if not rivals:
+            notes.append(f"--choose measure: no other backend of {profile.name} can run int8 here; measuring {name} alone")
     steps: list[Step] = []
     if scheme is not None:
         # deploy keeps float the layers that push the host's estimate beyond its int8 gate (not on random data: its ranges say nothing)
         mixed = options.max_drop * 100 if options.goal != "quantize" and options.calibration != "random" else None
         steps.append(Quantize(scheme, options.method, options.calibration, options.evaluation, mixed))
+        steps += [Quantize(sch, options.method, options.calibration, options.evaluation, mixed, variant=v.name) for v, sch in rivals]
     if options.goal != "quantize":
         steps += [Compile(v) for v in variants]
         steps.append(WriteBundle(options.output or "edgekit-out/", tuple(v.name for v in variants)))
@@ -400,7 +418,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
                 notes.append(f"{', '.join(sorted(set(blind)))} gives no per-sample outputs on the device: the int8 gate uses the host's estimate of the agreement")
             else:
                 steps += [Eval(v, EVAL_SAMPLES, config.threads, reuse=not options.remeasure) for v in variants]
-            steps.append(Gate(options.max_drop, options.require_int8))
+            steps.append(Gate(options.max_drop, options.require_int8, ("int8", *(v.name for v, _ in rivals))))
         steps.append(Store())
     elif options.require_int8:
         raise UsageError("--require-int8 needs the device: the gate compares int8 with float there", "drop --no-bench (or --require-int8)")
@@ -431,6 +449,22 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         probed=facts is not None,
         coverage=coverage,
     )
+
+
+def _rivals(model: LoadedModel, profile: Profile, chosen: str, facts: dict | None) -> tuple[list[tuple[VariantPlan, QuantScheme]], list[str]]:
+    """The int8 variants (``int8-<backend>``) of the profile's other backends that can run ``model``
+    on the device, each with its own scheme; and why the others cannot."""
+    found, notes = [], []
+    for spec in profile.backends:
+        impl = get_backend(spec.name)
+        if spec.name == chosen or impl.scheme is None or (spec.precisions and "int8" not in spec.precisions):
+            continue
+        verdict = impl.supports(model, profile, facts)
+        if not verdict.ok:
+            notes.append(f"--choose measure: not {spec.name}: {'; '.join(verdict.reasons)}")
+            continue
+        found.append((VariantPlan(f"int8-{spec.name}", spec.name, "int8", impl.variant_options(spec, "int8")), impl.quant_scheme(profile)))
+    return found, notes
 
 
 def replan(plan: Plan, model: LoadedModel, profile: Profile, facts: dict) -> Plan:

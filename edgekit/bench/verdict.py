@@ -22,15 +22,19 @@ class Verdict:
     speedup: float | None = None  # float p50 / int8 p50
     speedup_ci: tuple[float, float] | None = None  # its 95 % bootstrap interval
     checks: dict[str, bool] = field(default_factory=dict)
+    candidates: dict[str, Verdict] = field(default_factory=dict)  # --choose measure: each int8 variant's own verdict
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc = {
             "recommended": self.recommended,
             "reasons": list(self.reasons),
             "speedup_p50": self.speedup,
             "speedup_ci95": list(self.speedup_ci) if self.speedup_ci else None,
             "checks": dict(self.checks),
         }
+        if self.candidates:
+            doc["candidates"] = {name: v.to_dict() for name, v in self.candidates.items()}
+        return doc
 
 
 def speedup_interval(
@@ -83,3 +87,17 @@ def int8_verdict(float_name: str, float_ns: list[int], int8_ns: list[int], agree
     reasons.append(why)
     recommended = "int8" if faster and accurate else float_name
     return Verdict(recommended, tuple(reasons), round(speed, 3), (round(lo, 3), round(hi, 3)), {"faster": faster, "accurate": accurate})
+
+
+def choose_fastest(verdicts: dict[str, Verdict], backends: dict[str, str]) -> Verdict:
+    """Of several int8 variants (``verdicts``, each against the same float run), the one to ship: the
+    fastest at p50 whose own gate passes; the float variant when none passes. The reasons say why."""
+    passing = {n: v for n, v in verdicts.items() if v.recommended == "int8"}
+    lines = [f"{n} on {backends[n]}: {v.speedup:.2f}x fp32 at p50, {'passes' if n in passing else 'fails'} its gate" for n, v in verdicts.items()]
+    if not passing:
+        floats = {v.recommended for v in verdicts.values()}  # each failed gate names the float variant
+        return Verdict(floats.pop() if len(floats) == 1 else "fp32", ("no int8 variant passes its gate", *lines), None, None, {}, dict(verdicts))
+    name = max(passing, key=lambda n: passing[n].speedup or 0.0)
+    best = passing[name]
+    why = f"{name} on {backends[name]} is the fastest int8 variant that passes" + (f" (of {len(passing)})" if len(passing) > 1 else "")
+    return Verdict(name, (why, *best.reasons, *lines), best.speedup, best.speedup_ci, dict(best.checks), dict(verdicts))

@@ -109,17 +109,16 @@ def print_summary(o: Output, doc: dict) -> None:
     variants = s["variants"]
     fp = variants.get("fp32", {})
     agreement = s.get("agreement")
-    top1 = None
-    if agreement:
-        top1 = next((x["top1"] for x in agreement["outputs"] if x["top1"] is not None), None)
     rows = []
     for name, v in variants.items():
         speed = "-"
         if v.get("p50_ms") and fp.get("p50_ms"):
             speed = f"{fp['p50_ms'] / v['p50_ms']:.2f}x"
         agree = "-"
-        if name != "fp32" and agreement:
-            first = agreement["outputs"][0]
+        own = v.get("agreement") or agreement  # --choose measure: each int8 variant has its own
+        if name != "fp32" and own:
+            first = own["outputs"][0]
+            top1 = next((x["top1"] for x in own["outputs"] if x["top1"] is not None), None)
             agree = f"cos {first['cosine']:.4f}" + (f", top-1 {top1 * 100:.1f}%" if top1 is not None else "")
         rows.append([
             name, v["backend"], fmt_ms(v.get("p50_ms")), fmt_ms(v.get("p99_ms")), speed,
