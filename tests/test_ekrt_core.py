@@ -356,6 +356,7 @@ OP_CASES = {
     "depthwise_5x5": lambda b, x: b.conv(x, 12, (5, 5), pads=(2, 2, 2, 2), group=12),
     "depthwise_channel_multiplier": lambda b, x: b.conv(x, 24, (3, 3), group=12),
     "weights_pm127": lambda b, x: b.conv(x, 19, (3, 3), wrange=(-127, 128)),
+    "fc_batch_rows": lambda b, x: b.fc(b.simple(ekm.RESHAPE, [x], (9, 11 * 12), {0: 0}), 7),
     "fc_from_flatten": lambda b, x: b.fc(b.simple(ekm.RESHAPE, [x], (1, 9 * 11 * 12), {0: 1}), 37),
     "maxpool_ceil_as_pad": lambda b, x: b.pool(x, ekm.MAXPOOL, (2, 2), (2, 2), (0, 0, 1, 1)),
     "maxpool_stride_over_kernel": lambda b, x: b.pool(x, ekm.MAXPOOL, (2, 1), (3, 3), (1, 0, 0, 0)),

@@ -83,7 +83,8 @@ def op_conv2d(m, op, x, out):
 def op_fully_connected(m, op, x, out):
     xt = m.tensors[op.inputs[0]]
     w, bias, mult, shift = (m.tensors[i].data for i in op.inputs[1:5])
-    acc = (w.astype(np.float64) @ (_i(x).reshape(-1) - xt.zero_point).astype(np.float64)).astype(np.int64) + bias
+    rows = (_i(x).reshape(x.shape[0], -1) - xt.zero_point).astype(np.float64)  # [B, K]
+    acc = (rows @ w.astype(np.float64).T).astype(np.int64) + bias
     _check_acc(acc, op)
     y = requant(acc, mult.astype(np.int64), shift.astype(np.int64), out.zero_point, op.params[11], op.params[12])
     return y.reshape(out.dims)

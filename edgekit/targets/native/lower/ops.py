@@ -141,8 +141,9 @@ def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     trans_b = node.op_type == "Gemm" and a.get("transB", 0)
     wq = w.q if trans_b else w.q.T  # [N][K]
     n_out, k = wq.shape
-    if int(np.prod(x.shape)) != k or x.shape[-1] != k or any(d != 1 for d in x.shape[:-1]):
-        raise LoweringError(f"{where(node)}: input shape {x.shape} is not [1, {k}]", "ekrt runs batch-1 fully connected layers")
+    rows = int(np.prod(x.shape[:-1]))
+    if x.shape[-1] != k or (len(x.shape) == 4 and rows != 1):
+        raise LoweringError(f"{where(node)}: input shape {x.shape} is not [..., {k}]", "ekrt runs fully connected layers over the rows of a rank <= 3 tensor")
     axis = w.axis if w.axis is None or w.axis >= 0 else w.axis + 2
     if w.scale.size > 1 and axis != (0 if trans_b else 1):
         raise LoweringError(f"{where(node)}: weight scales are not per output channel", "quantize with edgekit")
@@ -153,9 +154,17 @@ def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         bias = _bias(lw, node, node.input[2], n_out)
     out_shape = lw.shape(node.output[0], node)
     mult, shift = lw.requant_params(real)
-    out = lw.new_i8(out_shape, want)
+    if rows > 1 and len(x.shape) != 2:  # MatMul of [.., M, K] by a constant: the M rows as a batch
+        flat = lw.new_i8((rows, k), x.q)  # the same bytes (rank <= 3 is stored as it is)
+        lw.op(ekm.RESHAPE, [x.index], flat.index, {0: 0}, node.name + "__rows")
+        x = flat
+    out = lw.new_i8(out_shape if rows == 1 or len(out_shape) == 2 else (rows, n_out), want)
     amin, amax = lw.act_range(want, act)
     lw.op(ekm.FULLY_CONNECTED, [x.index, lw.const(ekm.I8, wq, wname), lw.const(ekm.I32, _fit_bias(bias, wq)), mult, shift], out.index, {11: amin, 12: amax}, node.name)
+    if out.shape != tuple(out_shape):
+        shaped = lw.new_i8(out_shape, want)
+        lw.op(ekm.RESHAPE, [out.index], shaped.index, {0: 0}, node.name + "__shape")
+        out = shaped
     return out
 
 
