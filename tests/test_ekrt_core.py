@@ -474,13 +474,15 @@ def _float_case(kind: str, name: str):
         if kind == "matmul":  # batch broadcast: [1,12,9,11] x [12,11,5], and two activations
             mm = b.fmatmul(f, b.fconst((12, 11, 5)))
             return b.fmatmul(b.fop(ekm.TRANSPOSE, [mm], (1, 12, 5, 9), {0: 0, 1: 1, 2: 3, 3: 2}), f)
+        if kind == "concat":
+            return b.fop(ekm.CONCAT, [f, b.fconst((1, 12, 2, 11)), f], (1, 12, 20, 11), {0: 2})
         return b.fop(ekm.F_SOFTMAX, [f], b.t(f).dims)
 
     return make
 
 
 FLOAT_CASES = {**{f"unary_{n}": ("unary", n) for n in ekm.UNARY_FUNCS}, **{f"binary_{n}": ("binary", n) for n in ekm.BINARY_FUNCS},
-               "reduce_sum": ("reduce", "sum"), "reduce_mean": ("reduce", "mean"), "matmul": ("matmul", ""), "softmax": ("softmax", "")}
+               "reduce_sum": ("reduce", "sum"), "reduce_mean": ("reduce", "mean"), "matmul": ("matmul", ""), "softmax": ("softmax", ""), "concat": ("concat", "")}
 
 
 @pytest.mark.parametrize("case", sorted(FLOAT_CASES))

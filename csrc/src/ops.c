@@ -301,7 +301,8 @@ static int prepare_concat(struct ekrt_model* m, struct ek_op* op, const uint8_t*
   for (uint32_t d = 0; d < axis; d++) s->outer *= y->dims[d];
   for (uint32_t k = 0; k < op->n_in; k++) {
     const struct ek_tensor* x = IN(k);
-    s->inner[k] = x->elems / s->outer;
+    s->inner[k] = x->elems / s->outer * (y->dtype == EKM_F32 ? 4 : 1);
+    if (y->dtype == EKM_F32) continue; /* a float island's concat: copies */
     s->table[k] = malloc(256);
     if (!s->table[k]) return EKRT_ENOMEM;
     int identity = 1;
@@ -319,24 +320,25 @@ static int prepare_concat(struct ekrt_model* m, struct ek_op* op, const uint8_t*
 
 static int check_concat(struct ek_check* o) {
   const struct ek_tensor* y = ek_out(o);
-  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  const int f = y->dtype == EKM_F32; /* float32 (an island's): copies, no multipliers */
+  TRY(ek_need_out(o, f ? EKM_F32 : EKM_I8, ST_ARENA, -1));
   if (y->rank < 1) OFAIL0("output must have rank >= 1");
   TRY(ek_need_param(o, 0, "axis", 0, (int32_t)y->rank - 1));
   uint32_t axis = (uint32_t)o->op->p[0];
   uint64_t total = 0;
   for (uint32_t k = 0; k < o->op->n_in; k++) {
-    TRY(ek_need_in(o, k, "x", EKM_I8, ST_ACT, (int)y->rank));
+    TRY(ek_need_in(o, k, "x", f ? EKM_F32 : EKM_I8, ST_ACT, (int)y->rank));
     const struct ek_tensor* x = ek_in(o, k);
     for (uint32_t d = 0; d < y->rank; d++)
       if (d != axis && x->dims[d] != y->dims[d])
         OFAIL("input %u (tensor %u) dims[%u] is %u, the output's is %u", k, o->op->in[k], d, x->dims[d], y->dims[d]);
     total += x->dims[axis];
-    TRY(ek_need_multiplier(o, 1 + 2 * (int)k, "input multiplier", EK_SHIFT_MAX));
+    if (!f) TRY(ek_need_multiplier(o, 1 + 2 * (int)k, "input multiplier", EK_SHIFT_MAX));
   }
   if (total != y->dims[axis])
     OFAIL("inputs add up to %llu on axis %u, the output has %u", (unsigned long long)total, axis, y->dims[axis]);
   uint32_t used = 1;
-  for (uint32_t k = 0; k < o->op->n_in; k++) used |= P(1 + 2 * k) | P(2 + 2 * k);
+  for (uint32_t k = 0; k < o->op->n_in && !f; k++) used |= P(1 + 2 * k) | P(2 + 2 * k);
   return ek_need_unused_zero(o, used);
 }
 

@@ -150,6 +150,13 @@ def lower_f_softmax(lw: Lowerer, node: onnx.NodeProto) -> FT:
     return _out(lw, node, ekm.TRANSPOSE, [sm], x.shape, dict(enumerate(perm)))
 
 
+def lower_f_concat(lw: Lowerer, node: onnx.NodeProto) -> FT:
+    xs = [lw.float_value(i) for i in node.input if i]
+    shape = lw.shape(node.output[0], node)
+    axis = attrs(node)["axis"] % len(shape)
+    return _out(lw, node, ekm.CONCAT, xs, shape, {0: axis})
+
+
 def lower_f_batchnorm(lw: Lowerer, node: onnx.NodeProto) -> FT:
     """Inference BatchNormalization: x * s + t with s, t per channel (axis 1), folded at lowering."""
     x = lw.float_value(node.input[0])
@@ -171,6 +178,7 @@ FLOAT_LOWERINGS: dict[str, FloatLowering] = {
     "Clip": lower_f_clip,
     **{op: lower_f_reshape for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast")},
     "Transpose": lower_f_transpose,
+    "Concat": lower_f_concat,
     "ReduceMean": lower_f_reduce,
     "ReduceSum": lower_f_reduce,
     "MatMul": lower_f_matmul,
