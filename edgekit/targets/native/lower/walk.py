@@ -406,17 +406,20 @@ class Lowerer:
     def island(self, node: onnx.NodeProto, name: str, want: QParams, act, exc: LoweringError) -> QT:
         """Float tensor ``name`` computed in float32 (its producer ``node`` has no int8 lowering:
         ``exc`` says why), then quantized with ``want`` for its int8 consumers."""
+        ft = self.island_value(node, name, exc)
+        out = self.new_i8(ft.shape, want)
+        self.op(ekm.QUANTIZE, [ft.index], out.index, {0: int(len(ft.shape) == 4)}, name=f"{name}__Q")
+        return self.requant(out, None, act, name)
+
+    def island_value(self, node: onnx.NodeProto, name: str, exc: LoweringError) -> FT:
         self.islands.setdefault(node.name, (node.op_type, exc.message))
         try:
-            ft = self.float_value(name)
+            return self.float_value(name)
         except LoweringError as fexc:
             self.islands.pop(node.name, None)
             err = LoweringError(f"{exc.message}; nor as float: {fexc.message}", fexc.hint)
             err.node, err.blocked = fexc.node or node, fexc.blocked
             raise err from None
-        out = self.new_i8(ft.shape, want)
-        self.op(ekm.QUANTIZE, [ft.index], out.index, {0: int(len(ft.shape) == 4)}, name=f"{name}__Q")
-        return self.requant(out, None, act, name)
 
     def float_value(self, name: str) -> FT:
         """Float tensor ``name`` as a float32 tensor of the runtime: an int8 tensor dequantized, a
@@ -477,8 +480,7 @@ class Lowerer:
             node = self.producer.get(name)
             if exc.blocked or not self.float_lowerings or node is None:
                 raise
-            self.islands.setdefault(node.name, (node.op_type, exc.message))
-            return self.float_value(name)
+            return self.island_value(node, name, exc)
 
     def input_i8(self, node: onnx.NodeProto, i: int) -> QT:
         """Input ``i`` of an integer op: an int8 tensor (a DequantizeLinear output)."""
