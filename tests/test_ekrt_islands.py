@@ -1,0 +1,48 @@
+"""Real models that ekrt runs only with float islands (issue 11, item 1), through the C runtime,
+against the Q/DQ reference (ORT with graph optimizations off on the same QDQ model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from realmodels import real_model, run_outputs
+
+from edgekit.modelio import load_model
+from edgekit.quantize import SCHEMES, FeedSet, quantize_model
+from edgekit.targets.native import ekm, ekm_reference
+from edgekit.targets.native.lower import coverage, lower
+
+ekrt = pytest.importorskip("edgekit._ekrt", reason="the C extension is not built")
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.realmodels
+def test_oww_embedding_runs_in_ekrt_with_its_batchnorm_leakyrelu_max_island():
+    """openWakeWord's embedding CNN: its first BatchNormalization -> LeakyRelu -> Max(x, -0.4) has no
+    int8 lowering (the Max's cone reaches a BatchNormalization); it runs in float32 and the rest in
+    int8. Measured (calib 16, eval 8): ekrt's embeddings equal the Q/DQ reference's (cosine 1.000000,
+    max abs diff 0), 1 s."""
+    m = real_model("oww-embedding")
+    try:
+        calib, held = m.calib(16), m.eval(8)
+    except LookupError as exc:
+        pytest.skip(str(exc))
+    loaded = load_model(m.locate(), {k: v for k, v in m.inputs.items() if v})
+    cov = coverage(loaded)
+    assert cov["unsupported"] == {} and cov["blocked"] == 0
+    assert cov["float"] == {"Max": 1, "BatchNormalization": 1, "LeakyRelu": 1}, cov["float"]
+    assert sum(cov["int8"].values()) + sum(cov["tables"].values()) >= 60
+    qdq = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, "calib"), FeedSet(held.feeds, "held")).model
+    em, report = lower(qdq)
+    assert {"F_BINARY", "F_UNARY"} <= set(report.ops) and report.ops["CONV2D"] >= 19
+    model = ekrt.Model(ekm.to_bytes(em))
+    want = run_outputs(qdq.SerializeToString(), held.feeds)
+    (name,) = [n for _, n in em.outputs]
+    for feed, (w,) in zip(held.feeds, want):
+        (got,) = model.run(feed)
+        assert _cos(got, w) >= 0.9999
+        np.testing.assert_array_equal(got, ekm_reference.run(em, feed)[name])
