@@ -29,6 +29,7 @@ from edgekit.targets.native.lower import (
     LOWERINGS,
     LoweringError,
     check_lowerable,
+    coverage,
     lower,
     plan_memory,
     stored,
@@ -201,8 +202,8 @@ def test_resnet_shaped_model_matches_the_qdq_reference(resnet_qdq):
     for op in a.ekm_model.ops:
         counts[op.type_name] = counts.get(op.type_name, 0) + 1
     # every op family of the contract appears (ADD/MUL with an int8 per-channel constant too),
-    # with the data-movement and per-channel ops of moving_shaped()
-    assert set(counts) | MOVING_OPS == set(ekm.OP_NAMES.values())
+    # with the data-movement and per-channel ops of moving_shaped(); no float island: all of it is int8
+    assert set(counts) | MOVING_OPS == {name for t, name in ekm.OP_NAMES.items() if t not in ekm.FLOAT_OPS}
     # one 256-entry table each for Sigmoid, Tanh and the whole hard-swish x * clip(x + 3, 0, 6) / 6
     # (its Add, Clip, Mul, Div and the Q/DQ pairs between them are one function of x)
     assert counts["LUT"] == 3 and counts["MUL"] == 1 and counts["RESIZE"] == 2 and counts["CONCAT"] == 1
@@ -364,13 +365,16 @@ def test_zero_pad_before_an_average_pool_is_its_counted_padding(tmp_path):
     assert a.within_1 >= 0.999, a
 
 
-def test_add_of_two_tensors_that_broadcast_other_than_per_channel_is_refused(tmp_path):
-    # [1,8,H,W] + [1,1,H,W]: the runtime broadcasts only a per-channel operand; the lowering says so
+def test_add_of_two_tensors_that_broadcast_other_than_per_channel_is_a_float_island(tmp_path):
+    # [1,8,H,W] + [1,1,H,W]: the int8 ADD broadcasts only a per-channel operand; the Add runs in float
     nodes = [helper.make_node("ReduceMean", ["c"], ["m"], name="mean", axes=[1], keepdims=1),
              helper.make_node("Add", ["c", "m"], ["n"], name="the_add")]
     path = tmp_path / "bcast.onnx"
     onnx.save(_model_with_nodes(nodes), path)
-    assert "Add node 'the_add'" in check_lowerable(load_model(path))
+    loaded = load_model(path)
+    assert check_lowerable(loaded) is None
+    (node,) = [n for n in coverage(loaded)["float_nodes"] if n["name"] == "the_add"]
+    assert "Add node 'the_add'" in node["reason"] and "broadcast" in node["reason"]
 
 
 def int8_tensor_steps(qdq: onnx.ModelProto, feeds: list[dict]) -> dict[str, np.ndarray]:
