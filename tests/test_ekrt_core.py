@@ -1148,6 +1148,41 @@ def test_runner_under_qemu_aarch64(every_op, tmp_path):
             np.testing.assert_array_equal(np.load(out / f"output{i}.npy"), w, err_msg=f"{cpu} output {i}")
 
 
+def test_float_ops_under_qemu_aarch64_equal_the_x86_extension(tmp_path):
+    """Every F_UNARY / F_BINARY function through the cross-built runner (aarch64's libm, NEON
+    build): the same float32 bits as the x86 extension (each value computed in double, rounded once)."""
+    from edgekit.targets.native.build import BuildError, build_runner, why_not_buildable
+
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    if not qemu:
+        pytest.skip("qemu-aarch64-static is not installed (apt-get install qemu-user-static)")
+    reason = why_not_buildable("aarch64")
+    if reason:
+        pytest.skip(reason)
+    try:
+        runner = build_runner("aarch64")
+    except BuildError as exc:
+        pytest.fail(f"{exc.message} ({exc.hint})")
+    b = Builder(11)
+    x = b.input((1, 12, 9, 11), scale=0.04, zp=0)
+    for kind, names in (("unary", ekm.UNARY_FUNCS), ("binary", ekm.BINARY_FUNCS)):
+        for name in names:
+            b.float_output(_float_case(kind, name)(b, x), f"{kind}_{name}")
+    for kind in ("reduce", "matmul", "softmax"):
+        b.float_output(_float_case(kind, "sum")(b, x), kind)
+    blob = b.finish()
+    (tmp_path / "m.ekm").write_bytes(blob)
+    xs = inputs_for(b, 4)
+    np.save(tmp_path / "x.npy", xs[0])
+    want = _ekrt.Model(blob).run(xs)
+    env = {k: v for k, v in os.environ.items() if k != "EKRT_ISA"}
+    r = subprocess.run([qemu, "-cpu", "cortex-a72", str(runner), "run", str(tmp_path / "m.ekm"), "--inputs", str(tmp_path / "x.npy"),
+                        "--save", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    for i, ((_, name), w) in enumerate(zip(b.m.outputs, want)):
+        np.testing.assert_array_equal(np.load(tmp_path / f"output{i}.npy"), w, err_msg=name)
+
+
 # -- one description of the sources; a compiler without an ISA's flags still builds ------------
 
 
