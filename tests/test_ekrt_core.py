@@ -194,9 +194,9 @@ class Builder:
         dims = np.broadcast_shapes(self.t(a).dims, self.t(b).dims)
         return self.fop(ekm.F_BINARY, [a, b], dims, {0: ekm.BINARY_FUNCS.index(name)})
 
-    def freduce(self, f, axes, mean=True) -> int:
+    def freduce(self, f, axes, kind="ReduceMean") -> int:
         dims = tuple(1 if a in axes else d for a, d in enumerate(self.t(f).dims))
-        return self.fop(ekm.F_REDUCE, [f], dims, {0: int(not mean), 1: sum(1 << a for a in axes)})
+        return self.fop(ekm.F_REDUCE, [f], dims, {0: ekm.REDUCE_FUNCS.index(kind), 1: sum(1 << a for a in axes)})
 
     def fmatmul(self, a, b) -> int:
         da, db = self.t(a).dims, self.t(b).dims
@@ -259,7 +259,7 @@ def every_op_model(size: int = 16, channels: int = 16, seed: int = 0) -> Builder
     mm = b.fmatmul(rows, b.fconst((h * w, 8), -0.1, 0.1))
     att = b.fop(ekm.F_SOFTMAX, [b.fop(ekm.TRANSPOSE, [mm], (8, c), {0: 1, 1: 0})], (8, c))
     mixed = b.fmatmul(att, rows)  # two activations
-    b.output(b.to_int8(b.freduce(mixed, (0,), mean=False), 0.01, 0), "island")
+    b.output(b.to_int8(b.freduce(mixed, (0,), "ReduceSum"), 0.01, 0), "island")
     b.float_output(att, "attention")
     return b
 
@@ -468,9 +468,13 @@ def _float_case(kind: str, name: str):
             return b.funary(f, name, 0.2 if name in ("HardSigmoid", "LeakyRelu") else 0.0, 0.5 if name == "HardSigmoid" else 0.0)
         if kind == "binary":  # one operand per channel, the other a broadcast activation
             other = b.fbinary(b.freduce(f, (3,)), b.fconst((12, 1, 1), 0.5, 2.0), "Mul")
+            if name == "Equal":  # 1 where an element is its row's max
+                return b.fbinary(f, b.freduce(f, (3,), "ReduceMax"), name)
             return b.fbinary(f, other, name) if name != "Pow" else b.fbinary(b.funary(f, "Abs"), other, name)
         if kind == "reduce":
-            return b.freduce(f, (1, 3) if name == "sum" else (0, 2), mean=name == "mean")
+            return b.freduce(f, (1, 3) if name == "ReduceSum" else (0, 2), name)
+        if kind == "expand":  # [1,12,9,1] written into [2,12,9,11]
+            return b.fop(ekm.F_BINARY, [b.freduce(f, (3,)), b.fconst((1,))], (2, 12, 9, 11), {0: ekm.BINARY_FUNCS.index("Mul")})
         if kind == "matmul":  # batch broadcast: [1,12,9,11] x [12,11,5], and two activations
             mm = b.fmatmul(f, b.fconst((12, 11, 5)))
             return b.fmatmul(b.fop(ekm.TRANSPOSE, [mm], (1, 12, 5, 9), {0: 0, 1: 1, 2: 3, 3: 2}), f)
@@ -482,7 +486,7 @@ def _float_case(kind: str, name: str):
 
 
 FLOAT_CASES = {**{f"unary_{n}": ("unary", n) for n in ekm.UNARY_FUNCS}, **{f"binary_{n}": ("binary", n) for n in ekm.BINARY_FUNCS},
-               "reduce_sum": ("reduce", "sum"), "reduce_mean": ("reduce", "mean"), "matmul": ("matmul", ""), "softmax": ("softmax", ""), "concat": ("concat", "")}
+               **{n: ("reduce", n) for n in ekm.REDUCE_FUNCS}, "expand": ("expand", ""), "matmul": ("matmul", ""), "softmax": ("softmax", ""), "concat": ("concat", "")}
 
 
 @pytest.mark.parametrize("case", sorted(FLOAT_CASES))
@@ -859,11 +863,11 @@ def _malformed(blob: Blob) -> dict[str, tuple[bytes, str]]:
         "f_unary_alpha_nan": (blob.op(fu, "p1", 0x7FC00000), "params[1] (alpha) is not a finite float"),
         "f_unary_int8_input": (blob.op(fu, "in0", m.ops[conv].outputs[0]), "is int8, must be float32"),
         "f_unary_unused_param": (blob.op(fu, "p4", 1), "params[4] is 1; this op does not use it"),
-        "f_binary_operation": (blob.op(fb, "p0", 7), "params[0] (operation) is 7"),
+        "f_binary_operation": (blob.op(fb, "p0", 8), "params[0] (operation) is 8"),
         "f_binary_broadcast": (blob.op(fb, "in1", m.ops[fmm].inputs[1]), "do not broadcast"),
         "f_reduce_no_axes": (blob.op(fr, "p1", 0), "params[1] (axes) is 0"),
         "f_reduce_axes_shape": (blob.op(fr, "p1", 1), "the axes make"),
-        "f_reduce_mean": (blob.op(fr, "p0", 2), "params[0] (mean) is 2"),
+        "f_reduce_kind": (blob.op(fr, "p0", 3), "params[0] (kind) is 3"),
         "f_matmul_shapes": (blob.op(fmm, "in1", m.ops[fmm].inputs[0]), "does not give"),
         "f_softmax_unused_param": (blob.op(fsm, "p3", 1), "params[3] is 1; this op does not use it"),
         "quantize_int8_input": (blob.op(fq, "in0", m.ops[conv].outputs[0]), "is int8, must be float32"),
@@ -1087,6 +1091,16 @@ def test_runner_run_matches_the_extension(runner, every_op, tmp_path):
     assert r.returncode != 0 and "the input wants" in r.stderr
     r = _ekrt_cli(runner, "bench", path, "--inputs", tmp_path / "xs.npy", "--iterations", "2")
     assert r.returncode != 0 and "the input wants" in r.stderr  # bench times one sample, as given
+    # integer inputs (byte or token ids) are read as the float32 the model takes
+    ids = np.random.RandomState(8).randint(-300, 300, (1, 3, 16, 16))
+    for dtype in (np.int32, np.int64):
+        np.save(tmp_path / "ids.npy", ids.astype(dtype))
+        out = tmp_path / f"ids_{np.dtype(dtype).name}"
+        out.mkdir()
+        r = _ekrt_cli(runner, "run", path, "--inputs", tmp_path / "ids.npy", "--save", out)
+        assert r.returncode == 0, r.stderr
+        for i, want in enumerate(model.run([ids.astype(np.float32)])):
+            np.testing.assert_array_equal(np.load(out / f"output{i}.npy"), want)
 
 
 def test_runner_errors(runner, every_op, tmp_path):
@@ -1169,7 +1183,7 @@ def test_float_ops_under_qemu_aarch64_equal_the_x86_extension(tmp_path):
         for name in names:
             b.float_output(_float_case(kind, name)(b, x), f"{kind}_{name}")
     for kind in ("reduce", "matmul", "softmax"):
-        b.float_output(_float_case(kind, "sum")(b, x), kind)
+        b.float_output(_float_case(kind, "ReduceMax")(b, x), kind)
     blob = b.finish()
     (tmp_path / "m.ekm").write_bytes(blob)
     xs = inputs_for(b, 4)

@@ -36,8 +36,10 @@ static float param_f(const struct ek_op* op, int i) {
   return f;
 }
 
+/* a float op reads the arena, a constant or a graph input (an integer input such as token or
+ * byte ids comes in as float32, exact up to 2^24) */
 static int need_f32_act(struct ek_check* o, uint32_t k, const char* what) {
-  return ek_need_in(o, k, what, EKM_F32, ST_ARENA | ST_CONST, -1);
+  return ek_need_in(o, k, what, EKM_F32, ST_ARENA | ST_CONST | ST_IO, -1);
 }
 
 static int need_finite_param(struct ek_check* o, int i, const char* what) {
@@ -47,9 +49,10 @@ static int need_finite_param(struct ek_check* o, int i, const char* what) {
   return 0;
 }
 
-/* ---- F_BINARY: y = a <op> b, numpy broadcasting (rank <= 4) ---- */
+/* ---- F_BINARY: y = a <op> b, numpy broadcasting (rank <= 4); the output may be larger than
+ * the inputs' broadcast shape along axes where both are 1 (ONNX Expand: x * 1 into its shape) ---- */
 
-enum { FB_ADD, FB_SUB, FB_MUL, FB_DIV, FB_POW, FB_MAX, FB_MIN, FB_LAST = FB_MIN };
+enum { FB_ADD, FB_SUB, FB_MUL, FB_DIV, FB_POW, FB_MAX, FB_MIN, FB_EQUAL, FB_LAST = FB_EQUAL };
 
 static double fbin(int k, double a, double b) {
   switch (k) {
@@ -59,7 +62,8 @@ static double fbin(int k, double a, double b) {
     case FB_DIV: return a / b;
     case FB_POW: return pow(a, b);
     case FB_MAX: return isnan(a) || isnan(b) ? NAN : a > b ? a : b;
-    default: return isnan(a) || isnan(b) ? NAN : a < b ? a : b;
+    case FB_MIN: return isnan(a) || isnan(b) ? NAN : a < b ? a : b;
+    default: return a == b ? 1.0 : 0.0; /* FB_EQUAL: ONNX Equal's bool as 1 / 0 */
   }
 }
 
@@ -92,11 +96,9 @@ int ek_check_fbinary(struct ek_check* o) {
   dims4(a, da);
   dims4(b, db);
   dims4(y, dy);
-  for (int i = 0; i < 4; i++) {
-    size_t want = da[i] == 1 ? db[i] : da[i];
-    if ((da[i] != 1 && db[i] != 1 && da[i] != db[i]) || dy[i] != want)
+  for (int i = 0; i < 4; i++)
+    if ((da[i] != 1 && da[i] != dy[i]) || (db[i] != 1 && db[i] != dy[i]))
       OFAIL("shapes do not broadcast: axis %d (from the right: %d) has a %zu, b %zu, output %zu", i, 3 - i, da[i], db[i], dy[i]);
-  }
   return ek_need_unused_zero(o, 0x1);
 }
 
@@ -141,7 +143,7 @@ void ek_run_funary(struct ekrt_model* m, struct ek_op* op) {
 }
 
 int ek_check_funary(struct ek_check* o) {
-  TRY(ek_need_in(o, 0, "x", EKM_F32, ST_ARENA, -1));
+  TRY(need_f32_act(o, 0, "x"));
   TRY(ek_need_out(o, EKM_F32, ST_ARENA, -1));
   TRY(ek_need_same_dims_out(o, 0));
   TRY(ek_need_param(o, 0, "operation", 0, FU_LAST));
@@ -158,7 +160,7 @@ int ek_check_funary(struct ek_check* o) {
   return ek_need_unused_zero(o, used);
 }
 
-/* ---- F_REDUCE: mean / sum over the axes of a bitmask; the output keeps them as 1s ---- */
+/* ---- F_REDUCE: mean / sum / max over the axes of a bitmask; the output keeps them as 1s ---- */
 
 void ek_run_freduce(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor *x = IN(0), *y = OUTT;
@@ -166,13 +168,18 @@ void ek_run_freduce(struct ekrt_model* m, struct ek_op* op) {
   dims4(x, d);
   bstrides(y, sy);
   double* acc = op->state;
-  memset(acc, 0, y->elems * sizeof *acc);
+  const int max = op->p[0] == 2;
+  for (size_t i = 0; i < y->elems; i++) acc[i] = max ? -INFINITY : 0.0;
   const float* px = x->data;
   for (size_t i0 = 0; i0 < d[0]; i0++) /* in the input's order: every output's sum runs the same way */
     for (size_t i1 = 0; i1 < d[1]; i1++)
       for (size_t i2 = 0; i2 < d[2]; i2++) {
         double* row = acc + i0 * sy[0] + i1 * sy[1] + i2 * sy[2];
-        for (size_t i3 = 0; i3 < d[3]; i3++) row[i3 * sy[3]] += *px++;
+        for (size_t i3 = 0; i3 < d[3]; i3++, px++) {
+          double* a = &row[i3 * sy[3]];
+          if (!max) *a += *px;
+          else if (*px > *a || isnan(*px)) *a = isnan(*a) ? *a : *px; /* NaN wins, as numpy's max */
+        }
       }
   const double n = (double)x->elems / (double)y->elems;
   float* py = y->data;
@@ -188,10 +195,10 @@ int ek_prepare_freduce(struct ekrt_model* m, struct ek_op* op, const uint8_t* da
 }
 
 int ek_check_freduce(struct ek_check* o) {
-  TRY(ek_need_in(o, 0, "x", EKM_F32, ST_ARENA, -1));
+  TRY(need_f32_act(o, 0, "x"));
   const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
   TRY(ek_need_out(o, EKM_F32, ST_ARENA, (int)x->rank));
-  TRY(ek_need_param(o, 0, "mean", 0, 1));
+  TRY(ek_need_param(o, 0, "kind", 0, 2));
   TRY(ek_need_param(o, 1, "axes", 1, (1 << x->rank) - 1));
   for (uint32_t a = 0; a < x->rank; a++) {
     uint32_t want = (o->op->p[1] >> a) & 1 ? 1 : x->dims[a];
@@ -268,7 +275,7 @@ void ek_run_fsoftmax(struct ekrt_model* m, struct ek_op* op) {
 }
 
 int ek_check_fsoftmax(struct ek_check* o) {
-  TRY(ek_need_in(o, 0, "x", EKM_F32, ST_ARENA, -1));
+  TRY(need_f32_act(o, 0, "x"));
   TRY(ek_need_out(o, EKM_F32, ST_ARENA, -1));
   if (ek_in(o, 0)->rank < 1) OFAIL0("input must have rank >= 1");
   TRY(ek_need_same_dims_out(o, 0));

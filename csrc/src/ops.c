@@ -327,7 +327,7 @@ static int check_concat(struct ek_check* o) {
   uint32_t axis = (uint32_t)o->op->p[0];
   uint64_t total = 0;
   for (uint32_t k = 0; k < o->op->n_in; k++) {
-    TRY(ek_need_in(o, k, "x", f ? EKM_F32 : EKM_I8, ST_ACT, (int)y->rank));
+    TRY(ek_need_in(o, k, "x", f ? EKM_F32 : EKM_I8, f ? ST_ACT | ST_IO : ST_ACT, (int)y->rank));
     const struct ek_tensor* x = ek_in(o, k);
     for (uint32_t d = 0; d < y->rank; d++)
       if (d != axis && x->dims[d] != y->dims[d])
@@ -566,7 +566,7 @@ static void run_transpose(struct ekrt_model* m, struct ek_op* op) {
  * dtype. A float RESHAPE may write a graph output: an island's value the model returns. */
 static int need_moved_dtype(struct ek_check* o) {
   const int f = ek_in(o, 0)->dtype == EKM_F32;
-  TRY(ek_need_in(o, 0, "x", f ? EKM_F32 : EKM_I8, ST_ARENA, -1));
+  TRY(ek_need_in(o, 0, "x", f ? EKM_F32 : EKM_I8, f ? ST_ARENA | ST_IO : ST_ARENA, -1)); /* f32: may be a graph input */
   const int to_io = f && o->op->type == EKM_RESHAPE;
   TRY(ek_need_out(o, f ? EKM_F32 : EKM_I8, to_io ? ST_ARENA | ST_IO : ST_ARENA, -1));
   if (ek_out(o)->storage == EKM_IO && o->role[o->op->out] != 2) OFAIL("output (tensor %u) is not a graph output", o->op->out);

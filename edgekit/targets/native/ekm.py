@@ -60,7 +60,8 @@ F_UNARY = 20
 F_REDUCE = 21
 F_MATMUL = 22
 F_SOFTMAX = 23
-BINARY_FUNCS = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min")
+BINARY_FUNCS = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal")
+REDUCE_FUNCS = ("ReduceMean", "ReduceSum", "ReduceMax")
 UNARY_FUNCS = ("Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Relu", "Erf",
                "HardSigmoid", "HardSwish", "Softplus", "LeakyRelu", "Gelu")
 FLOAT_OPS = frozenset({F_BINARY, F_UNARY, F_REDUCE, F_MATMUL, F_SOFTMAX})

@@ -245,12 +245,13 @@ def _minmax(a, b, pick):
 
 
 _BINARY = (np.add, np.subtract, np.multiply, np.divide, np.power,
-           lambda a, b: _minmax(a, b, np.maximum), lambda a, b: _minmax(a, b, np.minimum))
+           lambda a, b: _minmax(a, b, np.maximum), lambda a, b: _minmax(a, b, np.minimum),
+           lambda a, b: (a == b).astype(np.float64))
 
 
 def op_f_binary(m, op, a, b, out):
     with np.errstate(all="ignore"):
-        return _BINARY[op.params[0]](_f64(a), _f64(b)).astype(np.float32).reshape(out.dims)
+        return np.broadcast_to(_BINARY[op.params[0]](_f64(a), _f64(b)).astype(np.float32), out.dims)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -289,7 +290,7 @@ def op_f_unary(m, op, x, out):
 
 def op_f_reduce(m, op, x, out):
     axes = tuple(a for a in range(x.ndim) if op.params[1] >> a & 1)
-    f = np.mean if op.params[0] == 0 else np.sum
+    f = (np.mean, np.sum, np.max)[op.params[0]]
     return f(_f64(x), axis=axes, keepdims=True).astype(np.float32)
 
 

@@ -120,10 +120,19 @@ def lower_f_reduce(lw: Lowerer, node: onnx.NodeProto) -> FT:
         axes = list(a.get("axes", []))
     if not axes and a.get("noop_with_empty_axes", 0):
         return x
+    if node.op_type == "GlobalMaxPool":
+        axes = list(range(2, rank))
     axes = sorted({ax % rank for ax in axes} if axes else set(range(rank)))
     kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
-    y = _out(lw, node, ekm.F_REDUCE, [x], kept, {0: int(node.op_type == "ReduceSum"), 1: sum(1 << ax for ax in axes)})
+    y = _out(lw, node, ekm.F_REDUCE, [x], kept, {0: ekm.REDUCE_FUNCS.index(node.op_type.replace("GlobalMaxPool", "ReduceMax")), 1: sum(1 << ax for ax in axes)})
     return _reshape(lw, node, y, lw.shape(node.output[0], node), "__shape")
+
+
+def lower_f_expand(lw: Lowerer, node: onnx.NodeProto) -> FT:
+    """Expand: x * 1 written into the broadcast shape (F_BINARY's output may be the larger one)."""
+    x = lw.float_value(node.input[0])
+    shape = tuple(lw.shape(node.output[0], node))
+    return _out(lw, node, ekm.F_BINARY, [x, _scalar(lw, 1.0, node.name + "__one")], shape, {0: ekm.BINARY_FUNCS.index("Mul")})
 
 
 def lower_f_matmul(lw: Lowerer, node: onnx.NodeProto) -> FT:
@@ -179,8 +188,8 @@ FLOAT_LOWERINGS: dict[str, FloatLowering] = {
     **{op: lower_f_reshape for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast")},
     "Transpose": lower_f_transpose,
     "Concat": lower_f_concat,
-    "ReduceMean": lower_f_reduce,
-    "ReduceSum": lower_f_reduce,
+    **{op: lower_f_reduce for op in (*ekm.REDUCE_FUNCS, "GlobalMaxPool")},
+    "Expand": lower_f_expand,
     "MatMul": lower_f_matmul,
     "Softmax": lower_f_softmax,
     "BatchNormalization": lower_f_batchnorm,
