@@ -46,3 +46,30 @@ def test_oww_embedding_runs_in_ekrt_with_its_batchnorm_leakyrelu_max_island():
         (got,) = model.run(feed)
         assert _cos(got, w) >= 0.9999
         np.testing.assert_array_equal(got, ekm_reference.run(em, feed)[name])
+
+
+@pytest.mark.realmodels
+def test_magika_runs_in_ekrt_from_its_int32_bytes_input():
+    """magika's int32 'bytes' input is one-hot encoded (Reshape, Expand, Equal, Cast: a float
+    island read straight from the graph input, as float32) into an int8 MatMul over its 2048 rows;
+    its LayerNorms and the final softmax run in float too. Measured (calib 16, eval 8): ekrt's
+    logits equal the Q/DQ reference's (cosine 1.000000, max abs diff 8e-7), 2 s."""
+    m = real_model("magika")
+    try:
+        calib, held = m.calib(16), m.eval(8)
+    except LookupError as exc:
+        pytest.skip(str(exc))
+    loaded = load_model(m.locate(), {k: v for k, v in m.inputs.items() if v})
+    cov = coverage(loaded)
+    assert cov["unsupported"] == {} and cov["blocked"] == 0 and {"Equal", "Expand", "ReduceSum"} <= set(cov["float"])
+    qdq = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, "calib"), FeedSet(held.feeds, "held")).model
+    em, report = lower(qdq)
+    assert report.ops["FULLY_CONNECTED"] >= 1  # the one-hot x embedding MatMul stays int8
+    model = ekrt.Model(ekm.to_bytes(em))
+    want = run_outputs(qdq.SerializeToString(), held.feeds)
+    (name,) = [n for _, n in em.outputs]
+    for feed, (w,) in zip(held.feeds, want):
+        assert feed["bytes"].dtype == np.int32
+        (got,) = model.run(feed)
+        assert _cos(got, w) >= 0.9999
+        np.testing.assert_array_equal(got, ekm_reference.run(em, feed)[name])
