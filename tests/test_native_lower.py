@@ -577,6 +577,27 @@ def test_layernorm_and_a_div_of_two_tensors_run_as_a_float_island(tmp_path):
         assert np.array_equal(model.run(feed)[0], ekm_reference.run(a.ekm_model, feed)["y"])
 
 
+def test_batchnorm_leakyrelu_max_chain_is_one_per_channel_table_not_a_float_island(tmp_path):
+    # openWakeWord's pattern: a BatchNormalization the quantizer leaves (after a pool), LeakyRelu, and
+    # a Max with a constant, quantized only at the end: a function of one int8 value per channel
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), n) for n in ("g", "v")]
+    inits += [numpy_helper.from_array(rng.normal(0, 0.5, 4).astype(np.float32), n) for n in ("b", "m")]
+    inits.append(numpy_helper.from_array(np.full((1, 1, 1, 1), -0.4, np.float32), "floor"))
+    nodes = [helper.make_node("MaxPool", ["c"], ["p"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["p", "g", "b", "m", "v"], ["bn"], name="bn"),
+             helper.make_node("LeakyRelu", ["bn"], ["lr"], name="leaky", alpha=0.2),
+             helper.make_node("Max", ["lr", "floor"], ["mx"], name="floor_max")]
+    path = tmp_path / "chain.onnx"
+    onnx.save(_model_with_nodes(nodes, inits), path)
+    cov = coverage(load_model(path))
+    assert cov["float"] == {} and cov["tables"] == {"BatchNormalization": 1, "LeakyRelu": 1, "Max": 1}
+    qdq, held = quantize_native(path, random_feeds(16, 1, (1, 3, 8, 8), "x"), random_feeds(8, 2, (1, 3, 8, 8), "x"))
+    a = agreement(qdq, held.feeds)
+    assert [op.type_name for op in a.ekm_model.ops] == ["QUANTIZE", "CONV2D", "MAXPOOL", "LUT_CHANNEL", "CONV2D", "DEQUANTIZE"]
+    assert a.within_1 == 1.0 and a.max_steps == 0  # measured: the tables hold what ORT computes
+
+
 def test_plan_coverage_of_a_model_ekrt_runs_whole():
     cov = make_plan(load_model(DIGITS), load_profile("rpi5")).to_dict()["coverage"]["native"]
     assert cov["unsupported"] == {} and cov["blocked"] == 0 and cov["int8"]["Conv"] == 3

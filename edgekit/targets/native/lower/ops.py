@@ -32,6 +32,7 @@ from edgekit.targets.native.lower.walk import (
     LoweringError,
     QParams,
     attrs,
+    channel_vector,
     stored,
     text,
     where,
@@ -168,15 +169,6 @@ def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     return out
 
 
-def _channel_vector(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
-    """Does ``shape`` broadcast as one value per channel (the NHWC innermost axis)?"""
-    if len(out_shape) == 4:
-        full = (1,) * (4 - len(shape)) + tuple(shape)
-        return full[0] == 1 and full[2] == 1 and full[3] == 1 and full[1] == out_shape[1]
-    full = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
-    return all(d == 1 for d in full[:-1]) and full[-1] == out_shape[-1]
-
-
 def _operand(lw: Lowerer, node: onnx.NodeProto, i: int, out_shape) -> tuple[QT | None, tuple]:
     """An Add/Mul operand as an int8 tensor: activations as they are, constants quantized."""
     name = node.input[i]
@@ -194,7 +186,7 @@ def _operand(lw: Lowerer, node: onnx.NodeProto, i: int, out_shape) -> tuple[QT |
     if shape == tuple(out_shape):
         data = q.transpose(NHWC) if len(shape) == 4 else q
         dims = stored(shape)
-    elif _channel_vector(shape, out_shape):
+    elif channel_vector(shape, out_shape):
         data = q.reshape(-1)
         dims = (1, 1, 1, out_shape[1]) if len(out_shape) == 4 else (1,) * (len(out_shape) - 1) + (out_shape[-1],)
     else:
@@ -224,7 +216,7 @@ def lower_binary(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         a, b, a_shape, b_shape = b, a, b_shape, a_shape
     if tuple(a_shape) != tuple(out_shape):
         raise LoweringError(f"{where(node)}: neither input has the output's shape {out_shape}", "ekrt broadcasts only a per-channel operand")
-    if tuple(b_shape) != tuple(out_shape) and not _channel_vector(b_shape, out_shape):
+    if tuple(b_shape) != tuple(out_shape) and not channel_vector(b_shape, out_shape):
         raise LoweringError(f"{where(node)}: {b_shape} broadcasts over {out_shape} other than per channel", "ekrt broadcasts only a per-channel operand")
     out = lw.new_i8(out_shape, want)
     amin, amax = lw.act_range(want, act)
@@ -538,7 +530,7 @@ def lower_prelu(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         lw.tabled.add(node.name)
         values = _clip(np.where(grid < 0, grid * slope.reshape(()), grid), act)
         return lw.lut(x, values, want or lw.natural(values), node.name)
-    if not _channel_vector(slope.shape, x.shape):
+    if not channel_vector(slope.shape, x.shape):
         raise LoweringError(f"{where(node)}: slope {slope.shape} for input {x.shape}", "ekrt runs a scalar or per-channel PRelu slope")
     values = _clip(np.where(grid < 0, grid[None, :] * slope.reshape(-1, 1), grid[None, :]), act)
     want = want or lw.natural(values)

@@ -96,6 +96,15 @@ def stored(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape[i] for i in NHWC) if len(shape) == 4 else tuple(shape)
 
 
+def channel_vector(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """Does ``shape`` broadcast as one value per channel (the NHWC innermost axis)?"""
+    if len(out_shape) == 4:
+        full = (1,) * (4 - len(shape)) + tuple(shape)
+        return full[0] == 1 and full[2] == 1 and full[3] == 1 and full[1] == out_shape[1]
+    full = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    return all(d == 1 for d in full[:-1]) and full[-1] == out_shape[-1]
+
+
 def attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
