@@ -65,8 +65,10 @@ def main() -> int:
             continue
         cells = [sum(r[k].values()) for k in ("int8", "tables", "float")]
         floats = f"{cells[2]} ({_ops(r['float'])})" if cells[2] else "0"
-        print(f"| {name} | {'yes' if r['lowers'] else 'no'} | {cells[0]} | {cells[1]} | {floats} | "
-              f"{sum(r['unsupported'].values())} ({_ops(r['unsupported'])}) | {r['blocked']} |")
+        cannot = f"{sum(r['unsupported'].values())} ({_ops(r['unsupported'])})"
+        if r.get("error"):  # the walk stopped before any node: say where
+            cannot = f"whole model: {r['error'].split(': ', 1)[0]}"
+        print(f"| {name} | {'yes' if r['lowers'] else 'no'} | {cells[0]} | {cells[1]} | {floats} | {cannot} | {r['blocked']} |")
     lowered = sum(1 for r in rows.values() if r.get("lowers"))
     print(f"\nekrt lowers {lowered} of {sum(1 for r in rows.values() if 'missing' not in r)} models")
     return 0
