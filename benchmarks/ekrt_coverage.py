@@ -1,8 +1,10 @@
 """Which nodes ekrt runs, for every model the tests and benchmarks use (issue 11, item 2).
 
 For each model: lowered or not, and its nodes by how ekrt runs them: int8 ops, int8 tables
-(float functions of one int8 value), float (ekrt has no float path: always 0), cannot run (with
-the op types), and nodes not reached because an input could not be lowered. This is what
+(float functions of one int8 value), float (nodes with no int8 lowering, run in float32 islands
+between a DEQUANTIZE and a QUANTIZE; with the op types, and with --json each node's reason),
+cannot run (neither way; with the op types), and nodes not reached because an input could not
+be lowered. This is what
 ``edgekit plan MODEL --target rpi5`` shows as ``coverage  native``; the counts come from
 ``edgekit.targets.native.lower.coverage`` (the QDQ graph with placeholder ranges, lowered past
 each failure; no calibration data needed). Models from registry packages that are not installed
@@ -62,8 +64,11 @@ def main() -> int:
             print(f"| {name} | (missing: {r['missing']}) | | | | | |")
             continue
         cells = [sum(r[k].values()) for k in ("int8", "tables", "float")]
-        print(f"| {name} | {'yes' if r['lowers'] else 'no'} | {cells[0]} | {cells[1]} | {cells[2]} | "
-              f"{sum(r['unsupported'].values())} ({_ops(r['unsupported'])}) | {r['blocked']} |")
+        floats = f"{cells[2]} ({_ops(r['float'])})" if cells[2] else "0"
+        cannot = f"{sum(r['unsupported'].values())} ({_ops(r['unsupported'])})"
+        if r.get("error"):  # the walk stopped before any node: say where
+            cannot = f"whole model: {r['error'].split(': ', 1)[0]}"
+        print(f"| {name} | {'yes' if r['lowers'] else 'no'} | {cells[0]} | {cells[1]} | {floats} | {cannot} | {r['blocked']} |")
     lowered = sum(1 for r in rows.values() if r.get("lowers"))
     print(f"\nekrt lowers {lowered} of {sum(1 for r in rows.values() if 'missing' not in r)} models")
     return 0

@@ -165,6 +165,50 @@ class Builder:
         self.m.add_op(ekm.LUT_CHANNEL, [x, self.tensor(ekm.I8, ekm.CONST, (c, 256), data=table)], [y])
         return y
 
+    # float islands: DEQUANTIZE to float32 in the arena, float ops, QUANTIZE back
+    def to_float(self, q: int) -> int:
+        d = self.t(q).dims
+        f = self.tensor(ekm.F32, ekm.ARENA, (d[0], d[3], d[1], d[2]) if len(d) == 4 else d)
+        self.m.add_op(ekm.DEQUANTIZE, [q], [f], {0: int(len(d) == 4)})
+        return f
+
+    def to_int8(self, f: int, scale=0.02, zp=-3) -> int:
+        d = self.t(f).dims
+        q = self.act((d[0], d[2], d[3], d[1]) if len(d) == 4 else d, scale, zp)
+        self.m.add_op(ekm.QUANTIZE, [f], [q], {0: int(len(d) == 4)})
+        return q
+
+    def fconst(self, dims, lo=-2.0, hi=2.0) -> int:
+        return self.tensor(ekm.F32, ekm.CONST, dims, data=self.rng.uniform(lo, hi, size=dims).astype(np.float32))
+
+    def fop(self, type_, inputs, dims, params=None) -> int:
+        y = self.tensor(ekm.F32, ekm.ARENA, dims)
+        self.m.add_op(type_, list(inputs), [y], params)
+        return y
+
+    def funary(self, f, name, alpha=0.0, beta=0.0) -> int:
+        params = {0: ekm.UNARY_FUNCS.index(name), 1: ekm.float_bits(alpha), 2: ekm.float_bits(beta)}
+        return self.fop(ekm.F_UNARY, [f], self.t(f).dims, params)
+
+    def fbinary(self, a, b, name) -> int:
+        dims = np.broadcast_shapes(self.t(a).dims, self.t(b).dims)
+        return self.fop(ekm.F_BINARY, [a, b], dims, {0: ekm.BINARY_FUNCS.index(name)})
+
+    def freduce(self, f, axes, kind="ReduceMean") -> int:
+        dims = tuple(1 if a in axes else d for a, d in enumerate(self.t(f).dims))
+        return self.fop(ekm.F_REDUCE, [f], dims, {0: ekm.REDUCE_FUNCS.index(kind), 1: sum(1 << a for a in axes)})
+
+    def fmatmul(self, a, b) -> int:
+        da, db = self.t(a).dims, self.t(b).dims
+        dims = (*np.broadcast_shapes(da[:-2], db[:-2]), da[-2], db[-1])
+        return self.fop(ekm.F_MATMUL, [a, b], dims)
+
+    def float_output(self, f, name) -> int:
+        y = self.tensor(ekm.F32, ekm.IO, self.t(f).dims)
+        self.m.add_op(ekm.RESHAPE, [f], [y], {0: 0})
+        self.m.outputs.append((y, name))
+        return y
+
     def finish(self) -> bytes:
         plan_memory(self.m)
         return ekm.to_bytes(self.m)
@@ -205,6 +249,18 @@ def every_op_model(size: int = 16, channels: int = 16, seed: int = 0) -> Builder
     b.output(f2r, "logits")
     b.output(mp, "features")
     b.output(b.lut_channel(pd), "moved")
+    # a float island: every float op, fed by a DEQUANTIZE, back to int8 through a QUANTIZE
+    f = b.to_float(mp)
+    n, c, h, w = b.t(f).dims
+    hs = b.funary(f, "HardSigmoid", 0.1, 0.4)
+    centred = b.fbinary(hs, b.freduce(hs, (2, 3)), "Sub")
+    scaled = b.fbinary(centred, b.fconst((c, 1, 1)), "Mul")
+    rows = b.fop(ekm.RESHAPE, [scaled], (c, h * w), {0: 0})
+    mm = b.fmatmul(rows, b.fconst((h * w, 8), -0.1, 0.1))
+    att = b.fop(ekm.F_SOFTMAX, [b.fop(ekm.TRANSPOSE, [mm], (8, c), {0: 1, 1: 0})], (8, c))
+    mixed = b.fmatmul(att, rows)  # two activations
+    b.output(b.to_int8(b.freduce(mixed, (0,), "ReduceSum"), 0.01, 0), "island")
+    b.float_output(att, "attention")
     return b
 
 
@@ -279,6 +335,7 @@ def test_every_op_matches_the_reference(every_op):
             assert g.dtype == np.float32 and g.shape == w.shape, name
             np.testing.assert_array_equal(g, w, err_msg=name)
         assert np.unique(got[2]).size > 20  # the features are not saturated: the test can fail
+        assert np.unique(got[4]).size > 20 and np.unique(got[5]).size > 20  # nor the float island
 
 
 def _one_op(make) -> Builder:
@@ -299,6 +356,7 @@ OP_CASES = {
     "depthwise_5x5": lambda b, x: b.conv(x, 12, (5, 5), pads=(2, 2, 2, 2), group=12),
     "depthwise_channel_multiplier": lambda b, x: b.conv(x, 24, (3, 3), group=12),
     "weights_pm127": lambda b, x: b.conv(x, 19, (3, 3), wrange=(-127, 128)),
+    "fc_batch_rows": lambda b, x: b.fc(b.simple(ekm.RESHAPE, [x], (9, 11 * 12), {0: 0}), 7),
     "fc_from_flatten": lambda b, x: b.fc(b.simple(ekm.RESHAPE, [x], (1, 9 * 11 * 12), {0: 1}), 37),
     "maxpool_ceil_as_pad": lambda b, x: b.pool(x, ekm.MAXPOOL, (2, 2), (2, 2), (0, 0, 1, 1)),
     "maxpool_stride_over_kernel": lambda b, x: b.pool(x, ekm.MAXPOOL, (2, 1), (3, 3), (1, 0, 0, 0)),
@@ -398,6 +456,48 @@ def test_op_matches_the_reference(case):
     got = model.run(xs)[0]
     want = reference(b, xs)[0]
     np.testing.assert_array_equal(got, want)
+    assert np.unique(got).size > 1
+
+
+def _float_case(kind: str, name: str):
+    """One float op between a DEQUANTIZE and a float graph output (x is [1,12,9,11] as float)."""
+
+    def make(b: Builder, x):
+        f = b.to_float(x)
+        if kind == "unary":
+            return b.funary(f, name, 0.2 if name in ("HardSigmoid", "LeakyRelu") else 0.0, 0.5 if name == "HardSigmoid" else 0.0)
+        if kind == "binary":  # one operand per channel, the other a broadcast activation
+            other = b.fbinary(b.freduce(f, (3,)), b.fconst((12, 1, 1), 0.5, 2.0), "Mul")
+            if name == "Equal":  # 1 where an element is its row's max
+                return b.fbinary(f, b.freduce(f, (3,), "ReduceMax"), name)
+            return b.fbinary(f, other, name) if name != "Pow" else b.fbinary(b.funary(f, "Abs"), other, name)
+        if kind == "reduce":
+            return b.freduce(f, (1, 3) if name == "ReduceSum" else (0, 2), name)
+        if kind == "expand":  # [1,12,9,1] written into [2,12,9,11]
+            return b.fop(ekm.F_BINARY, [b.freduce(f, (3,)), b.fconst((1,))], (2, 12, 9, 11), {0: ekm.BINARY_FUNCS.index("Mul")})
+        if kind == "matmul":  # batch broadcast: [1,12,9,11] x [12,11,5], and two activations
+            mm = b.fmatmul(f, b.fconst((12, 11, 5)))
+            return b.fmatmul(b.fop(ekm.TRANSPOSE, [mm], (1, 12, 5, 9), {0: 0, 1: 1, 2: 3, 3: 2}), f)
+        if kind == "concat":
+            return b.fop(ekm.CONCAT, [f, b.fconst((1, 12, 2, 11)), f], (1, 12, 20, 11), {0: 2})
+        return b.fop(ekm.F_SOFTMAX, [f], b.t(f).dims)
+
+    return make
+
+
+FLOAT_CASES = {**{f"unary_{n}": ("unary", n) for n in ekm.UNARY_FUNCS}, **{f"binary_{n}": ("binary", n) for n in ekm.BINARY_FUNCS},
+               **{n: ("reduce", n) for n in ekm.REDUCE_FUNCS}, "expand": ("expand", ""), "matmul": ("matmul", ""), "softmax": ("softmax", ""), "concat": ("concat", "")}
+
+
+@pytest.mark.parametrize("case", sorted(FLOAT_CASES))
+def test_float_op_matches_the_reference(case):
+    b = Builder(7)
+    x = b.input((1, 12, 9, 11), scale=0.04, zp=0)
+    b.float_output(_float_case(*FLOAT_CASES[case])(b, x), "y")
+    model = _ekrt.Model(b.finish())
+    xs = inputs_for(b, 3)
+    got = model.run(xs)[0]
+    np.testing.assert_array_equal(got, reference(b, xs)[0])
     assert np.unique(got).size > 1
 
 
@@ -520,7 +620,7 @@ def test_extension_api(every_op, tmp_path):
     path.write_bytes(blob)
     model = _ekrt.Model(str(path))
     assert model.inputs == [("x", (1, 3, 16, 16))]
-    assert [name for name, _ in model.outputs] == ["probs", "logits", "features", "moved"]
+    assert [name for name, _ in model.outputs] == ["probs", "logits", "features", "moved", "island", "attention"]
     assert model.outputs[0][1] == (1, 10) and model.memory_bytes >= b.m.arena_size
     x = inputs_for(b)[0]
     by_list = model.run([x])
@@ -634,6 +734,10 @@ def _malformed(blob: Blob) -> dict[str, tuple[bytes, str]]:
     rs, tr, rz, lut, sm = (blob.op_at(t) for t in (ekm.RESHAPE, ekm.TRANSPOSE, ekm.RESIZE, ekm.LUT, ekm.SOFTMAX))
     fc, q, dq = blob.op_at(ekm.FULLY_CONNECTED), blob.op_at(ekm.QUANTIZE), blob.op_at(ekm.DEQUANTIZE)
     sl, reflect, zeros, clut = blob.op_at(ekm.SLICE), blob.op_at(ekm.PAD), blob.op_at(ekm.PAD, 1), blob.op_at(ekm.LUT_CHANNEL)
+    fu, fb, fr = blob.op_at(ekm.F_UNARY), blob.op_at(ekm.F_BINARY), blob.op_at(ekm.F_REDUCE)
+    fmm, fsm, fq = blob.op_at(ekm.F_MATMUL), blob.op_at(ekm.F_SOFTMAX), blob.op_at(ekm.QUANTIZE, 1)
+    fdq = next(j for j, op in enumerate(m.ops) if op.type == ekm.DEQUANTIZE and m.tensors[op.outputs[0]].storage == ekm.ARENA)
+    f_arena = m.ops[fu].outputs[0]
     n_t = len(m.tensors)
     conv_op = m.ops[conv]
     later_out = m.ops[conv + 1].outputs[0]
@@ -685,7 +789,8 @@ def _malformed(blob: Blob) -> dict[str, tuple[bytes, str]]:
         "arena_int32": (blob.tensor(arena, "dtype", ekm.I32), "int32 tensors carry scale 0"),
         "const_outside_data": (blob.tensor(c_i8, "offset", 2**40), "outside data"),
         "const_misaligned": (blob.tensor(c_i32, "offset", 2), "not aligned to its 4-byte elements"),
-        "const_float": (blob.tensor(c_i32, "dtype", ekm.F32), "const tensors are int8 or int32"),
+        "const_float_for_int32": (blob.tensor(c_i32, "dtype", ekm.F32), "is float32, must be int32"),
+        "arena_float_misaligned": (blob.tensor(f_arena, "offset", m.tensors[f_arena].offset + 2), "not aligned to its 4-byte elements"),
         "io_int8": (blob.tensor(io_t, "dtype", ekm.I8), f"tensor {io_t}: scale is 0"),
         "io_int32": (blob.tensor(io_t, "dtype", ekm.I32), "io tensors are float32"),
         "io_offset": (blob.tensor(io_t, "offset", 64), "io tensors have offset 0"),
@@ -753,6 +858,21 @@ def _malformed(blob: Blob) -> dict[str, tuple[bytes, str]]:
         "fc_weights_shape": (blob.op(fc, "in1", c_i8), "input 1 (weights"),
         "quantize_layout": (blob.op(q, "p0", 0), "shape differs"),
         "dequantize_layout": (blob.op(dq, "p0", 5), "params[0] (nhwc_to_nchw) is 5"),
+        # the float ops of the islands
+        "f_unary_operation": (blob.op(fu, "p0", 99), "params[0] (operation) is 99"),
+        "f_unary_alpha_nan": (blob.op(fu, "p1", 0x7FC00000), "params[1] (alpha) is not a finite float"),
+        "f_unary_int8_input": (blob.op(fu, "in0", m.ops[conv].outputs[0]), "is int8, must be float32"),
+        "f_unary_unused_param": (blob.op(fu, "p4", 1), "params[4] is 1; this op does not use it"),
+        "f_binary_operation": (blob.op(fb, "p0", 8), "params[0] (operation) is 8"),
+        "f_binary_broadcast": (blob.op(fb, "in1", m.ops[fmm].inputs[1]), "do not broadcast"),
+        "f_reduce_no_axes": (blob.op(fr, "p1", 0), "params[1] (axes) is 0"),
+        "f_reduce_axes_shape": (blob.op(fr, "p1", 1), "the axes make"),
+        "f_reduce_kind": (blob.op(fr, "p0", 3), "params[0] (kind) is 3"),
+        "f_matmul_shapes": (blob.op(fmm, "in1", m.ops[fmm].inputs[0]), "does not give"),
+        "f_softmax_unused_param": (blob.op(fsm, "p3", 1), "params[3] is 1; this op does not use it"),
+        "quantize_int8_input": (blob.op(fq, "in0", m.ops[conv].outputs[0]), "is int8, must be float32"),
+        "dequantize_to_float_layout": (blob.op(fdq, "p0", 0), "shape differs"),
+        "reshape_order_1_float": (blob.op(blob.op_at(ekm.RESHAPE, 2), "p0", 1), "is for int8 tensors"),
         "maxpool_quant_mismatch": (blob.tensor(m.ops[mp].outputs[0], "zp", 77), "does not requantize"),
         "graph_output_unwritten": (h(32, "I", len(m.ops) - 1), "is never written by an op"),
         "memory_plan_overlap": (blob.tensor(m.ops[q].outputs[0], "offset", m.tensors[conv_op.outputs[0]].offset),
@@ -971,6 +1091,16 @@ def test_runner_run_matches_the_extension(runner, every_op, tmp_path):
     assert r.returncode != 0 and "the input wants" in r.stderr
     r = _ekrt_cli(runner, "bench", path, "--inputs", tmp_path / "xs.npy", "--iterations", "2")
     assert r.returncode != 0 and "the input wants" in r.stderr  # bench times one sample, as given
+    # integer inputs (byte or token ids) are read as the float32 the model takes
+    ids = np.random.RandomState(8).randint(-300, 300, (1, 3, 16, 16))
+    for dtype in (np.int32, np.int64):
+        np.save(tmp_path / "ids.npy", ids.astype(dtype))
+        out = tmp_path / f"ids_{np.dtype(dtype).name}"
+        out.mkdir()
+        r = _ekrt_cli(runner, "run", path, "--inputs", tmp_path / "ids.npy", "--save", out)
+        assert r.returncode == 0, r.stderr
+        for i, want in enumerate(model.run([ids.astype(np.float32)])):
+            np.testing.assert_array_equal(np.load(out / f"output{i}.npy"), want)
 
 
 def test_runner_errors(runner, every_op, tmp_path):
@@ -1030,6 +1160,41 @@ def test_runner_under_qemu_aarch64(every_op, tmp_path):
         assert r.returncode == 0, r.stderr
         for i, w in enumerate(want):
             np.testing.assert_array_equal(np.load(out / f"output{i}.npy"), w, err_msg=f"{cpu} output {i}")
+
+
+def test_float_ops_under_qemu_aarch64_equal_the_x86_extension(tmp_path):
+    """Every F_UNARY / F_BINARY function through the cross-built runner (aarch64's libm, NEON
+    build): the same float32 bits as the x86 extension (each value computed in double, rounded once)."""
+    from edgekit.targets.native.build import BuildError, build_runner, why_not_buildable
+
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    if not qemu:
+        pytest.skip("qemu-aarch64-static is not installed (apt-get install qemu-user-static)")
+    reason = why_not_buildable("aarch64")
+    if reason:
+        pytest.skip(reason)
+    try:
+        runner = build_runner("aarch64")
+    except BuildError as exc:
+        pytest.fail(f"{exc.message} ({exc.hint})")
+    b = Builder(11)
+    x = b.input((1, 12, 9, 11), scale=0.04, zp=0)
+    for kind, names in (("unary", ekm.UNARY_FUNCS), ("binary", ekm.BINARY_FUNCS)):
+        for name in names:
+            b.float_output(_float_case(kind, name)(b, x), f"{kind}_{name}")
+    for kind in ("reduce", "matmul", "softmax"):
+        b.float_output(_float_case(kind, "ReduceMax")(b, x), kind)
+    blob = b.finish()
+    (tmp_path / "m.ekm").write_bytes(blob)
+    xs = inputs_for(b, 4)
+    np.save(tmp_path / "x.npy", xs[0])
+    want = _ekrt.Model(blob).run(xs)
+    env = {k: v for k, v in os.environ.items() if k != "EKRT_ISA"}
+    r = subprocess.run([qemu, "-cpu", "cortex-a72", str(runner), "run", str(tmp_path / "m.ekm"), "--inputs", str(tmp_path / "x.npy"),
+                        "--save", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    for i, ((_, name), w) in enumerate(zip(b.m.outputs, want)):
+        np.testing.assert_array_equal(np.load(tmp_path / f"output{i}.npy"), w, err_msg=name)
 
 
 # -- one description of the sources; a compiler without an ISA's flags still builds ------------

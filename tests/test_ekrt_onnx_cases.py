@@ -35,8 +35,6 @@ REFUSED = {
     "test_convtranspose_1d": "2-D",
     "test_convtranspose_3d": "rank 5",
     "test_prelu_example": "slope",
-    "test_softmax_axis_0": "softmax over axis 0",  # softmax runs over the stored innermost axis only
-    "test_softmax_axis_1": "softmax over axis 1",
     "test_unsqueeze_negative_axes": "rank 5",  # ekrt's graph inputs and outputs have rank <= 4
     "test_unsqueeze_three_axes": "rank 6",
     "test_unsqueeze_two_axes": "rank 5",

@@ -29,6 +29,7 @@ from edgekit.targets.native.lower import (
     LOWERINGS,
     LoweringError,
     check_lowerable,
+    coverage,
     lower,
     plan_memory,
     stored,
@@ -201,8 +202,8 @@ def test_resnet_shaped_model_matches_the_qdq_reference(resnet_qdq):
     for op in a.ekm_model.ops:
         counts[op.type_name] = counts.get(op.type_name, 0) + 1
     # every op family of the contract appears (ADD/MUL with an int8 per-channel constant too),
-    # with the data-movement and per-channel ops of moving_shaped()
-    assert set(counts) | MOVING_OPS == set(ekm.OP_NAMES.values())
+    # with the data-movement and per-channel ops of moving_shaped(); no float island: all of it is int8
+    assert set(counts) | MOVING_OPS == {name for t, name in ekm.OP_NAMES.items() if t not in ekm.FLOAT_OPS}
     # one 256-entry table each for Sigmoid, Tanh and the whole hard-swish x * clip(x + 3, 0, 6) / 6
     # (its Add, Clip, Mul, Div and the Q/DQ pairs between them are one function of x)
     assert counts["LUT"] == 3 and counts["MUL"] == 1 and counts["RESIZE"] == 2 and counts["CONCAT"] == 1
@@ -364,13 +365,16 @@ def test_zero_pad_before_an_average_pool_is_its_counted_padding(tmp_path):
     assert a.within_1 >= 0.999, a
 
 
-def test_add_of_two_tensors_that_broadcast_other_than_per_channel_is_refused(tmp_path):
-    # [1,8,H,W] + [1,1,H,W]: the runtime broadcasts only a per-channel operand; the lowering says so
+def test_add_of_two_tensors_that_broadcast_other_than_per_channel_is_a_float_island(tmp_path):
+    # [1,8,H,W] + [1,1,H,W]: the int8 ADD broadcasts only a per-channel operand; the Add runs in float
     nodes = [helper.make_node("ReduceMean", ["c"], ["m"], name="mean", axes=[1], keepdims=1),
              helper.make_node("Add", ["c", "m"], ["n"], name="the_add")]
     path = tmp_path / "bcast.onnx"
     onnx.save(_model_with_nodes(nodes), path)
-    assert "Add node 'the_add'" in check_lowerable(load_model(path))
+    loaded = load_model(path)
+    assert check_lowerable(loaded) is None
+    (node,) = [n for n in coverage(loaded)["float_nodes"] if n["name"] == "the_add"]
+    assert "Add node 'the_add'" in node["reason"] and "broadcast" in node["reason"]
 
 
 def int8_tensor_steps(qdq: onnx.ModelProto, feeds: list[dict]) -> dict[str, np.ndarray]:
@@ -524,6 +528,74 @@ def test_plan_reports_ekrt_coverage_and_why_it_picked_another_backend(tmp_path, 
     assert "the_norm" in r.stdout and "skipped   native:" in r.stdout
     doc = json.loads(cli("plan", path, "--target", "rpi5", "--json").stdout)
     assert doc["coverage"]["native"]["unsupported"] == {"InstanceNormalization": 1}
+
+
+def layernorm_island_model() -> onnx.ModelProto:
+    """conv -> LayerNorm over W written out (ReduceMean, Sub, Pow, Sqrt, Div: what exporters give)
+    -> Sigmoid of it times a per-channel Div of two activations -> conv. The LayerNorm and the Div of
+    two tensors have no int8 lowering: a float island between two int8 convs."""
+    inits = [numpy_helper.from_array(np.float32(v), k) for k, v in (("two", 2.0), ("eps", 1e-5), ("one", 1.0))]
+    inits += [numpy_helper.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "gamma"),
+              numpy_helper.from_array(np.linspace(-0.2, 0.2, 8, dtype=np.float32), "beta")]
+    nodes = [
+        helper.make_node("ReduceMean", ["c"], ["mu"], name="ln_mean", axes=[-1]),
+        helper.make_node("Sub", ["c", "mu"], ["d"], name="ln_sub"),
+        helper.make_node("Pow", ["d", "two"], ["d2"], name="ln_pow"),
+        helper.make_node("ReduceMean", ["d2"], ["var"], name="ln_var", axes=[-1]),
+        helper.make_node("Add", ["var", "eps"], ["ve"], name="ln_eps"),
+        helper.make_node("Sqrt", ["ve"], ["sd"], name="ln_sqrt"),
+        helper.make_node("Div", ["d", "sd"], ["n"], name="ln_div"),
+        helper.make_node("Mul", ["n", "gamma"], ["ng"], name="ln_gamma"),
+        helper.make_node("Add", ["ng", "beta"], ["ln"], name="ln_beta"),
+        helper.make_node("Sigmoid", ["ln"], ["sg"], name="gate"),
+        helper.make_node("Abs", ["c"], ["ac"], name="abs"),
+        helper.make_node("Add", ["ac", "one"], ["den"], name="den"),
+        helper.make_node("Div", ["sg", "den"], ["q"], name="ratio"),
+    ]
+    return _model_with_nodes(nodes, inits)
+
+
+def test_layernorm_and_a_div_of_two_tensors_run_as_a_float_island(tmp_path):
+    path = tmp_path / "island.onnx"
+    onnx.save(layernorm_island_model(), path)
+    cov = make_plan(load_model(path), load_profile("rpi5")).to_dict()["coverage"]["native"]
+    assert cov["unsupported"] == {} and cov["blocked"] == 0 and cov["int8"] == {"Conv": 2}
+    islands = {n["name"]: n for n in cov["float_nodes"]}
+    assert {"ln_var", "ln_mean", "ln_sub", "ln_pow", "ln_div", "ln_sqrt", "ratio"} <= set(islands)
+    assert "Div of two tensors" in islands["ratio"]["reason"] and "not quantized" in islands["ln_sub"]["reason"]
+    assert sum(cov["float"].values()) == len(cov["float_nodes"])
+    assert check_lowerable(load_model(path)) is None
+    qdq, held = quantize_native(path, random_feeds(16, 1, (1, 3, 8, 8), "x"), random_feeds(8, 2, (1, 3, 8, 8), "x"))
+    a = agreement(qdq, held.feeds)
+    names = {op.type_name for op in a.ekm_model.ops}
+    assert {"F_REDUCE", "F_BINARY", "F_UNARY", "CONV2D"} <= names
+    # measured: the int8 output after the island equals the Q/DQ reference (100 % within 0 steps)
+    assert a.within_1 >= 0.99 and a.top1_same == a.samples == 8
+    ekrt = pytest.importorskip("edgekit._ekrt")
+    model = ekrt.Model(ekm.to_bytes(a.ekm_model))
+    for feed in held.feeds:
+        assert np.array_equal(model.run(feed)[0], ekm_reference.run(a.ekm_model, feed)["y"])
+
+
+def test_batchnorm_leakyrelu_max_chain_is_one_per_channel_table_not_a_float_island(tmp_path):
+    # openWakeWord's pattern: a BatchNormalization the quantizer leaves (after a pool), LeakyRelu, and
+    # a Max with a constant, quantized only at the end: a function of one int8 value per channel
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), n) for n in ("g", "v")]
+    inits += [numpy_helper.from_array(rng.normal(0, 0.5, 4).astype(np.float32), n) for n in ("b", "m")]
+    inits.append(numpy_helper.from_array(np.full((1, 1, 1, 1), -0.4, np.float32), "floor"))
+    nodes = [helper.make_node("MaxPool", ["c"], ["p"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["p", "g", "b", "m", "v"], ["bn"], name="bn"),
+             helper.make_node("LeakyRelu", ["bn"], ["lr"], name="leaky", alpha=0.2),
+             helper.make_node("Max", ["lr", "floor"], ["mx"], name="floor_max")]
+    path = tmp_path / "chain.onnx"
+    onnx.save(_model_with_nodes(nodes, inits), path)
+    cov = coverage(load_model(path))
+    assert cov["float"] == {} and cov["tables"] == {"BatchNormalization": 1, "LeakyRelu": 1, "Max": 1}
+    qdq, held = quantize_native(path, random_feeds(16, 1, (1, 3, 8, 8), "x"), random_feeds(8, 2, (1, 3, 8, 8), "x"))
+    a = agreement(qdq, held.feeds)
+    assert [op.type_name for op in a.ekm_model.ops] == ["QUANTIZE", "CONV2D", "MAXPOOL", "LUT_CHANNEL", "CONV2D", "DEQUANTIZE"]
+    assert a.within_1 == 1.0 and a.max_steps == 0  # measured: the tables hold what ORT computes
 
 
 def test_plan_coverage_of_a_model_ekrt_runs_whole():

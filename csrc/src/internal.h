@@ -170,6 +170,23 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
 void ek_run_conv(struct ekrt_model* m, struct ek_op* op);
 void ek_free_conv(void* state);
 
+/* ops.c: fn(m, op, r0, r1) over `rows` rows of `row_cost` elements, cut in tasks of >= ~16K elements */
+void ek_for_rows(struct ekrt_model* m, struct ek_op* op, size_t rows, size_t row_cost,
+                 void (*fn)(struct ekrt_model*, struct ek_op*, size_t, size_t));
+
+/* float.c: the float ops of the islands (their descriptors are in ops.c's table) */
+int ek_check_fbinary(struct ek_check* o);
+void ek_run_fbinary(struct ekrt_model* m, struct ek_op* op);
+int ek_check_funary(struct ek_check* o);
+void ek_run_funary(struct ekrt_model* m, struct ek_op* op);
+int ek_check_freduce(struct ek_check* o);
+int ek_prepare_freduce(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len);
+void ek_run_freduce(struct ekrt_model* m, struct ek_op* op);
+int ek_check_fmatmul(struct ek_check* o);
+void ek_run_fmatmul(struct ekrt_model* m, struct ek_op* op);
+int ek_check_fsoftmax(struct ek_check* o);
+void ek_run_fsoftmax(struct ekrt_model* m, struct ek_op* op);
+
 /* pool.c: run task(ctx, i, thread) for i in [0, n) on as many of the model's threads as op's
  * work pays for (ek_threads_for), the caller included. Deterministic results are the caller's
  * job: each task writes its own outputs only. */

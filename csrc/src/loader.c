@@ -151,13 +151,15 @@ static int check_tensor(struct vctx* c, uint32_t i, const struct ekm_tensor* r, 
   uint64_t bytes = elems * dtype_size(r->dtype);
   switch (r->storage) {
     case EKM_ARENA:
-      if (r->dtype != EKM_I8) FAIL("tensor %u: arena tensors are int8, this one is %s", i, dtype_name(r->dtype));
+      if (r->dtype == EKM_I32) FAIL("tensor %u: arena tensors are int8 or float32, this one is int32", i);
+      if (r->offset % dtype_size(r->dtype) != 0)
+        FAIL("tensor %u: arena offset %llu is not aligned to its %u-byte elements", i, (unsigned long long)r->offset,
+             (unsigned)dtype_size(r->dtype));
       if (!range_ok(r->offset, bytes, c->h.arena_size))
         FAIL("tensor %u: arena offset %llu + %llu bytes is past arena_size %llu", i, (unsigned long long)r->offset,
              (unsigned long long)bytes, (unsigned long long)c->h.arena_size);
       break;
     case EKM_CONST:
-      if (r->dtype == EKM_F32) FAIL("tensor %u: const tensors are int8 or int32, this one is float32", i);
       if (!range_ok(r->offset, bytes, c->h.data_size))
         FAIL("tensor %u: const offset %llu + %llu bytes is outside data (data_size %llu)", i, (unsigned long long)r->offset,
              (unsigned long long)bytes, (unsigned long long)c->h.data_size);

@@ -29,8 +29,8 @@ static void row_task(void* ctx, size_t i, int thread) {
   j->fn(j->m, j->op, r0, r1);
 }
 /* split `rows` rows of `row_cost` elements each into tasks of >= ~16K elements */
-static void for_rows(struct ekrt_model* m, struct ek_op* op, size_t rows, size_t row_cost,
-                     void (*fn)(struct ekrt_model*, struct ek_op*, size_t, size_t)) {
+void ek_for_rows(struct ekrt_model* m, struct ek_op* op, size_t rows, size_t row_cost,
+                 void (*fn)(struct ekrt_model*, struct ek_op*, size_t, size_t)) {
   size_t chunk = row_cost >= 16384 ? 1 : 16384 / (row_cost ? row_cost : 1);
   if (chunk > rows) chunk = rows ? rows : 1;
   struct row_job j = {m, op, rows, chunk, fn};
@@ -81,9 +81,9 @@ static void quantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, siz
 static void run_quantize(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* x = IN(0);
   if (op->p[0])
-    for_rows(m, op, (size_t)x->dims[0] * x->dims[2], (size_t)x->dims[1] * x->dims[3], quantize_rows);
+    ek_for_rows(m, op, (size_t)x->dims[0] * x->dims[2], (size_t)x->dims[1] * x->dims[3], quantize_rows);
   else
-    for_rows(m, op, (x->elems + 1023) / 1024, 1024, quantize_rows);
+    ek_for_rows(m, op, (x->elems + 1023) / 1024, 1024, quantize_rows);
 }
 
 static void dequantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
@@ -111,19 +111,21 @@ static void dequantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, s
 static void run_dequantize(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* x = IN(0);
   if (op->p[0])
-    for_rows(m, op, (size_t)x->dims[0] * x->dims[1], (size_t)x->dims[2] * x->dims[3], dequantize_rows);
+    ek_for_rows(m, op, (size_t)x->dims[0] * x->dims[1], (size_t)x->dims[2] * x->dims[3], dequantize_rows);
   else
-    for_rows(m, op, (x->elems + 1023) / 1024, 1024, dequantize_rows);
+    ek_for_rows(m, op, (x->elems + 1023) / 1024, 1024, dequantize_rows);
 }
 
-/* QUANTIZE: a float graph input -> int8 (NCHW -> NHWC with params[0]); DEQUANTIZE: the reverse */
+/* QUANTIZE: a float tensor (a graph input, or a float island's value) -> int8 (NCHW -> NHWC with
+ * params[0]); DEQUANTIZE: the reverse, to a graph output or to a float island */
 static int check_edge(struct ek_check* o) {
   const int q = o->op->type == EKM_QUANTIZE;
-  TRY(ek_need_in(o, 0, "x", q ? EKM_F32 : EKM_I8, q ? ST_IO : ST_ARENA, -1));
-  TRY(ek_need_out(o, q ? EKM_I8 : EKM_F32, q ? ST_ARENA : ST_IO, -1));
+  TRY(ek_need_in(o, 0, "x", q ? EKM_F32 : EKM_I8, q ? ST_IO | ST_ARENA : ST_ARENA, -1));
+  TRY(ek_need_out(o, q ? EKM_I8 : EKM_F32, q ? ST_ARENA : ST_IO | ST_ARENA, -1));
   TRY(ek_need_param(o, 0, q ? "nchw_to_nhwc" : "nhwc_to_nchw", 0, 1));
   const uint32_t io = q ? o->op->in[0] : o->op->out;
-  if (o->role[io] != (q ? 1 : 2)) OFAIL("%s (tensor %u) is not a graph %s", q ? "input" : "output", io, q ? "input" : "output");
+  if (o->t[io].storage == EKM_IO && o->role[io] != (q ? 1 : 2))
+    OFAIL("%s (tensor %u) is not a graph %s", q ? "input" : "output", io, q ? "input" : "output");
   const struct ek_tensor *f = q ? ek_in(o, 0) : ek_out(o), *i = q ? ek_out(o) : ek_in(o, 0); /* float, int8 */
   if (!o->op->p[0]) TRY(ek_need_same_dims_out(o, 0));
   else if (f->rank != 4 || i->rank != 4 || i->dims[0] != f->dims[0] || i->dims[1] != f->dims[2] || i->dims[2] != f->dims[3] ||
@@ -146,6 +148,12 @@ static int own_const_inputs(struct ekrt_model* m, struct ek_op* op, const uint8_
     m->weights_bytes += t->bytes;
   }
   return 0;
+}
+
+static int own_const_inputs_prepare(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  (void)err;
+  (void)err_len;
+  return own_const_inputs(m, op, data);
 }
 
 /* ---- ADD / MUL ---- */
@@ -175,7 +183,7 @@ static void binary_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_
 
 static void run_binary(struct ekrt_model* m, struct ek_op* op) {
   const struct binary_state* s = op->state;
-  for_rows(m, op, IN(0)->elems / s->inner, s->inner, binary_rows);
+  ek_for_rows(m, op, IN(0)->elems / s->inner, s->inner, binary_rows);
 }
 
 static int prepare_binary(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
@@ -277,7 +285,7 @@ static void free_concat(void* state) {
 
 static void run_concat(struct ekrt_model* m, struct ek_op* op) {
   const struct concat_state* s = op->state;
-  for_rows(m, op, s->outer, OUTT->elems / (s->outer ? s->outer : 1), concat_rows);
+  ek_for_rows(m, op, s->outer, OUTT->elems / (s->outer ? s->outer : 1), concat_rows);
 }
 
 static int prepare_concat(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
@@ -293,7 +301,8 @@ static int prepare_concat(struct ekrt_model* m, struct ek_op* op, const uint8_t*
   for (uint32_t d = 0; d < axis; d++) s->outer *= y->dims[d];
   for (uint32_t k = 0; k < op->n_in; k++) {
     const struct ek_tensor* x = IN(k);
-    s->inner[k] = x->elems / s->outer;
+    s->inner[k] = x->elems / s->outer * (y->dtype == EKM_F32 ? 4 : 1);
+    if (y->dtype == EKM_F32) continue; /* a float island's concat: copies */
     s->table[k] = malloc(256);
     if (!s->table[k]) return EKRT_ENOMEM;
     int identity = 1;
@@ -311,24 +320,25 @@ static int prepare_concat(struct ekrt_model* m, struct ek_op* op, const uint8_t*
 
 static int check_concat(struct ek_check* o) {
   const struct ek_tensor* y = ek_out(o);
-  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  const int f = y->dtype == EKM_F32; /* float32 (an island's): copies, no multipliers */
+  TRY(ek_need_out(o, f ? EKM_F32 : EKM_I8, ST_ARENA, -1));
   if (y->rank < 1) OFAIL0("output must have rank >= 1");
   TRY(ek_need_param(o, 0, "axis", 0, (int32_t)y->rank - 1));
   uint32_t axis = (uint32_t)o->op->p[0];
   uint64_t total = 0;
   for (uint32_t k = 0; k < o->op->n_in; k++) {
-    TRY(ek_need_in(o, k, "x", EKM_I8, ST_ACT, (int)y->rank));
+    TRY(ek_need_in(o, k, "x", f ? EKM_F32 : EKM_I8, f ? ST_ACT | ST_IO : ST_ACT, (int)y->rank));
     const struct ek_tensor* x = ek_in(o, k);
     for (uint32_t d = 0; d < y->rank; d++)
       if (d != axis && x->dims[d] != y->dims[d])
         OFAIL("input %u (tensor %u) dims[%u] is %u, the output's is %u", k, o->op->in[k], d, x->dims[d], y->dims[d]);
     total += x->dims[axis];
-    TRY(ek_need_multiplier(o, 1 + 2 * (int)k, "input multiplier", EK_SHIFT_MAX));
+    if (!f) TRY(ek_need_multiplier(o, 1 + 2 * (int)k, "input multiplier", EK_SHIFT_MAX));
   }
   if (total != y->dims[axis])
     OFAIL("inputs add up to %llu on axis %u, the output has %u", (unsigned long long)total, axis, y->dims[axis]);
   uint32_t used = 1;
-  for (uint32_t k = 0; k < o->op->n_in; k++) used |= P(1 + 2 * k) | P(2 + 2 * k);
+  for (uint32_t k = 0; k < o->op->n_in && !f; k++) used |= P(1 + 2 * k) | P(2 + 2 * k);
   return ek_need_unused_zero(o, used);
 }
 
@@ -390,7 +400,7 @@ static void free_pool(void* state) {
 
 static void run_pool(struct ekrt_model* m, struct ek_op* op) {
   const struct pool_state* s = op->state;
-  for_rows(m, op, (size_t)IN(0)->dims[0] * s->oh, s->ow * s->c * s->kh * s->kw, pool_rows);
+  ek_for_rows(m, op, (size_t)IN(0)->dims[0] * s->oh, s->ow * s->c * s->kh * s->kw, pool_rows);
 }
 
 static int prepare_pool(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
@@ -486,7 +496,7 @@ static void gap_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r
 static void run_gap(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* x = IN(0);
   size_t nblk = (x->dims[3] + 63) / 64;
-  for_rows(m, op, (size_t)x->dims[0] * nblk, (size_t)x->dims[1] * x->dims[2] * 64, gap_rows);
+  ek_for_rows(m, op, (size_t)x->dims[0] * nblk, (size_t)x->dims[1] * x->dims[2] * 64, gap_rows);
 }
 
 static int check_gap(struct ek_check* o) {
@@ -531,6 +541,17 @@ static void run_transpose(struct ekrt_model* m, struct ek_op* op) {
     d[off + i] = y->dims[i];
     s[off + i] = stride_in[op->p[i]];
   }
+  if (x->dtype == EKM_F32) { /* a float island's tensor: the same walk over 4-byte elements */
+    const float* src = x->data;
+    float* dst = y->data;
+    for (size_t a = 0; a < d[0]; a++)
+      for (size_t b = 0; b < d[1]; b++)
+        for (size_t c = 0; c < d[2]; c++) {
+          const float* row = src + a * s[0] + b * s[1] + c * s[2];
+          for (size_t e = 0; e < d[3]; e++) *dst++ = row[e * s[3]];
+        }
+    return;
+  }
   const int8_t* src = x->data;
   int8_t* dst = y->data;
   for (size_t a = 0; a < d[0]; a++)
@@ -541,10 +562,21 @@ static void run_transpose(struct ekrt_model* m, struct ek_op* op) {
       }
 }
 
+/* RESHAPE / TRANSPOSE move int8 or float32 values (a float island's); the output has the input's
+ * dtype. A float RESHAPE may write a graph output: an island's value the model returns. */
+static int need_moved_dtype(struct ek_check* o) {
+  const int f = ek_in(o, 0)->dtype == EKM_F32;
+  TRY(ek_need_in(o, 0, "x", f ? EKM_F32 : EKM_I8, f ? ST_ARENA | ST_IO : ST_ARENA, -1)); /* f32: may be a graph input */
+  const int to_io = f && o->op->type == EKM_RESHAPE;
+  TRY(ek_need_out(o, f ? EKM_F32 : EKM_I8, to_io ? ST_ARENA | ST_IO : ST_ARENA, -1));
+  if (ek_out(o)->storage == EKM_IO && o->role[o->op->out] != 2) OFAIL("output (tensor %u) is not a graph output", o->op->out);
+  return 0;
+}
+
 static int check_reshape(struct ek_check* o) {
-  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
-  TRY(ek_need_out(o, EKM_I8, ST_ARENA, -1));
+  TRY(need_moved_dtype(o));
   TRY(ek_need_param(o, 0, "order", 0, 1));
+  if (o->op->p[0] == 1 && ek_in(o, 0)->dtype != EKM_I8) OFAIL0("order 1 (NCHW read of an NHWC tensor) is for int8 tensors");
   if (ek_in(o, 0)->elems != ek_out(o)->elems)
     OFAIL("output has %zu elements, the input %zu", ek_out(o)->elems, ek_in(o, 0)->elems);
   if (o->op->p[0] == 1 && ek_in(o, 0)->rank != 4) OFAIL0("order 1 (NCHW read of an NHWC tensor) needs a rank-4 input");
@@ -553,8 +585,8 @@ static int check_reshape(struct ek_check* o) {
 }
 
 static int check_transpose(struct ek_check* o) {
-  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
-  TRY(ek_need_out(o, EKM_I8, ST_ARENA, (int)ek_in(o, 0)->rank));
+  TRY(need_moved_dtype(o));
+  TRY(ek_need_out(o, ek_in(o, 0)->dtype, ST_ARENA, (int)ek_in(o, 0)->rank));
   const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
   unsigned seen = 0;
   for (uint32_t d = 0; d < x->rank; d++) {
@@ -625,7 +657,7 @@ static void resize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_
 
 static void run_resize(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* y = OUTT;
-  for_rows(m, op, (size_t)y->dims[0] * y->dims[1], (size_t)y->dims[2] * y->dims[3] * 4, resize_rows);
+  ek_for_rows(m, op, (size_t)y->dims[0] * y->dims[1], (size_t)y->dims[2] * y->dims[3] * 4, resize_rows);
 }
 
 static int check_resize(struct ek_check* o) {
@@ -648,7 +680,7 @@ static void lut_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r
 }
 
 static void run_lut(struct ekrt_model* m, struct ek_op* op) {
-  for_rows(m, op, (IN(0)->elems + 4095) / 4096, 4096, lut_rows);
+  ek_for_rows(m, op, (IN(0)->elems + 4095) / 4096, 4096, lut_rows);
 }
 
 static int prepare_lut(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
@@ -700,7 +732,7 @@ static void softmax_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size
 static void run_softmax(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* x = IN(0);
   size_t n = x->dims[x->rank - 1];
-  for_rows(m, op, x->elems / n, n * 16, softmax_rows);
+  ek_for_rows(m, op, x->elems / n, n * 16, softmax_rows);
 }
 
 static int prepare_softmax(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
@@ -802,7 +834,7 @@ static void pad_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r
 static void run_pad(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* y = OUTT;
   size_t W = y->rank ? y->dims[y->rank - 1] : 1;
-  for_rows(m, op, y->elems / W, W, pad_rows);
+  ek_for_rows(m, op, y->elems / W, W, pad_rows);
 }
 
 static int check_pad(struct ek_check* o) {
@@ -857,7 +889,7 @@ static void slice_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t
 static void run_slice(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* y = OUTT;
   size_t W = y->rank ? y->dims[y->rank - 1] : 1;
-  for_rows(m, op, y->elems / W, W, slice_rows);
+  ek_for_rows(m, op, y->elems / W, W, slice_rows);
 }
 
 /* SLICE: out[o] = x[start + o * step] per axis; every index read lies inside the input */
@@ -898,7 +930,7 @@ static void clut_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t 
 static void run_clut(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* x = IN(0);
   size_t C = x->dims[x->rank - 1];
-  for_rows(m, op, x->elems / C, C, clut_rows);
+  ek_for_rows(m, op, x->elems / C, C, clut_rows);
 }
 
 static int prepare_clut(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
@@ -947,6 +979,11 @@ static const struct ek_op_desc OPS[] = {
     [EKM_PAD] = {"PAD", 1, 1, 0, check_pad, NULL, run_pad, NULL},
     [EKM_SLICE] = {"SLICE", 1, 1, 0, check_slice, NULL, run_slice, NULL},
     [EKM_LUT_CHANNEL] = {"LUT_CHANNEL", 2, 2, 0, check_clut, prepare_clut, run_clut, NULL},
+    [EKM_F_BINARY] = {"F_BINARY", 2, 2, 1, ek_check_fbinary, own_const_inputs_prepare, ek_run_fbinary, NULL},
+    [EKM_F_UNARY] = {"F_UNARY", 1, 1, 1, ek_check_funary, NULL, ek_run_funary, NULL},
+    [EKM_F_REDUCE] = {"F_REDUCE", 1, 1, 0, ek_check_freduce, ek_prepare_freduce, ek_run_freduce, NULL},
+    [EKM_F_MATMUL] = {"F_MATMUL", 2, 2, 0, ek_check_fmatmul, own_const_inputs_prepare, ek_run_fmatmul, NULL},
+    [EKM_F_SOFTMAX] = {"F_SOFTMAX", 1, 1, 0, ek_check_fsoftmax, NULL, ek_run_fsoftmax, NULL},
 };
 _Static_assert(sizeof OPS / sizeof OPS[0] == EKM_OP_LAST + 1, "one descriptor per op type of ekm.h");
 

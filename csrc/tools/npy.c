@@ -1,4 +1,5 @@
-/* .npy files: float32/float64 C-order inputs in, float32 outputs out. */
+/* .npy files: float32/float64 (or int32/int64: byte or token ids, fed to the model as float32,
+ * exact up to 2^24) C-order inputs in, float32 outputs out. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <stdint.h>
@@ -31,8 +32,9 @@ float* read_npy_samples(const char* path, size_t want, const uint32_t* dims, int
   if (hlen > 65536) die(1, "save it with numpy.save", "%s: header too long", path);
   char* h = calloc(1, hlen + 1);
   if (!h || fread(h, 1, hlen, f) != hlen) die(1, "save it with numpy.save", "%s: truncated header", path);
-  int f8 = strstr(h, "'<f8'") != NULL;
-  if (!strstr(h, "'<f4'") && !f8) die(1, "save the input as float32", "%s: dtype is not float32 or float64 (little-endian)", path);
+  int f8 = strstr(h, "'<f8'") != NULL, i4 = strstr(h, "'<i4'") != NULL, i8 = strstr(h, "'<i8'") != NULL;
+  if (!strstr(h, "'<f4'") && !f8 && !i4 && !i8)
+    die(1, "save the input as float32", "%s: dtype is not float32, float64, int32 or int64 (little-endian)", path);
   if (strstr(h, "'fortran_order': True")) die(1, "save a C-ordered array (numpy.ascontiguousarray)", "%s is Fortran-ordered", path);
   const char* sh = strstr(h, "'shape':");
   if (!sh) die(1, "save it with numpy.save", "%s: no shape in the header", path);
@@ -65,11 +67,17 @@ float* read_npy_samples(const char* path, size_t want, const uint32_t* dims, int
   want *= k;
   float* out = malloc(want * sizeof *out + 64);
   if (!out) die(1, "free some memory", "out of memory");
-  if (f8) {
+  if (f8 || i4 || i8) {
     for (size_t i = 0; i < want; i++) {
-      double v;
-      if (fread(&v, 8, 1, f) != 1) die(1, "save it again with numpy.save", "%s: truncated data", path);
-      out[i] = (float)v;
+      uint8_t b[8];
+      if (fread(b, f8 || i8 ? 8 : 4, 1, f) != 1) die(1, "save it again with numpy.save", "%s: truncated data", path);
+      double dv;
+      int64_t lv = 0;
+      int32_t iv;
+      if (f8) memcpy(&dv, b, 8);
+      else if (i8) memcpy(&lv, b, 8);
+      else memcpy(&iv, b, 4), lv = iv;
+      out[i] = f8 ? (float)dv : (float)lv;
     }
   } else if (fread(out, 4, want, f) != want) {
     die(1, "save it again with numpy.save", "%s: truncated data", path);

@@ -37,7 +37,12 @@ enum ekm_op_type {
   EKM_PAD = 16,         /* added in place: files with ops 1..15 load as before */
   EKM_SLICE = 17,
   EKM_LUT_CHANNEL = 18,
-  EKM_OP_LAST = 18
+  EKM_F_BINARY = 19,    /* the float ops of the islands (docs/ekrt.md "Float islands") */
+  EKM_F_UNARY = 20,
+  EKM_F_REDUCE = 21,
+  EKM_F_MATMUL = 22,
+  EKM_F_SOFTMAX = 23,
+  EKM_OP_LAST = 23
 };
 
 struct ekm_header {            /* 128 bytes */
@@ -60,7 +65,7 @@ struct ekm_header {            /* 128 bytes */
 
 struct ekm_tensor {            /* 48 bytes */
   uint32_t dtype;              /* enum ekm_dtype */
-  uint32_t storage;            /* enum ekm_storage */
+  uint32_t storage;            /* enum ekm_storage; arena and const tensors may be float32 (islands) */
   uint32_t rank;               /* 0..4 */
   uint32_t dims[4];            /* logical dims (>= 1); unused trailing dims are 0 */
   float scale;                 /* int8 only (> 0, finite); 0 otherwise */

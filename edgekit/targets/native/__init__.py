@@ -45,7 +45,7 @@ class NativeBackend(Backend):
         return Verdict(True)
 
     def coverage(self, model: LoadedModel) -> dict | None:
-        """ekrt's nodes by how it runs them: int8 ops, int8 tables, none in float, unsupported."""
+        """ekrt's nodes by how it runs them: int8 ops, int8 tables, float islands, unsupported."""
         from edgekit.targets.native.lower import coverage
 
         return coverage(model) if model.format == "onnx" else None

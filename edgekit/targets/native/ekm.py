@@ -53,13 +53,35 @@ SOFTMAX = 15
 PAD = 16
 SLICE = 17
 LUT_CHANNEL = 18
+# the float ops of the islands (docs/ekrt.md "Float islands"); params[0] of F_BINARY / F_UNARY
+# picks the function, a float attribute is stored as its float32 bits in an int32 param
+F_BINARY = 19
+F_UNARY = 20
+F_REDUCE = 21
+F_MATMUL = 22
+F_SOFTMAX = 23
+BINARY_FUNCS = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Equal")
+REDUCE_FUNCS = ("ReduceMean", "ReduceSum", "ReduceMax")
+UNARY_FUNCS = ("Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Relu", "Erf",
+               "HardSigmoid", "HardSwish", "Softplus", "LeakyRelu", "Gelu")
+FLOAT_OPS = frozenset({F_BINARY, F_UNARY, F_REDUCE, F_MATMUL, F_SOFTMAX})
 OP_NAMES = {
     QUANTIZE: "QUANTIZE", DEQUANTIZE: "DEQUANTIZE", CONV2D: "CONV2D",
     FULLY_CONNECTED: "FULLY_CONNECTED", ADD: "ADD", MUL: "MUL", CONCAT: "CONCAT",
     MAXPOOL: "MAXPOOL", AVGPOOL: "AVGPOOL", GLOBAL_AVGPOOL: "GLOBAL_AVGPOOL",
     RESHAPE: "RESHAPE", TRANSPOSE: "TRANSPOSE", RESIZE: "RESIZE", LUT: "LUT", SOFTMAX: "SOFTMAX",
-    PAD: "PAD", SLICE: "SLICE", LUT_CHANNEL: "LUT_CHANNEL",
+    PAD: "PAD", SLICE: "SLICE", LUT_CHANNEL: "LUT_CHANNEL", F_BINARY: "F_BINARY", F_UNARY: "F_UNARY",
+    F_REDUCE: "F_REDUCE", F_MATMUL: "F_MATMUL", F_SOFTMAX: "F_SOFTMAX",
 }
+
+
+def float_bits(v: float) -> int:
+    """A float attribute as the int32 param holding its float32 bits."""
+    return int(np.array(v, np.float32).view(np.int32))
+
+
+def bits_float(p: int) -> np.float32:
+    return np.array(p, np.int32).view(np.float32)[()]
 
 # magic, version, header_size, flags, file_size, checksum, n_tensors, n_ops, n_inputs,
 # n_outputs, reserved0, tensors/ops/io/data offsets, data_size, arena_size, reserved[32]
@@ -290,7 +312,8 @@ def load(path: str | Path) -> EkmModel:
 
 
 __all__ = [
-    "ADD", "ARENA", "AVGPOOL", "CONCAT", "CONST", "CONV2D", "DEQUANTIZE", "EKM_VERSION", "F32",
+    "ADD", "ARENA", "AVGPOOL", "BINARY_FUNCS", "CONCAT", "CONST", "CONV2D", "DEQUANTIZE", "EKM_VERSION", "F32",
+    "FLOAT_OPS", "F_BINARY", "F_MATMUL", "F_REDUCE", "F_SOFTMAX", "F_UNARY", "UNARY_FUNCS", "bits_float", "float_bits",
     "FULLY_CONNECTED", "GLOBAL_AVGPOOL", "I8", "I32", "IO", "LUT", "MAXPOOL", "MUL", "OP_NAMES",
     "QUANTIZE", "RESHAPE", "RESIZE", "SOFTMAX", "TRANSPOSE", "EkmModel", "Op", "Tensor",
     "from_bytes", "load", "save", "to_bytes",

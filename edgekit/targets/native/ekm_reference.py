@@ -83,7 +83,8 @@ def op_conv2d(m, op, x, out):
 def op_fully_connected(m, op, x, out):
     xt = m.tensors[op.inputs[0]]
     w, bias, mult, shift = (m.tensors[i].data for i in op.inputs[1:5])
-    acc = (w.astype(np.float64) @ (_i(x).reshape(-1) - xt.zero_point).astype(np.float64)).astype(np.int64) + bias
+    rows = (_i(x).reshape(x.shape[0], -1) - xt.zero_point).astype(np.float64)  # [B, K]
+    acc = (rows @ w.astype(np.float64).T).astype(np.int64) + bias
     _check_acc(acc, op)
     y = requant(acc, mult.astype(np.int64), shift.astype(np.int64), out.zero_point, op.params[11], op.params[12])
     return y.reshape(out.dims)
@@ -116,6 +117,8 @@ def op_mul(m, op, a, b, out):
 
 def op_concat(m, op, *xs_out):
     *xs, out = xs_out
+    if out.dtype == ekm.F32:
+        return np.concatenate(xs, axis=op.params[0])
     parts = []
     for k, (i, x) in enumerate(zip(op.inputs, xs)):
         t = m.tensors[i]
@@ -229,12 +232,86 @@ def op_lut_channel(m, op, x, table, out):
     return table[c, _i(x) + 128]
 
 
+# -- the float ops of the islands: computed in float64, rounded once to float32 (as the C code) --
+
+
+def _f64(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).astype(np.float64)
+
+
+def _minmax(a, b, pick):
+    r = pick(a, b)
+    return np.where(np.isnan(a) | np.isnan(b), np.nan, r)
+
+
+_BINARY = (np.add, np.subtract, np.multiply, np.divide, np.power,
+           lambda a, b: _minmax(a, b, np.maximum), lambda a, b: _minmax(a, b, np.minimum),
+           lambda a, b: (a == b).astype(np.float64))
+
+
+def op_f_binary(m, op, a, b, out):
+    with np.errstate(all="ignore"):
+        return np.broadcast_to(_BINARY[op.params[0]](_f64(a), _f64(b)).astype(np.float32), out.dims)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    import math
+
+    return np.vectorize(math.erf, otypes=[np.float64])(x) if x.size else x
+
+
+def _unary(k: int, x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    name = ekm.UNARY_FUNCS[k]
+    if name == "Sigmoid":
+        return 1.0 / (1.0 + np.exp(-x))
+    if name == "Relu":
+        return np.where(x > 0, x, np.where(np.isnan(x), x, 0.0))
+    if name == "HardSigmoid":
+        return np.fmax(0.0, np.fmin(1.0, alpha * x + beta))
+    if name == "HardSwish":
+        return x * np.fmax(0.0, np.fmin(1.0, x / 6.0 + 0.5))
+    if name == "Softplus":
+        return np.where(x > 30, x, np.log1p(np.exp(np.minimum(x, 30))))
+    if name == "LeakyRelu":
+        return np.where(x >= 0, x, alpha * x)
+    if name == "Erf":
+        return _erf(x)
+    if name == "Gelu":
+        return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+    return {"Tanh": np.tanh, "Exp": np.exp, "Log": np.log, "Sqrt": np.sqrt, "Reciprocal": lambda v: 1.0 / v,
+            "Neg": np.negative, "Abs": np.abs}[name](x)
+
+
+def op_f_unary(m, op, x, out):
+    alpha, beta = (float(ekm.bits_float(op.params[i])) for i in (1, 2))
+    with np.errstate(all="ignore"):
+        return _unary(op.params[0], _f64(x), alpha, beta).astype(np.float32)
+
+
+def op_f_reduce(m, op, x, out):
+    axes = tuple(a for a in range(x.ndim) if op.params[1] >> a & 1)
+    f = (np.mean, np.sum, np.max)[op.params[0]]
+    return f(_f64(x), axis=axes, keepdims=True).astype(np.float32)
+
+
+def op_f_matmul(m, op, a, b, out):
+    return np.matmul(_f64(a), _f64(b)).astype(np.float32).reshape(out.dims)
+
+
+def op_f_softmax(m, op, x, out):
+    v = _f64(x)
+    e = np.exp(v - v.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
 OPS = {
     ekm.QUANTIZE: op_quantize, ekm.DEQUANTIZE: op_dequantize, ekm.CONV2D: op_conv2d,
     ekm.FULLY_CONNECTED: op_fully_connected, ekm.ADD: op_add, ekm.MUL: op_mul, ekm.CONCAT: op_concat,
     ekm.MAXPOOL: op_maxpool, ekm.AVGPOOL: op_avgpool, ekm.GLOBAL_AVGPOOL: op_global_avgpool,
     ekm.RESHAPE: op_reshape, ekm.TRANSPOSE: op_transpose, ekm.RESIZE: op_resize, ekm.LUT: op_lut,
     ekm.SOFTMAX: op_softmax, ekm.PAD: op_pad, ekm.SLICE: op_slice, ekm.LUT_CHANNEL: op_lut_channel,
+    ekm.F_BINARY: op_f_binary, ekm.F_UNARY: op_f_unary, ekm.F_REDUCE: op_f_reduce, ekm.F_MATMUL: op_f_matmul,
+    ekm.F_SOFTMAX: op_f_softmax,
 }
 # inputs the op functions take as arrays (the rest are constants they read themselves)
 _ARRAY_INPUTS = {ekm.CONV2D: 1, ekm.FULLY_CONNECTED: 1}

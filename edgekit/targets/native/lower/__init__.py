@@ -29,14 +29,16 @@ from pathlib import Path
 import onnx
 
 from edgekit.targets.native import ekm
+from edgekit.targets.native.lower.islands import FLOAT_LOWERINGS
 from edgekit.targets.native.lower.ops import LOWERINGS
 from edgekit.targets.native.lower.passes import plan_memory
 from edgekit.targets.native.lower.walk import Lowerer, LoweringError, LowerReport, stored
 
 
 def lower(model: onnx.ModelProto) -> tuple[ekm.EkmModel, LowerReport]:
-    """Lower a QDQ ONNX model; LoweringError names the first node ekrt cannot run."""
-    lw = Lowerer(model, LOWERINGS)
+    """Lower a QDQ ONNX model (float islands where int8 is not possible); LoweringError names the
+    first node ekrt cannot run at all."""
+    lw = Lowerer(model, LOWERINGS, float_lowerings=FLOAT_LOWERINGS)
     return lw.run(), lw.report
 
 
@@ -57,8 +59,9 @@ def check_lowerable(loaded) -> str | None:
 def coverage(loaded) -> dict:
     """Which nodes of ``loaded`` ekrt runs, quantized with the native scheme: ``int8`` (integer
     ops) and ``tables`` (float functions of one int8 value, run as 256-entry tables), by op type;
-    ``float``: always empty, ekrt has no float path, so an op it cannot run in int8 is
-    ``unsupported`` (by op type, and per node with the reason); ``blocked``: nodes not lowered
+    ``float``: nodes run in float32 islands (by op type; ``float_nodes`` per node with the reason
+    int8 was not possible); ``unsupported``: nodes ekrt runs neither way (by op type, and per
+    node with the reason); ``blocked``: nodes not lowered
     only because an input was not. Lowers the QDQ graph built with placeholder ranges (no
     calibration needed), going on past each failure; remembered on ``loaded`` (the planner asks
     once per backend choice and again on replan)."""
@@ -73,9 +76,9 @@ def coverage(loaded) -> dict:
     prepared, analysis = analyze_model(loaded, NATIVE)
     ranges = {t: (-1.0, 1.0) for t in analysis.calibrated}
     qmodel = rewrite(prepared, analysis, tensor_params(analysis, ranges, NATIVE), NATIVE)
-    cov: dict = {"runtime": "ekrt", "int8": {}, "tables": {}, "float": {}, "unsupported": {}, "unsupported_nodes": [], "blocked": 0, "reason": None}
+    cov: dict = {"runtime": "ekrt", "int8": {}, "tables": {}, "float": {}, "float_nodes": [], "unsupported": {}, "unsupported_nodes": [], "blocked": 0, "reason": None}
     try:
-        lw = Lowerer(qmodel, LOWERINGS, collect=True)
+        lw = Lowerer(qmodel, LOWERINGS, collect=True, float_lowerings=FLOAT_LOWERINGS)
         lw.run()
     except LoweringError as exc:  # before or after the walk (shape inference, graph inputs/outputs)
         cov.update(error=exc.message, reason=exc.message)
@@ -83,11 +86,14 @@ def coverage(loaded) -> dict:
         return cov
     compute = [n for n in qmodel.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear", "Constant") and n.name not in lw.folded]
     failed = {n.name for n, _ in lw.failures if n is not None}
-    cov["int8"] = dict(Counter(n.op_type for n in compute if n.name in lw.lowered and n.name not in lw.tabled))
+    islands = set(lw.islands)
+    cov["int8"] = dict(Counter(n.op_type for n in compute if n.name in lw.lowered and n.name not in lw.tabled and n.name not in islands))
+    cov["float"] = dict(Counter(op for op, _ in lw.islands.values()))
+    cov["float_nodes"] = [{"name": name, "op": op, "reason": why} for name, (op, why) in lw.islands.items()]
     cov["tables"] = dict(Counter(n.op_type for n in compute if n.name in lw.tabled))
     cov["unsupported"] = dict(Counter(n.op_type for n, _ in lw.failures if n is not None))
     cov["unsupported_nodes"] = [{"name": n.name if n is not None else "", "op": n.op_type if n is not None else "", "reason": msg} for n, msg in lw.failures]
-    cov["blocked"] = sum(1 for n in compute if n.name not in lw.lowered and n.name not in lw.tabled and n.name not in failed)
+    cov["blocked"] = sum(1 for n in compute if n.name not in lw.lowered and n.name not in lw.tabled and n.name not in failed and n.name not in islands)
     if lw.failures:
         ops = ", ".join(f"{op} x{k}" for op, k in sorted(cov["unsupported"].items()))
         cov["reason"] = f"{len(lw.failures)} node(s) have no int8 lowering ({ops}); first: {lw.failures[0][1]}"
@@ -95,4 +101,4 @@ def coverage(loaded) -> dict:
     return cov
 
 
-__all__ = ["LOWERINGS", "LowerReport", "Lowerer", "LoweringError", "check_lowerable", "coverage", "lower", "lower_file", "plan_memory", "stored"]
+__all__ = ["FLOAT_LOWERINGS", "LOWERINGS", "LowerReport", "Lowerer", "LoweringError", "check_lowerable", "coverage", "lower", "lower_file", "plan_memory", "stored"]

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from edgekit.targets.native import ekm
 from edgekit.targets.native.lower.walk import (
     QT,
     SOFTMAX_SCALE,
@@ -14,6 +15,7 @@ from edgekit.targets.native.lower.walk import (
     Lowerer,
     LoweringError,
     QParams,
+    channel_vector,
     where,
 )
 
@@ -29,13 +31,15 @@ ELEMENTWISE = frozenset({
 MAX_CONE = 64  # nodes folded into one table, at most
 
 
-def lut_cone(lw: Lowerer, tensor: str) -> tuple[list[onnx.NodeProto], str] | None:
+def lut_cone(lw: Lowerer, tensor: str, per_channel: bool = False) -> tuple[list[onnx.NodeProto], str] | None:
     """The elementwise subgraph computing float ``tensor`` from ONE int8 tensor (and scalar
     constants), in order, and that int8 tensor (a DequantizeLinear output); None if there is none.
 
     It looks through intermediate QuantizeLinear -> DequantizeLinear pairs whose own cone has the
     same single source (hard-swish written as ``x * clip(x + 3, 0, 6) / 6`` with a Q/DQ after the
-    Clip and the Mul is one function of x): the table runs those Q/DQ too, so it stays exact."""
+    Clip and the Mul is one function of x): the table runs those Q/DQ too, so it stays exact.
+    ``per_channel``: constants may also hold one value per channel, and an inference
+    BatchNormalization may be in the chain: a function of one value per channel (LUT_CHANNEL)."""
     try:
         shape = lw.shape(tensor)
     except LoweringError:
@@ -44,14 +48,18 @@ def lut_cone(lw: Lowerer, tensor: str) -> tuple[list[onnx.NodeProto], str] | Non
 
     def cone(name: str) -> set[str] | None:
         if lw.is_const(name):
-            return set() if lw.float_const(name).size == 1 else None
+            v = lw.float_const(name)
+            return set() if v.size == 1 or (per_channel and channel_vector(v.shape, shape)) else None
         if name in lw.alias:
             if lw.alias[name].shape != shape:
                 return None
             inner = through(name)
             return inner if inner is not None and len(inner) == 1 else {name}
         node = lw.producer.get(name)
-        if node is None or node.op_type not in ELEMENTWISE:
+        bn = per_channel and node is not None and node.op_type == "BatchNormalization"
+        if node is None or (node.op_type not in ELEMENTWISE and not bn):
+            return None
+        if bn and not all(lw.is_const(i) and lw.float_const(i).size == shape[1] for i in node.input[1:5]):
             return None
         try:
             if lw.shape(name) != shape:
@@ -59,7 +67,7 @@ def lut_cone(lw: Lowerer, tensor: str) -> tuple[list[onnx.NodeProto], str] | Non
         except LoweringError:
             return None
         leaves: set[str] = set()
-        for i in node.input:
+        for i in node.input[:1] if bn else node.input:
             if i:
                 sub = cone(i)
                 if sub is None:
@@ -95,6 +103,10 @@ def lut_cone(lw: Lowerer, tensor: str) -> tuple[list[onnx.NodeProto], str] | Non
 
 def lower_lut(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     found = lut_cone(lw, node.output[0])
+    if found is None and len(lw.shape(node.output[0], node)) in (2, 4):
+        per_channel = lut_cone(lw, node.output[0], per_channel=True)
+        if per_channel is not None:
+            return _channel_lut(lw, node, *per_channel, want, act)
     if found is None:
         raise LoweringError(f"{where(node)}: not a function of one int8 tensor", "ekrt turns only elementwise ops of one tensor (and scalar constants) into tables")
     chain, src = found
@@ -112,18 +124,42 @@ def lower_lut(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     return lw.lut(x, values, _natural_lut(lw, node, values), name)
 
 
+def _channel_lut(lw: Lowerer, node: onnx.NodeProto, chain: list[onnx.NodeProto], src: str, want, act) -> QT:
+    """A chain with per-channel constants (or a BatchNormalization): one table per channel, run
+    by ONNX Runtime on every int8 value of every channel at once (LUT_CHANNEL)."""
+    x = lw.alias[src]
+    c = x.shape[1] if len(x.shape) == 4 else x.shape[-1]
+    codes = np.arange(-128, 128, dtype=np.int8)
+    grid = np.broadcast_to(codes, (1, c, 1, 256)) if len(x.shape) == 4 else np.broadcast_to(codes[:, None], (256, c))
+    lw.tabled.update(n.name for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
+    name = "+".join(n.name for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
+    values = _eval_chain(lw, chain, src, x.q, None, np.ascontiguousarray(grid))
+    if act is not None:
+        values = np.clip(values, act[0], act[1]).astype(np.float32)
+    want = want or lw.natural(values)
+    table = _eval_chain(lw, chain, src, x.q, want, np.ascontiguousarray(grid))
+    if act is not None:
+        table = np.clip(table, *lw.act_range(want, act)).astype(np.int8)
+    table = table.reshape(c, 256) if len(x.shape) == 4 else table.T
+    out = lw.new_i8(x.shape, want)
+    lw.op(ekm.LUT_CHANNEL, [x.index, lw.const(ekm.I8, np.ascontiguousarray(table), f"{name}__tables")], out.index, name=name)
+    return out
+
+
 def _natural_lut(lw: Lowerer, node: onnx.NodeProto, values: np.ndarray) -> QParams:
     if node.op_type in ("Sigmoid", "HardSigmoid"):
         return QParams(SOFTMAX_SCALE, SOFTMAX_ZP)
     return lw.natural(values)
 
 
-def _eval_chain(lw: Lowerer, chain: list[onnx.NodeProto], src: str, xq: QParams, want: QParams | None) -> np.ndarray:
+def _eval_chain(lw: Lowerer, chain: list[onnx.NodeProto], src: str, xq: QParams, want: QParams | None,
+                grid: np.ndarray | None = None) -> np.ndarray:
     """The chain run by ONNX Runtime on all 256 int8 inputs, as the QDQ model has it:
     DequantizeLinear of the input (and of int8 constants), the float nodes, and the
     QuantizeLinear of ``want`` (int8 table) or nothing (float values). ORT then fuses the
     same patterns it fuses in the whole model (QLinearAdd, QLinearSigmoid, ...), so the table
-    holds exactly what ORT computes."""
+    holds exactly what ORT computes. ``grid``: the int8 inputs, when not the 256 values (per
+    channel: constants then keep their shapes)."""
     i8, f32 = onnx.TensorProto.INT8, onnx.TensorProto.FLOAT
     nodes = [helper.make_node("DequantizeLinear", ["lut_x", "lut_xs", "lut_xz"], [src])]
     inits = [numpy_helper.from_array(np.float32(xq.scale), "lut_xs"), numpy_helper.from_array(np.int8(xq.zp), "lut_xz")]
@@ -134,20 +170,23 @@ def _eval_chain(lw: Lowerer, chain: list[onnx.NodeProto], src: str, xq: QParams,
                       numpy_helper.from_array(c.zp.reshape(()).astype(c.q.dtype), name + "__lz")]
             nodes.append(helper.make_node("DequantizeLinear", [name + "__lq", name + "__ls", name + "__lz"], [name]))
         elif name in lw.consts:  # as the model has it (a Q/DQ zero point stays int8)
-            inits.append(numpy_helper.from_array(np.asarray(lw.consts[name]).reshape(()), name))
+            v = np.asarray(lw.consts[name])
+            inits.append(numpy_helper.from_array(v.reshape(()) if v.size == 1 else v, name))
         else:
-            inits.append(numpy_helper.from_array(lw.float_const(name).astype(np.float32).reshape(()), name))
+            v = lw.float_const(name).astype(np.float32)
+            inits.append(numpy_helper.from_array(v.reshape(()) if v.size == 1 else v, name))
     nodes += list(chain)
     out, elem = chain[-1].output[0], f32
     if want is not None:
         inits += [numpy_helper.from_array(np.float32(want.scale), "lut_ys"), numpy_helper.from_array(np.int8(want.zp), "lut_yz")]
         nodes.append(helper.make_node("QuantizeLinear", [out, "lut_ys", "lut_yz"], ["lut_y"]))
         out, elem = "lut_y", i8
-    graph = helper.make_graph(nodes, "lut", [helper.make_tensor_value_info("lut_x", i8, [256])],
+    grid = np.arange(-128, 128, dtype=np.int8) if grid is None else grid
+    graph = helper.make_graph(nodes, "lut", [helper.make_tensor_value_info("lut_x", i8, list(grid.shape))],
                               [helper.make_tensor_value_info(out, elem, None)], inits)
     model = helper.make_model(graph, opset_imports=lw.model.opset_import)
     model.ir_version = lw.model.ir_version
-    feed = {"lut_x": np.arange(-128, 128, dtype=np.int8)}
+    feed = {"lut_x": grid}
     try:
         import onnxruntime as ort
 
@@ -158,4 +197,4 @@ def _eval_chain(lw: Lowerer, chain: list[onnx.NodeProto], src: str, xq: QParams,
         from onnx.reference import ReferenceEvaluator
 
         (y,) = ReferenceEvaluator(model).run(None, feed)
-    return np.asarray(y).reshape(256).astype(np.int8 if want is not None else np.float32)
+    return np.asarray(y).reshape(grid.shape).astype(np.int8 if want is not None else np.float32)

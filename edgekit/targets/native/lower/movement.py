@@ -59,6 +59,11 @@ def as_view(lw: Lowerer, x: QT, elements: np.ndarray, name: str) -> QT:
     out = lw.new_i8(tuple(elements.shape), x.q)
     flat = (elements.transpose(NHWC) if elements.ndim == 4 else elements).reshape(-1)
     axes = _transpose_axes(flat)
+    if axes is None:
+        cut = _cut(lw, base, flat, x.q, name)
+        if cut is not None:
+            base, flat = cut
+            axes = _transpose_axes(flat)
     if axes is None or len(axes) > ekm.MAX_RANK:
         raise LoweringError(f"node '{name}': the rank-{elements.ndim} reshape/transpose chain is no transpose of <= {ekm.MAX_RANK} axes",
                             "ekrt moves data through Reshape/Transpose chains that merge into a 4-D transpose")
@@ -79,16 +84,15 @@ def _raw(lw: Lowerer, dims: list[int], q, inputs: list[int], type_: int, params:
     return idx
 
 
-def _transpose_axes(f: np.ndarray) -> list[tuple[int, int]] | None:
-    """``f`` (output flat position -> source flat position) as a transpose: its axes, innermost
-    first, as (size, source stride), adjacent axes that stay adjacent merged; None if it is not one."""
+def _axes_of(f: np.ndarray) -> list[tuple[int, int]] | None:
+    """``f`` (output flat position -> source flat position) as ``f[0] + sum(i_k * stride_k)``: its
+    axes, innermost first, as (size, source stride), adjacent axes that stay adjacent merged."""
     n, axes, block = f.size, [], 1
-    if f[0] != 0 or np.unique(f).size != n:
-        return None
+    g = f - f[0]
     while block < n:
-        stride = int(f[block] - f[0])
+        stride = int(g[block])
         count = 1
-        while block * (count + 1) <= n and f[block * count] == count * stride:
+        while block * (count + 1) <= n and g[block * count] == count * stride:
             count += 1
         if count == 1 or n % (block * count):
             return None
@@ -97,14 +101,46 @@ def _transpose_axes(f: np.ndarray) -> list[tuple[int, int]] | None:
     idx = np.zeros(1, np.int64)
     for size, stride in axes:  # innermost first: rebuild and compare
         idx = (np.arange(size, dtype=np.int64)[:, None] * stride + idx[None, :]).reshape(-1)
-    if not np.array_equal(idx, f):
+    return axes if np.array_equal(idx, g) else None
+
+
+def _transpose_axes(f: np.ndarray) -> list[tuple[int, int]] | None:
+    """``f`` as a transpose of a whole contiguous tensor (its _axes_of), else None."""
+    if f[0] != 0 or np.unique(f).size != f.size:
         return None
+    axes = _axes_of(f)
     expect = 1  # a transpose of a contiguous tensor: sorted by stride, each stride is the product below
-    for size, stride in sorted(axes, key=lambda a: a[1]):
+    for size, stride in sorted(axes or [], key=lambda a: a[1]):
         if stride != expect:
             return None
         expect *= size
     return axes
+
+
+def _cut(lw: Lowerer, base: int, f: np.ndarray, q, name: str) -> tuple[int, np.ndarray] | None:
+    """Elements ``f`` of the real tensor ``base`` that are a strided block of it (q, k and v sliced
+    out of one attention qkv view): the block cut out by RESHAPE -> SLICE (a contiguous tensor)
+    and the positions of ``f`` in it; None when they are not."""
+    axes = _axes_of(f)
+    total = math.prod(lw.m.tensors[base].dims)
+    if axes is None or np.unique(f).size != f.size:
+        return None
+    axes = sorted(axes, key=lambda a: a[1])
+    strides = [a[1] for a in axes]
+    # innermost first: the base seen as [.., s2/s1, s1/s0, s0]; the block takes each axis' size
+    dims = ([strides[0]] if strides[0] > 1 else []) + [b // a for a, b in zip(strides, strides[1:])] + [total // strides[-1]]
+    counts = ([1] if strides[0] > 1 else []) + [a[0] for a in axes]
+    if any(b % a for a, b in zip(strides, strides[1:])) or total % strides[-1] or len(dims) > ekm.MAX_RANK:
+        return None
+    starts, rem = [], int(f[0])
+    for d in dims:  # innermost first: f[0] in the mixed radix of dims
+        starts.append(rem % d)
+        rem //= d
+    if any(s0 + c > d for s0, c, d in zip(starts, counts, dims)):
+        return None
+    shaped = _raw(lw, dims[::-1], q, [base], ekm.RESHAPE, {0: 0}, name + "__block")
+    block = _raw(lw, counts[::-1], q, [shaped], ekm.SLICE, {**dict(enumerate(starts[::-1])), **{4 + d: 1 for d in range(len(dims))}}, name + "__cut")
+    return block, np.argsort(np.argsort(f))  # the block keeps the source order: f's ranks are its positions
 
 
 def _ints(lw: Lowerer, node: onnx.NodeProto, i: int, what: str) -> list[int] | None:
@@ -192,6 +228,9 @@ def _slice(lw: Lowerer, x: QT, starts: list[int], steps: list[int], counts: list
     if min(counts) < 1:
         raise LoweringError(f"node '{name}' makes an empty tensor", "ekrt tensors have at least one element")
     steps = [st if c > 1 else 1 for st, c in zip(steps, counts)]
+    if x.view is not None:  # a slice of a rank-5/6 view (attention's q, k, v out of one qkv): a view too
+        idx = [s0 + st * np.arange(c) for s0, st, c in zip(starts, steps, counts)]
+        return as_view(lw, x, view_of(x)[np.ix_(*idx)], name)
     out = lw.new_i8(tuple(counts), x.q)
     ss, st = to_stored(starts, rank), to_stored(steps, rank)
     lw.op(ekm.SLICE, [x.index], out.index, {**{d: ss[d] for d in range(rank)}, **{4 + d: st[d] for d in range(rank)}}, name)

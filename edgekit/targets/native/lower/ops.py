@@ -32,6 +32,7 @@ from edgekit.targets.native.lower.walk import (
     LoweringError,
     QParams,
     attrs,
+    channel_vector,
     stored,
     text,
     where,
@@ -141,8 +142,9 @@ def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     trans_b = node.op_type == "Gemm" and a.get("transB", 0)
     wq = w.q if trans_b else w.q.T  # [N][K]
     n_out, k = wq.shape
-    if int(np.prod(x.shape)) != k or x.shape[-1] != k or any(d != 1 for d in x.shape[:-1]):
-        raise LoweringError(f"{where(node)}: input shape {x.shape} is not [1, {k}]", "ekrt runs batch-1 fully connected layers")
+    rows = int(np.prod(x.shape[:-1]))
+    if x.shape[-1] != k or (len(x.shape) == 4 and rows != 1):
+        raise LoweringError(f"{where(node)}: input shape {x.shape} is not [..., {k}]", "ekrt runs fully connected layers over the rows of a rank <= 3 tensor")
     axis = w.axis if w.axis is None or w.axis >= 0 else w.axis + 2
     if w.scale.size > 1 and axis != (0 if trans_b else 1):
         raise LoweringError(f"{where(node)}: weight scales are not per output channel", "quantize with edgekit")
@@ -153,19 +155,18 @@ def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         bias = _bias(lw, node, node.input[2], n_out)
     out_shape = lw.shape(node.output[0], node)
     mult, shift = lw.requant_params(real)
-    out = lw.new_i8(out_shape, want)
+    if rows > 1 and len(x.shape) != 2:  # MatMul of [.., M, K] by a constant: the M rows as a batch
+        flat = lw.new_i8((rows, k), x.q)  # the same bytes (rank <= 3 is stored as it is)
+        lw.op(ekm.RESHAPE, [x.index], flat.index, {0: 0}, node.name + "__rows")
+        x = flat
+    out = lw.new_i8(out_shape if rows == 1 or len(out_shape) == 2 else (rows, n_out), want)
     amin, amax = lw.act_range(want, act)
     lw.op(ekm.FULLY_CONNECTED, [x.index, lw.const(ekm.I8, wq, wname), lw.const(ekm.I32, _fit_bias(bias, wq)), mult, shift], out.index, {11: amin, 12: amax}, node.name)
+    if out.shape != tuple(out_shape):
+        shaped = lw.new_i8(out_shape, want)
+        lw.op(ekm.RESHAPE, [out.index], shaped.index, {0: 0}, node.name + "__shape")
+        out = shaped
     return out
-
-
-def _channel_vector(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
-    """Does ``shape`` broadcast as one value per channel (the NHWC innermost axis)?"""
-    if len(out_shape) == 4:
-        full = (1,) * (4 - len(shape)) + tuple(shape)
-        return full[0] == 1 and full[2] == 1 and full[3] == 1 and full[1] == out_shape[1]
-    full = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
-    return all(d == 1 for d in full[:-1]) and full[-1] == out_shape[-1]
 
 
 def _operand(lw: Lowerer, node: onnx.NodeProto, i: int, out_shape) -> tuple[QT | None, tuple]:
@@ -185,7 +186,7 @@ def _operand(lw: Lowerer, node: onnx.NodeProto, i: int, out_shape) -> tuple[QT |
     if shape == tuple(out_shape):
         data = q.transpose(NHWC) if len(shape) == 4 else q
         dims = stored(shape)
-    elif _channel_vector(shape, out_shape):
+    elif channel_vector(shape, out_shape):
         data = q.reshape(-1)
         dims = (1, 1, 1, out_shape[1]) if len(out_shape) == 4 else (1,) * (len(out_shape) - 1) + (out_shape[-1],)
     else:
@@ -215,7 +216,7 @@ def lower_binary(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         a, b, a_shape, b_shape = b, a, b_shape, a_shape
     if tuple(a_shape) != tuple(out_shape):
         raise LoweringError(f"{where(node)}: neither input has the output's shape {out_shape}", "ekrt broadcasts only a per-channel operand")
-    if tuple(b_shape) != tuple(out_shape) and not _channel_vector(b_shape, out_shape):
+    if tuple(b_shape) != tuple(out_shape) and not channel_vector(b_shape, out_shape):
         raise LoweringError(f"{where(node)}: {b_shape} broadcasts over {out_shape} other than per channel", "ekrt broadcasts only a per-channel operand")
     out = lw.new_i8(out_shape, want)
     amin, amax = lw.act_range(want, act)
@@ -529,7 +530,7 @@ def lower_prelu(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         lw.tabled.add(node.name)
         values = _clip(np.where(grid < 0, grid * slope.reshape(()), grid), act)
         return lw.lut(x, values, want or lw.natural(values), node.name)
-    if not _channel_vector(slope.shape, x.shape):
+    if not channel_vector(slope.shape, x.shape):
         raise LoweringError(f"{where(node)}: slope {slope.shape} for input {x.shape}", "ekrt runs a scalar or per-channel PRelu slope")
     values = _clip(np.where(grid < 0, grid[None, :] * slope.reshape(-1, 1), grid[None, :]), act)
     want = want or lw.natural(values)

@@ -52,6 +52,19 @@ class QT:
 
 
 @dataclass
+class FT:
+    """A float32 tensor of a float island: its index in the .ekm and its logical (ONNX) shape,
+    which is also how it is stored (a 4-D float tensor stays NCHW)."""
+
+    index: int
+    shape: tuple[int, ...]
+
+
+# A float op's lowering: (lowerer, node) -> the float tensor of the output asked for (lw.asked)
+FloatLowering = Callable[["Lowerer", onnx.NodeProto], "FT"]
+
+
+@dataclass
 class QConst:
     """A constant that reaches a node through DequantizeLinear: integer values + params."""
 
@@ -83,6 +96,15 @@ def stored(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape[i] for i in NHWC) if len(shape) == 4 else tuple(shape)
 
 
+def channel_vector(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """Does ``shape`` broadcast as one value per channel (the NHWC innermost axis)?"""
+    if len(out_shape) == 4:
+        full = (1,) * (4 - len(shape)) + tuple(shape)
+        return full[0] == 1 and full[2] == 1 and full[3] == 1 and full[1] == out_shape[1]
+    full = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    return all(d == 1 for d in full[:-1]) and full[-1] == out_shape[-1]
+
+
 def attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
@@ -105,7 +127,8 @@ Lowering = Callable[["Lowerer", onnx.NodeProto, "QParams | None", "tuple | None"
 class Lowerer:
     """One lowering of one QDQ model; ``run()`` returns the EkmModel."""
 
-    def __init__(self, model: onnx.ModelProto, lowerings: dict[str, Lowering], collect: bool = False) -> None:
+    def __init__(self, model: onnx.ModelProto, lowerings: dict[str, Lowering], collect: bool = False,
+                 float_lowerings: dict[str, FloatLowering] | None = None) -> None:
         try:
             model = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         except Exception as exc:  # shape inference raises several types; name the problem
@@ -142,6 +165,11 @@ class Lowerer:
         self.lowered: set[str] = set()  # nodes run as integer ops
         self.tabled: set[str] = set()  # float nodes run as int8 tables (LUT, LUT_CHANNEL)
         self.folded: set[str] = set()  # constant and shape arithmetic, done at lowering time
+        # float islands: a node with no int8 lowering runs in float32 between DEQUANTIZE and QUANTIZE
+        self.float_lowerings = float_lowerings or {}
+        self.floats: dict[str, FT] = {}  # ONNX tensor -> its float32 tensor in the runtime
+        self.dequantized: dict[int, FT] = {}  # int8 tensor index -> its DEQUANTIZE
+        self.islands: dict[str, tuple[str, str]] = {}  # node name -> (op type, why it runs in float)
 
     # -- tensors --------------------------------------------------------------------------
 
@@ -235,14 +263,17 @@ class Lowerer:
                 ) if any(True for _ in self.consumers.get(inp.name, [])) else LoweringError(
                     f"graph input {i} '{inp.name}' is unused", "remove it from the model")
         for out in g.output:
-            qt = self.alias.get(out.name) or self._collecting(out, lambda o: self.materialize(o.name, None))
+            qt = self.alias.get(out.name) or self._collecting(out, lambda o: self.output_value(o.name))
             if qt is None:
                 continue
             shape = self.shape(out.name)
             if len(shape) > ekm.MAX_RANK:
                 raise LoweringError(f"graph output '{out.name}' has rank {len(shape)}", "ekrt tensors have rank <= 4")
             io = self.m.add_tensor(ekm.Tensor(ekm.F32, ekm.IO, shape, name=out.name))
-            self.op(ekm.DEQUANTIZE, [qt.index], io, {0: int(len(shape) == 4)}, name=f"{out.name}__DQ")
+            if isinstance(qt, FT):  # an island's value: copied out as it is
+                self.op(ekm.RESHAPE, [qt.index], io, {0: 0}, name=f"{out.name}__out")
+            else:
+                self.op(ekm.DEQUANTIZE, [qt.index], io, {0: int(len(shape) == 4)}, name=f"{out.name}__DQ")
             self.m.outputs.append((io, out.name))
         if self.failures:
             return self.m  # coverage only: the model is incomplete
@@ -316,16 +347,20 @@ class Lowerer:
         key = (x, q, None)
         if key in self.memo:
             return self.memo[key]
+        self.quantized_input_io(x)
+        out = self.new_i8(self.shape(x), q)
+        self.op(ekm.QUANTIZE, [self.io[x]], out.index, {0: int(len(out.shape) == 4)}, name=name or f"{x}__Q")
+        self.memo[key] = out
+        return out
+
+    def quantized_input_io(self, x: str) -> int:
         if x not in self.io:
             shape = self.shape(x)
             if len(shape) > ekm.MAX_RANK:
                 raise LoweringError(f"graph input '{x}' has rank {len(shape)}", "ekrt tensors have rank <= 4")
             self.io[x] = self.m.add_tensor(ekm.Tensor(ekm.F32, ekm.IO, shape, name=x))
             self.m.inputs.append((self.io[x], x))
-        out = self.new_i8(self.shape(x), q)
-        self.op(ekm.QUANTIZE, [self.io[x]], out.index, {0: int(len(out.shape) == 4)}, name=name or f"{x}__Q")
-        self.memo[key] = out
-        return out
+        return self.io[x]
 
     def qparams(self, node: onnx.NodeProto) -> QParams:
         scale = self.consts.get(node.input[1])
@@ -367,10 +402,94 @@ class Lowerer:
                 qt = fn(self, node, want, act)
             except LoweringError as exc:
                 exc.node = exc.node or node  # the innermost node names the cause
-                raise
-            self.lowered.add(node.name)
+                if exc.blocked or want is None or not self.float_lowerings:
+                    raise
+                qt = self.island(node, name, want, act, exc)
+            else:
+                self.lowered.add(node.name)
         self.memo[key] = qt
         return qt
+
+    # -- float islands ----------------------------------------------------------------------
+
+    def island(self, node: onnx.NodeProto, name: str, want: QParams, act, exc: LoweringError) -> QT:
+        """Float tensor ``name`` computed in float32 (its producer ``node`` has no int8 lowering:
+        ``exc`` says why), then quantized with ``want`` for its int8 consumers."""
+        ft = self.island_value(node, name, exc)
+        out = self.new_i8(ft.shape, want)
+        self.op(ekm.QUANTIZE, [ft.index], out.index, {0: int(len(ft.shape) == 4)}, name=f"{name}__Q")
+        return self.requant(out, None, act, name)
+
+    def island_value(self, node: onnx.NodeProto, name: str, exc: LoweringError) -> FT:
+        self.islands.setdefault(node.name, (node.op_type, exc.message))
+        try:
+            return self.float_value(name)
+        except LoweringError as fexc:
+            self.islands.pop(node.name, None)
+            err = LoweringError(f"{exc.message}; nor as float: {fexc.message}", fexc.hint)
+            err.node, err.blocked = fexc.node or node, fexc.blocked
+            raise err from None
+
+    def float_value(self, name: str) -> FT:
+        """Float tensor ``name`` as a float32 tensor of the runtime: an int8 tensor dequantized, a
+        graph input or a constant as is, else its producer run as a float op (part of an island)."""
+        if name in self.floats:
+            return self.floats[name]
+        if name in self.failed:
+            exc = LoweringError(f"tensor '{name}' could not be lowered", "see the node that produces it")
+            exc.blocked = True
+            raise exc
+        if name in self.alias:
+            ft = self.dequantize_value(self.alias[name], name)
+        elif name in self.graph_inputs:
+            self.quantized_input_io(name)
+            ft = FT(self.io[name], self.shape(name))
+        elif self.is_const(name):
+            v = self.float_const(name)
+            ft = FT(self.const(ekm.F32, v, name), tuple(v.shape))
+        else:
+            node = self.producer.get(name)
+            if node is None:
+                raise LoweringError(f"tensor '{name}' is neither produced by a node nor an input", "check the model")
+            fn = self.float_lowerings.get(node.op_type)
+            if fn is None:
+                exc = LoweringError(f"{where(node)}: ekrt has no {node.op_type}, in int8 or in float",
+                                    f"ekrt runs in float: {', '.join(sorted(self.float_lowerings))}; deploy with another backend (--backend onnxruntime)")
+                exc.node = node
+                raise exc
+            self.asked = name
+            try:
+                ft = fn(self, node)
+            except LoweringError as exc:
+                exc.node = exc.node or node
+                raise
+            self.islands.setdefault(node.name, (node.op_type, f"its output '{name}' is not quantized: it stays float inside a float island"))
+        if len(ft.shape) > ekm.MAX_RANK:
+            raise LoweringError(f"float tensor '{name}' has rank {len(ft.shape)}", f"ekrt's float islands hold tensors of rank <= {ekm.MAX_RANK}")
+        self.floats[name] = ft
+        return ft
+
+    def dequantize_value(self, qt: QT, name: str) -> FT:
+        if qt.view is not None:
+            raise LoweringError(f"tensor '{name}' is a rank-{len(qt.shape)} view", f"ekrt's float islands read tensors of rank <= {ekm.MAX_RANK}")
+        if qt.index not in self.dequantized:
+            ft = self.new_f32(qt.shape)
+            self.op(ekm.DEQUANTIZE, [qt.index], ft.index, {0: int(len(qt.shape) == 4)}, name=f"{name}__DQ")
+            self.dequantized[qt.index] = ft
+        return self.dequantized[qt.index]
+
+    def new_f32(self, shape: tuple[int, ...]) -> FT:
+        return FT(self.m.add_tensor(ekm.Tensor(ekm.F32, ekm.ARENA, tuple(shape))), tuple(shape))
+
+    def output_value(self, name: str) -> QT | FT:
+        """A graph output: int8 (dequantized into the output) where it lowers, else float."""
+        try:
+            return self.materialize(name, None)
+        except LoweringError as exc:
+            node = self.producer.get(name)
+            if exc.blocked or not self.float_lowerings or node is None:
+                raise
+            return self.island_value(node, name, exc)
 
     def input_i8(self, node: onnx.NodeProto, i: int) -> QT:
         """Input ``i`` of an integer op: an int8 tensor (a DequantizeLinear output)."""

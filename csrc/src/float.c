@@ -1,0 +1,283 @@
+/* The float ops of the islands (docs/ekrt.md "Float islands"): what the lowering cannot run in
+ * int8 runs in float32 between a DEQUANTIZE and a QUANTIZE. Plain C loops, no kernel family:
+ * every value is computed in double and rounded once to float32, so results do not depend on
+ * the ISA, the libm's float variants or the compiler's vectorization (+ - * / and sqrt
+ * rounded from double are the float32 operations exactly; ekm_reference.py does the same). */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define IN(k) (&m->tensors[op->in[k]])
+#define OUTT (&m->tensors[op->out])
+
+/* ---- shapes as 4 right-aligned dims (numpy broadcasting) ---- */
+
+static void dims4(const struct ek_tensor* t, size_t d[4]) {
+  uint32_t off = 4 - t->rank;
+  for (uint32_t i = 0; i < 4; i++) d[i] = i < off ? 1 : t->dims[i - off];
+}
+
+/* element strides of t read as the output's 4 dims: 0 along a broadcast axis */
+static void bstrides(const struct ek_tensor* t, size_t s[4]) {
+  size_t d[4], st = 1;
+  dims4(t, d);
+  for (int i = 3; i >= 0; i--) {
+    s[i] = d[i] == 1 ? 0 : st;
+    st *= d[i];
+  }
+}
+
+static float param_f(const struct ek_op* op, int i) {
+  float f;
+  memcpy(&f, &op->p[i], sizeof f);
+  return f;
+}
+
+/* a float op reads the arena, a constant or a graph input (an integer input such as token or
+ * byte ids comes in as float32, exact up to 2^24) */
+static int need_f32_act(struct ek_check* o, uint32_t k, const char* what) {
+  return ek_need_in(o, k, what, EKM_F32, ST_ARENA | ST_CONST | ST_IO, -1);
+}
+
+static int need_finite_param(struct ek_check* o, int i, const char* what) {
+  float f;
+  memcpy(&f, &o->op->p[i], sizeof f);
+  if (!isfinite(f)) OFAIL("params[%d] (%s) is not a finite float (bits 0x%08x)", i, what, (unsigned)o->op->p[i]);
+  return 0;
+}
+
+/* ---- F_BINARY: y = a <op> b, numpy broadcasting (rank <= 4); the output may be larger than
+ * the inputs' broadcast shape along axes where both are 1 (ONNX Expand: x * 1 into its shape) ---- */
+
+enum { FB_ADD, FB_SUB, FB_MUL, FB_DIV, FB_POW, FB_MAX, FB_MIN, FB_EQUAL, FB_LAST = FB_EQUAL };
+
+static double fbin(int k, double a, double b) {
+  switch (k) {
+    case FB_ADD: return a + b;
+    case FB_SUB: return a - b;
+    case FB_MUL: return a * b;
+    case FB_DIV: return a / b;
+    case FB_POW: return pow(a, b);
+    case FB_MAX: return isnan(a) || isnan(b) ? NAN : a > b ? a : b;
+    case FB_MIN: return isnan(a) || isnan(b) ? NAN : a < b ? a : b;
+    default: return a == b ? 1.0 : 0.0; /* FB_EQUAL: ONNX Equal's bool as 1 / 0 */
+  }
+}
+
+void ek_run_fbinary(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor *a = IN(0), *b = IN(1), *y = OUTT;
+  size_t d[4], sa[4], sb[4];
+  dims4(y, d);
+  bstrides(a, sa);
+  bstrides(b, sb);
+  const float *pa = a->data, *pb = b->data;
+  float* py = y->data;
+  const int k = op->p[0];
+  for (size_t i0 = 0; i0 < d[0]; i0++)
+    for (size_t i1 = 0; i1 < d[1]; i1++)
+      for (size_t i2 = 0; i2 < d[2]; i2++) {
+        const float* ra = pa + i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
+        const float* rb = pb + i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
+        for (size_t i3 = 0; i3 < d[3]; i3++) *py++ = (float)fbin(k, ra[i3 * sa[3]], rb[i3 * sb[3]]);
+      }
+}
+
+int ek_check_fbinary(struct ek_check* o) {
+  TRY(need_f32_act(o, 0, "a"));
+  TRY(need_f32_act(o, 1, "b"));
+  TRY(ek_need_out(o, EKM_F32, ST_ARENA, -1));
+  TRY(ek_need_param(o, 0, "operation", 0, FB_LAST));
+  const struct ek_tensor *a = ek_in(o, 0), *b = ek_in(o, 1), *y = ek_out(o);
+  if (a->rank > y->rank || b->rank > y->rank) OFAIL("inputs have rank %u and %u, more than the output's %u", a->rank, b->rank, y->rank);
+  size_t da[4], db[4], dy[4];
+  dims4(a, da);
+  dims4(b, db);
+  dims4(y, dy);
+  for (int i = 0; i < 4; i++)
+    if ((da[i] != 1 && da[i] != dy[i]) || (db[i] != 1 && db[i] != dy[i]))
+      OFAIL("shapes do not broadcast: axis %d (from the right: %d) has a %zu, b %zu, output %zu", i, 3 - i, da[i], db[i], dy[i]);
+  return ek_need_unused_zero(o, 0x1);
+}
+
+/* ---- F_UNARY: y = f(x) ---- */
+
+enum {
+  FU_SIGMOID, FU_TANH, FU_EXP, FU_LOG, FU_SQRT, FU_RECIPROCAL, FU_NEG, FU_ABS, FU_RELU, FU_ERF,
+  FU_HARDSIGMOID, FU_HARDSWISH, FU_SOFTPLUS, FU_LEAKYRELU, FU_GELU, FU_LAST = FU_GELU
+};
+
+static double funa(int k, double x, double alpha, double beta) {
+  switch (k) {
+    case FU_SIGMOID: return 1.0 / (1.0 + exp(-x));
+    case FU_TANH: return tanh(x);
+    case FU_EXP: return exp(x);
+    case FU_LOG: return log(x);
+    case FU_SQRT: return sqrt(x);
+    case FU_RECIPROCAL: return 1.0 / x;
+    case FU_NEG: return -x;
+    case FU_ABS: return fabs(x);
+    case FU_RELU: return x > 0 || isnan(x) ? x : 0.0;
+    case FU_ERF: return erf(x);
+    case FU_HARDSIGMOID: return fmax(0.0, fmin(1.0, alpha * x + beta));
+    case FU_HARDSWISH: return x * fmax(0.0, fmin(1.0, x / 6.0 + 0.5));
+    case FU_SOFTPLUS: return x > 30 ? x : log1p(exp(x));
+    case FU_LEAKYRELU: return x >= 0 ? x : alpha * x;
+    default: return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); /* FU_GELU, the exact form */
+  }
+}
+
+static void unary_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const float* x = IN(0)->data;
+  float* y = OUTT->data;
+  const int k = op->p[0];
+  const double alpha = param_f(op, 1), beta = param_f(op, 2);
+  size_t end = ek_min_sz(r1 * 1024, IN(0)->elems);
+  for (size_t i = r0 * 1024; i < end; i++) y[i] = (float)funa(k, x[i], alpha, beta);
+}
+
+void ek_run_funary(struct ekrt_model* m, struct ek_op* op) {
+  ek_for_rows(m, op, (IN(0)->elems + 1023) / 1024, 1024, unary_rows);
+}
+
+int ek_check_funary(struct ek_check* o) {
+  TRY(need_f32_act(o, 0, "x"));
+  TRY(ek_need_out(o, EKM_F32, ST_ARENA, -1));
+  TRY(ek_need_same_dims_out(o, 0));
+  TRY(ek_need_param(o, 0, "operation", 0, FU_LAST));
+  const int k = o->op->p[0];
+  uint32_t used = 0x1;
+  if (k == FU_HARDSIGMOID || k == FU_LEAKYRELU) {
+    TRY(need_finite_param(o, 1, "alpha"));
+    used |= P(1);
+  }
+  if (k == FU_HARDSIGMOID) {
+    TRY(need_finite_param(o, 2, "beta"));
+    used |= P(2);
+  }
+  return ek_need_unused_zero(o, used);
+}
+
+/* ---- F_REDUCE: mean / sum / max over the axes of a bitmask; the output keeps them as 1s ---- */
+
+void ek_run_freduce(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  size_t d[4], sy[4];
+  dims4(x, d);
+  bstrides(y, sy);
+  double* acc = op->state;
+  const int max = op->p[0] == 2;
+  for (size_t i = 0; i < y->elems; i++) acc[i] = max ? -INFINITY : 0.0;
+  const float* px = x->data;
+  for (size_t i0 = 0; i0 < d[0]; i0++) /* in the input's order: every output's sum runs the same way */
+    for (size_t i1 = 0; i1 < d[1]; i1++)
+      for (size_t i2 = 0; i2 < d[2]; i2++) {
+        double* row = acc + i0 * sy[0] + i1 * sy[1] + i2 * sy[2];
+        for (size_t i3 = 0; i3 < d[3]; i3++, px++) {
+          double* a = &row[i3 * sy[3]];
+          if (!max) *a += *px;
+          else if (*px > *a || isnan(*px)) *a = isnan(*a) ? *a : *px; /* NaN wins, as numpy's max */
+        }
+      }
+  const double n = (double)x->elems / (double)y->elems;
+  float* py = y->data;
+  for (size_t i = 0; i < y->elems; i++) py[i] = (float)(op->p[0] == 0 ? acc[i] / n : acc[i]);
+}
+
+int ek_prepare_freduce(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
+  (void)data;
+  (void)err;
+  (void)err_len;
+  op->state = malloc(OUTT->elems * sizeof(double));
+  return op->state ? 0 : EKRT_ENOMEM;
+}
+
+int ek_check_freduce(struct ek_check* o) {
+  TRY(need_f32_act(o, 0, "x"));
+  const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
+  TRY(ek_need_out(o, EKM_F32, ST_ARENA, (int)x->rank));
+  TRY(ek_need_param(o, 0, "kind", 0, 2));
+  TRY(ek_need_param(o, 1, "axes", 1, (1 << x->rank) - 1));
+  for (uint32_t a = 0; a < x->rank; a++) {
+    uint32_t want = (o->op->p[1] >> a) & 1 ? 1 : x->dims[a];
+    if (y->dims[a] != want) OFAIL("output dims[%u] is %u, the axes make %u", a, y->dims[a], want);
+  }
+  return ek_need_unused_zero(o, 0x3);
+}
+
+/* ---- F_MATMUL: [..., M, K] x [..., K, N] -> [..., M, N], batch dims broadcast, rank 2..4 ---- */
+
+void ek_run_fmatmul(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor *a = IN(0), *b = IN(1), *y = OUTT;
+  size_t dy[4], da[4], db[4];
+  dims4(y, dy);
+  dims4(a, da);
+  dims4(b, db);
+  const size_t M = dy[2], N = dy[3], K = da[3];
+  const float *pa = a->data, *pb = b->data;
+  float* py = y->data;
+  for (size_t i0 = 0; i0 < dy[0]; i0++)
+    for (size_t i1 = 0; i1 < dy[1]; i1++) {
+      const float* A = pa + ((da[0] == 1 ? 0 : i0) * da[1] + (da[1] == 1 ? 0 : i1)) * M * K;
+      const float* B = pb + ((db[0] == 1 ? 0 : i0) * db[1] + (db[1] == 1 ? 0 : i1)) * K * N;
+      for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < N; j++) {
+          double acc = 0.0;
+          for (size_t k = 0; k < K; k++) acc += (double)A[i * K + k] * (double)B[k * N + j];
+          *py++ = (float)acc;
+        }
+    }
+}
+
+int ek_check_fmatmul(struct ek_check* o) {
+  TRY(need_f32_act(o, 0, "a"));
+  TRY(need_f32_act(o, 1, "b"));
+  TRY(ek_need_out(o, EKM_F32, ST_ARENA, -1));
+  const struct ek_tensor *a = ek_in(o, 0), *b = ek_in(o, 1), *y = ek_out(o);
+  if (a->rank < 2 || b->rank < 2 || y->rank < 2 || a->rank > y->rank || b->rank > y->rank)
+    OFAIL("ranks are a %u, b %u, output %u: need 2..4 and no input above the output's", a->rank, b->rank, y->rank);
+  size_t da[4], db[4], dy[4];
+  dims4(a, da);
+  dims4(b, db);
+  dims4(y, dy);
+  if (da[3] != db[2] || dy[2] != da[2] || dy[3] != db[3])
+    OFAIL("[.., %zu, %zu] x [.., %zu, %zu] does not give [.., %zu, %zu]", da[2], da[3], db[2], db[3], dy[2], dy[3]);
+  for (int i = 0; i < 2; i++)
+    if ((da[i] != 1 && da[i] != dy[i]) || (db[i] != 1 && db[i] != dy[i]) || dy[i] != (da[i] == 1 ? db[i] : da[i]))
+      OFAIL("batch axis %d: a %zu, b %zu, output %zu do not broadcast", i, da[i], db[i], dy[i]);
+  if (da[3] > EK_MAX_GEMM_K) OFAIL("K is %zu, more than %u", da[3], EK_MAX_GEMM_K);
+  return ek_need_unused_zero(o, 0);
+}
+
+/* ---- F_SOFTMAX over the last axis: exp(x - max) / sum, in double ---- */
+
+static void fsoftmax_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
+  const struct ek_tensor* x = IN(0);
+  size_t n = x->dims[x->rank - 1];
+  const float* src = x->data;
+  float* dst = OUTT->data;
+  for (size_t r = r0; r < r1; r++) {
+    const float* row = src + r * n;
+    float* out = dst + r * n;
+    double mx = row[0], sum = 0.0;
+    for (size_t i = 1; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    for (size_t i = 0; i < n; i++) sum += exp((double)row[i] - mx);
+    for (size_t i = 0; i < n; i++) out[i] = (float)(exp((double)row[i] - mx) / sum);
+  }
+}
+
+void ek_run_fsoftmax(struct ekrt_model* m, struct ek_op* op) {
+  const struct ek_tensor* x = IN(0);
+  size_t n = x->dims[x->rank - 1];
+  ek_for_rows(m, op, x->elems / n, n * 32, fsoftmax_rows);
+}
+
+int ek_check_fsoftmax(struct ek_check* o) {
+  TRY(need_f32_act(o, 0, "x"));
+  TRY(ek_need_out(o, EKM_F32, ST_ARENA, -1));
+  if (ek_in(o, 0)->rank < 1) OFAIL0("input must have rank >= 1");
+  TRY(ek_need_same_dims_out(o, 0));
+  return ek_need_unused_zero(o, 0);
+}
