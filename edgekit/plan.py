@@ -137,7 +137,7 @@ class Eval:
 
 
 # what a reusing Bench/Eval says it may do instead of measuring
-_REUSE = " (or the identical earlier measurement of this bundle on this device, reused: --remeasure measures again)"
+_REUSE = " (or reused: the identical earlier measurement of this bundle on this device)"
 
 
 @dataclass(frozen=True)

@@ -77,12 +77,12 @@ def print_coverage(o: Output, backend: str, cov: dict, rows: int = 12) -> None:
     o.line(f"coverage  {backend} ({cov.get('runtime', backend)}): " + "; ".join(
         f"{sum(c.values())} {kind}" + (f" ({_op_counts(c)})" if c else "") for kind, c in kinds)
         + (f"; {cov['blocked']} more not reached (their inputs cannot be lowered)" if cov.get("blocked") else ""))
-    bad = cov["unsupported_nodes"]
-    if bad:
-        table = [[n["name"], n["op"], n["reason"]] for n in bad[:rows]]
-        if len(bad) > rows:
-            table.append(["...", "", f"{len(bad) - rows} more (--json lists all)"])
-        o.table(["node", "op", f"{backend} cannot run it because"], table)
+    for nodes, why in ((cov.get("float_nodes") or [], f"{backend} runs it in float because"), (cov["unsupported_nodes"], f"{backend} cannot run it because")):
+        if nodes:
+            table = [[n["name"], n["op"], n["reason"]] for n in nodes[:rows]]
+            if len(nodes) > rows:
+                table.append(["...", "", f"{len(nodes) - rows} more (--json lists all)"])
+            o.table(["node", "op", why], table)
 
 
 def speed_sentence(summary: dict, float_nodes: int = 0) -> str | None:
