@@ -25,6 +25,7 @@ from edgekit import __version__
 from edgekit.agent import bundle_hash as _bundle_hash
 from edgekit.errors import InputError, OutputPathError
 from edgekit.fsutil import fsync_path, sha256_file
+from edgekit.jsonable import fields_dict
 from edgekit.profiles.model import BACKENDS, PRECISIONS
 from edgekit.tensorspec import TensorSpec
 
@@ -49,15 +50,7 @@ class Variant:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "backend": self.backend,
-            "precision": self.precision,
-            "model": self.model,
-            "inputs": [t.to_dict() for t in self.inputs],
-            "outputs": [t.to_dict() for t in self.outputs],
-            "options": dict(self.options),
-        }
+        return fields_dict(self)
 
 
 @dataclass(frozen=True)
@@ -67,7 +60,7 @@ class BundleFile:
     size: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "sha256": self.sha256, "size": self.size}
+        return fields_dict(self)
 
 
 @dataclass(frozen=True)
@@ -99,19 +92,7 @@ class Manifest:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": self.schema,
-            "edgekit_version": self.edgekit_version,
-            "created": self.created,
-            "model_name": self.model_name,
-            "model_sha256": self.model_sha256,
-            "profile": self.profile,
-            "backend": self.backend,
-            "precision": self.precision,
-            "variants": [v.to_dict() for v in self.variants],
-            "files": [f.to_dict() for f in self.files],
-            "plan": self.plan,
-        }
+        return fields_dict(self)
 
     @classmethod
     def from_dict(cls, d: Any) -> Manifest:

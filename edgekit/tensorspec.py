@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgekit.errors import UsageError
+from edgekit.jsonable import fields_dict
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class IOSpec:
     dtype: str  # numpy dtype name, e.g. "float32"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        return fields_dict(self)
 
 
 TensorSpec = IOSpec  # the name the bundle manifest's readers use

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import InputError, UsageError
+from edgekit.jsonable import fields_dict
 from edgekit.transport.names import check_host, check_user
 from edgekit.transport.sshconfig import parse_device
 
@@ -64,15 +65,7 @@ class DeviceEntry:
         return self.address == LOCAL
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "address": self.address,
-            "profile": self.profile,
-            "tags": list(self.tags),
-            "workdir": self.workdir,
-            "python": self.python,
-            "source": self.source,
-        }
+        return fields_dict(self)
 
 
 @dataclass(frozen=True)

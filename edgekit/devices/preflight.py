@@ -16,6 +16,7 @@ from typing import Any
 
 from edgekit.agentclient import device_facts
 from edgekit.errors import DeviceError, EdgekitError, ProfileError
+from edgekit.jsonable import fields_dict
 from edgekit.profiles import Profile, list_profiles
 from edgekit.targets import get_backend
 from edgekit.targets.base import runtime_version
@@ -42,7 +43,7 @@ class Check:
     hint: str = ""
 
     def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "status": self.status, "detail": self.detail, "hint": self.hint}
+        return fields_dict(self)
 
 
 @dataclass

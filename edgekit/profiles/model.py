@@ -12,6 +12,7 @@ from typing import Any
 
 from edgekit.agent.backends import BACKENDS as AGENT_BACKENDS
 from edgekit.agent.facts import ARM_ISA, ISA_ORDER, X86_ISA
+from edgekit.jsonable import fields_dict
 
 BACKENDS = tuple(AGENT_BACKENDS)  # the one registry of backend names (the agent's)
 PRECISIONS = ("int8", "fp16", "fp32")
@@ -57,15 +58,7 @@ class BackendSpec:
         return True
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "precisions": list(self.precisions),
-            "device": self.device,
-            "min_version": self.min_version,
-            "max_version": self.max_version,
-            "dla_cores": self.dla_cores,
-            "notes": self.notes,
-        }
+        return fields_dict(self)
 
 
 @dataclass(frozen=True)
@@ -76,7 +69,7 @@ class CpuSpec:
     cores: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"arch": self.arch, "core": self.core, "isa": list(self.isa), "cores": self.cores}
+        return fields_dict(self)
 
 
 @dataclass(frozen=True)
@@ -86,7 +79,7 @@ class BenchDefaults:
     threads: int | None = None  # None = all cores
 
     def to_dict(self) -> dict[str, Any]:
-        return {"warmup": self.warmup, "iterations": self.iterations, "threads": self.threads}
+        return fields_dict(self)
 
 
 @dataclass(frozen=True)

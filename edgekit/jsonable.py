@@ -1,0 +1,28 @@
+"""A dataclass as the JSON document a ``to_dict`` returns, its fields in declaration order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+
+def fields_dict(obj: Any) -> dict[str, Any]:
+    """Every field of the dataclass ``obj`` by name: a tuple or list becomes a list, an object with
+    ``to_dict`` its dict, a mapping a (shallow) dict; other values as they are.
+
+    >>> from edgekit.tensorspec import IOSpec
+    >>> fields_dict(IOSpec("x", (1, 3), "float32"))
+    {'name': 'x', 'shape': [1, 3], 'dtype': 'float32'}
+    """
+    return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
