@@ -25,7 +25,7 @@ from edgekit import __version__
 from edgekit.agent import bundle_hash as _bundle_hash
 from edgekit.errors import InputError, OutputPathError
 from edgekit.fsutil import fsync_path, sha256_file
-from edgekit.jsonable import fields_dict
+from edgekit.jsonable import FieldsDict
 from edgekit.profiles.model import BACKENDS, PRECISIONS
 from edgekit.tensorspec import TensorSpec
 
@@ -36,7 +36,7 @@ _REBUILD = "rebuild the bundle (edgekit deploy writes one) instead of editing it
 
 
 @dataclass(frozen=True)
-class Variant:
+class Variant(FieldsDict):
     """One runnable model in the bundle."""
 
     name: str  # "fp32", "int8", ...
@@ -49,22 +49,16 @@ class Variant:
     # {"device": "CPU"} or TensorRT's trtexec flags. The planner decides them; the agent obeys.
     options: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return fields_dict(self)
-
 
 @dataclass(frozen=True)
-class BundleFile:
+class BundleFile(FieldsDict):
     path: str
     sha256: str
     size: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return fields_dict(self)
-
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(FieldsDict):
     schema: int
     edgekit_version: str
     created: str  # ISO-8601 UTC; kept when an identical bundle is rebuilt in place
@@ -90,9 +84,6 @@ class Manifest:
             f"the bundle has no variant '{name}'",
             f"pass one of: {', '.join(v.name for v in self.variants)}",
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return fields_dict(self)
 
     @classmethod
     def from_dict(cls, d: Any) -> Manifest:

@@ -18,6 +18,13 @@ def fields_dict(obj: Any) -> dict[str, Any]:
     return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
 
 
+class FieldsDict:
+    """Base of a dataclass whose JSON document is its fields in order: ``to_dict()`` is ``fields_dict(self)``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return fields_dict(self)
+
+
 def _plain(value: Any) -> Any:
     if hasattr(value, "to_dict"):
         return value.to_dict()

@@ -12,7 +12,7 @@ from typing import Any
 
 from edgekit.agent.backends import BACKENDS as AGENT_BACKENDS
 from edgekit.agent.facts import ARM_ISA, ISA_ORDER, X86_ISA
-from edgekit.jsonable import fields_dict
+from edgekit.jsonable import FieldsDict
 
 BACKENDS = tuple(AGENT_BACKENDS)  # the one registry of backend names (the agent's)
 PRECISIONS = ("int8", "fp16", "fp32")
@@ -33,7 +33,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class BackendSpec:
+class BackendSpec(FieldsDict):
     name: str
     precisions: tuple[str, ...]
     device: str | None = None
@@ -57,29 +57,20 @@ class BackendSpec:
                 return False
         return True
 
-    def to_dict(self) -> dict[str, Any]:
-        return fields_dict(self)
-
 
 @dataclass(frozen=True)
-class CpuSpec:
+class CpuSpec(FieldsDict):
     arch: str  # "" only in a probe profile that has not been resolved yet
     core: str | None
     isa: tuple[str, ...]
     cores: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return fields_dict(self)
-
 
 @dataclass(frozen=True)
-class BenchDefaults:
+class BenchDefaults(FieldsDict):
     warmup: int | str = "auto"  # untimed runs first: a count, or "auto" (until stable, bounded)
     iterations: int = 100
     threads: int | None = None  # None = all cores
-
-    def to_dict(self) -> dict[str, Any]:
-        return fields_dict(self)
 
 
 @dataclass(frozen=True)
