@@ -1,4 +1,5 @@
-"""A dataclass as the JSON document a ``to_dict`` returns, its fields in declaration order."""
+"""JSON documents: a dataclass as the document its ``to_dict`` returns, and the words a
+validator uses for the values it finds."""
 
 from __future__ import annotations
 
@@ -33,3 +34,15 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return dict(value)
     return value
+
+
+def is_int(value: Any) -> bool:
+    """An integer, not a boolean (JSON's true is Python's 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def kind(value: Any, none: str = "nothing") -> str:
+    """What a JSON value is, for an error message: "an object", "a list", "a string", ..."""
+    if value is None:
+        return none
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), type(value).__name__)

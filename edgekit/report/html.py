@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -482,24 +482,15 @@ def _opt(value: Any, fmt: str = "") -> str:
     return "-" if v is None else format(v, fmt) if fmt else num(v)
 
 
-def _pct(value: Any) -> str:
-    v = _f(value)
-    return "-" if v is None else f"{v * 100:.1f}%"
+def _shown(show: Callable[[float], str]) -> Callable[[Any], str]:
+    """A cell formatter: ``show`` of a finite number, "-" for anything else."""
+    return lambda value: "-" if (v := _f(value)) is None else show(v)
 
 
-def _ns(value: Any) -> str:
-    v = _f(value)
-    return "-" if v is None else num(v / 1e6)
-
-
-def _mib(value: Any) -> str:
-    v = _f(value)
-    return "-" if v is None else f"{v / 2**20:.1f}"
-
-
-def _gib(value: Any) -> str:
-    v = _f(value)
-    return "-" if v is None else f"{v / 2**30:.1f} GiB"
+_pct = _shown(lambda v: f"{v * 100:.1f}%")
+_ns = _shown(lambda v: num(v / 1e6))
+_mib = _shown(lambda v: f"{v / 2**20:.1f}")
+_gib = _shown(lambda v: f"{v / 2**30:.1f} GiB")
 
 
 def _when(created: str) -> str:
