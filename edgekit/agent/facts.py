@@ -301,12 +301,19 @@ def _board() -> str | None:
     return text or None
 
 
-def _memory_bytes() -> int | None:
+def _meminfo_bytes(key: str) -> int | None:
     for line in (_read("/proc/meminfo") or "").splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(key + ":"):
             fields = line.split()
             if len(fields) >= 2 and fields[1].isdigit():
                 return int(fields[1]) * 1024
+    return None
+
+
+def _memory_bytes() -> int | None:
+    total = _meminfo_bytes("MemTotal")
+    if total is not None:
+        return total
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -333,7 +340,7 @@ def probe_facts(openvino: bool = True) -> dict:
     without OpenVINO need not pay that)."""
     probe = {
         "workdir": workdir_disk(os.getcwd()),
-        "memory_available_bytes": _memory_available_bytes(),
+        "memory_available_bytes": _meminfo_bytes("MemAvailable"),
         "libc": libc(),
         "python": python_env(),
         "tflite_packages": tflite_packages(),
@@ -350,15 +357,6 @@ def workdir_disk(path: str) -> dict:
     except (OSError, AttributeError):
         return {"path": path, "free_bytes": None, "total_bytes": None}
     return {"path": path, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize}
-
-
-def _memory_available_bytes():
-    for line in (_read("/proc/meminfo") or "").splitlines():
-        if line.startswith("MemAvailable:"):
-            fields = line.split()
-            if len(fields) >= 2 and fields[1].isdigit():
-                return int(fields[1]) * 1024
-    return None
 
 
 def libc() -> dict:

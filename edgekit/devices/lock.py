@@ -84,12 +84,15 @@ def remove():
     os.rename(lockdir, away)
     shutil.rmtree(away, ignore_errors=True)
 
-def write_owner(info):
-    tmp = os.path.join(lockdir, ".owner.json.tmp")
-    with open(tmp, "w") as fh:
+def dump(path, info):
+    with open(path, "w") as fh:
         json.dump(info, fh)
         fh.flush()
         os.fsync(fh.fileno())
+
+def write_owner(info):
+    tmp = os.path.join(lockdir, ".owner.json.tmp")
+    dump(tmp, info)
     os.rename(tmp, owner_path)
 
 out = {"now": time.time()}
@@ -104,10 +107,7 @@ if op == "acquire":
         info.update(created=now, expires=now + ttl, ttl=ttl)
         fresh = lockdir + ".new." + uuid.uuid4().hex[:12]
         os.mkdir(fresh, 0o755)
-        with open(os.path.join(fresh, "owner.json"), "w") as fh:
-            json.dump(info, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        dump(os.path.join(fresh, "owner.json"), info)
         try:
             os.rename(fresh, lockdir)
         except OSError:
