@@ -361,12 +361,8 @@ def break_lock(transport: Transport) -> dict | None:
 def run_lock_op(transport: Transport, op: str, *args: str) -> dict[str, Any]:
     """Run one lock operation on the device; its JSON answer, or DeviceError saying why not."""
     result = transport.run([transport.python, "-c", _DEVICE_SCRIPT, op, lock_path(transport), *args], timeout=60, check=False)
-    text = result.stdout.decode("utf-8", errors="replace").strip()
-    try:
-        doc = json.loads(text.splitlines()[-1]) if text else None
-    except ValueError:
-        doc = None
-    if result.returncode != 0 or not isinstance(doc, dict):
+    doc = result.last_json()
+    if result.returncode != 0 or doc is None:
         tail = result.stderr_tail(3)
         raise DeviceError(
             f"cannot {op} the device lock at {lock_path(transport)} on {transport.name}"

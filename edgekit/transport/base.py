@@ -6,6 +6,7 @@ cannot tell the implementations apart.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import shlex
@@ -38,6 +39,15 @@ class CommandResult:
         text = self.stderr.decode("utf-8", errors="replace")
         tail = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
         return " | ".join(tail)
+
+    def last_json(self) -> dict | None:
+        """The last line of stdout as a JSON object (a device script's answer); None if it is not one."""
+        text = self.stdout.decode("utf-8", errors="replace").strip()
+        try:
+            doc = json.loads(text.splitlines()[-1]) if text else None
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
 
 
 @dataclass(frozen=True)

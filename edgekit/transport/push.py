@@ -230,12 +230,8 @@ def _store(transport: Transport, mode: str, request: dict) -> dict:
     if result.returncode == 2 and b"can't open file" in result.stderr:  # no agent (of this version) yet
         push_agent(transport)  # only then: checking first would cost every push a command
         result = transport.run(argv, timeout=600, check=False)
-    text = result.stdout.decode("utf-8", errors="replace").strip()
-    try:
-        doc = json.loads(text.splitlines()[-1]) if text else None
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
+    doc = result.last_json()
+    if doc is None:
         tail = result.stderr_tail(3)
         raise TransportError(
             f"the device's store step '{mode}' failed (exit code {result.returncode})" + (f": {tail}" if tail else ""),
