@@ -118,16 +118,14 @@ class ResultsStore:
     # -- reads --------------------------------------------------------------------------
     def get(self, run_id: int) -> dict:
         """The stored record with its ``id`` added."""
-        row = (
-            self._connect()
-            .execute("SELECT id, record FROM runs WHERE id = ?", (run_id,))
-            .fetchone()
-        )
+        found, text = self._row(run_id)
+        return {"id": found, **json.loads(text)}
+
+    def _row(self, run_id: int) -> tuple[int, str]:
+        row = self._connect().execute("SELECT id, record FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
-            raise ResultsError(
-                f"no result with id {run_id}", "see the stored runs with: edgekit results list"
-            )
-        return {"id": row[0], **json.loads(row[1])}
+            raise ResultsError(f"no result with id {run_id}", "see the stored runs with: edgekit results list")
+        return row
 
     def list(self, *, limit: int = 50, **filters: str | None) -> list[dict]:
         """Summary rows, newest first, optionally filtered by exact model/target/device/variant/branch."""
@@ -151,26 +149,11 @@ class ResultsStore:
 
     def export(self, ids: Sequence[int] | None = None) -> dict:
         """An import-ready document with the given runs (all runs when ``ids`` is None), oldest first."""
-        conn = self._connect()
         if ids is None:
-            rows = conn.execute("SELECT record FROM runs ORDER BY id").fetchall()
+            texts = [r[0] for r in self._connect().execute("SELECT record FROM runs ORDER BY id")]
         else:
-            wanted = list(dict.fromkeys(ids))
-            found = {}
-            for run_id in wanted:
-                row = conn.execute("SELECT record FROM runs WHERE id = ?", (run_id,)).fetchone()
-                if row is None:
-                    raise ResultsError(
-                        f"no result with id {run_id}",
-                        "see the stored runs with: edgekit results list",
-                    )
-                found[run_id] = row
-            rows = [found[i] for i in wanted]
-        return {
-            "schema": EXPORT_SCHEMA,
-            "kind": EXPORT_KIND,
-            "records": [json.loads(r[0]) for r in rows],
-        }
+            texts = [self._row(run_id)[1] for run_id in dict.fromkeys(ids)]
+        return {"schema": EXPORT_SCHEMA, "kind": EXPORT_KIND, "records": [json.loads(t) for t in texts]}
 
     def close(self) -> None:
         if self._conn is not None:
