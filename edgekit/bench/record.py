@@ -96,7 +96,7 @@ def validate_record(d: Any) -> dict:
     if not isinstance(agent, dict):
         raise bad("agent", f"must be the agent's JSON object, got {_kind(agent)}")
     _check_agent(agent, ResultsError, "record field", "agent.", _RECORD_HINT)
-    out["stats"] = Stats.from_samples(agent["samples_ns"], agent["config"]["batch"]).to_dict()
+    out["stats"] = Stats.of_record(d).to_dict()
     return out
 
 

@@ -78,7 +78,7 @@ def render_report(
             free = sorted((c for c in _PALETTE if c not in colors.values()), key=lambda c: c in _KNOWN.values())
             want = free[0] if free else _PALETTE[len(colors) % len(_PALETTE)]
         colors[name] = want
-    runs = [_Run(r, r["agent"], r["agent"]["variant"], _stats(r), colors[r["agent"]["variant"]]) for r in checked]
+    runs = [_Run(r, r["agent"], r["agent"]["variant"], Stats.of_record(r), colors[r["agent"]["variant"]]) for r in checked]
     groups: dict[tuple[str, str, str], list[_Run]] = {}
     for run in runs:
         groups.setdefault(_key(run.record), []).append(run)
@@ -376,7 +376,7 @@ def _history(group: list[_Run], older: list[dict], unit: str, scale: float, sfx:
         )
         points = []
         for h in mine:
-            st = _stats(h)
+            st = Stats.of_record(h)
             vcs = h.get("vcs") if isinstance(h.get("vcs"), dict) else {}
             tag = " ".join(str(v)[:10] for v in (vcs.get("branch"), vcs.get("commit")) if isinstance(v, str))
             tip = f"{_when(h['created'])} UTC" + (f" · run {h['id']}" if "id" in h else "") + (f" · {tag}" if tag else "")
@@ -435,10 +435,6 @@ def _unique(records: Iterable[dict]) -> list[dict]:
 
 def _key(record: dict) -> tuple[str, str, str]:
     return record["model_name"], record["target"], record["device"]
-
-
-def _stats(record: dict) -> Stats:
-    return Stats.from_samples(record["agent"]["samples_ns"], record["agent"]["config"]["batch"])
 
 
 def _baseline(group: list[_Run]) -> _Run | None:
