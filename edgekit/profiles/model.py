@@ -57,6 +57,10 @@ class BackendSpec(FieldsDict):
                 return False
         return True
 
+    def bounds(self) -> str:
+        """The version bounds as text: ``">= 8.0 and <= 8.6"``, "" when any version will do."""
+        return " and ".join(f"{op} {v}" for op, v in ((">=", self.min_version), ("<=", self.max_version)) if v)
+
 
 @dataclass(frozen=True)
 class CpuSpec(FieldsDict):
