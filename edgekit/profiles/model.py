@@ -6,10 +6,10 @@ nothing here reads files or probes hardware.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekit.agent import version_tuple
 from edgekit.agent.backends import BACKENDS as AGENT_BACKENDS
 from edgekit.agent.facts import ARM_ISA, ISA_ORDER, X86_ISA
 from edgekit.jsonable import FieldsDict
@@ -23,13 +23,6 @@ ARCHES = ("x86_64", "aarch64", "armv7l")
 # /proc/cpuinfo's words ("asimddp", "avx512_vnni"), "neon" for Advanced SIMD, "fp16" for asimdhp.
 ISA_FEATURES = ISA_ORDER
 ISA_BY_ARCH = {"x86_64": X86_ISA, "aarch64": ARM_ISA, "armv7l": ARM_ISA}
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """``"2022.3.1"`` -> ``(2022, 3, 1)``; anything after the numeric prefix is ignored."""
-    match = re.match(r"\d+(\.\d+)*", version.strip())
-    if not match:
-        raise ValueError(f"not a version: {version!r}")
-    return tuple(int(p) for p in match.group(0).split("."))
 
 
 @dataclass(frozen=True)
