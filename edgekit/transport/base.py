@@ -50,6 +50,14 @@ class CommandResult:
         return doc if isinstance(doc, dict) else None
 
 
+def timed_out(timeout: float, command: str) -> TransportError:
+    """The error of a command that ran past its timeout (every transport words it the same)."""
+    return TransportError(
+        f"command timed out after {timeout:g}s: {command}",
+        "the device may be overloaded or the command stuck; allow more time or do less per run",
+    )
+
+
 @dataclass(frozen=True)
 class PutStats:
     """What one upload cost: bytes actually sent, and the offset it resumed from (0: fresh)."""
@@ -188,10 +196,7 @@ class Conversation:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close()
-                raise TransportError(
-                    f"command timed out after {timeout:g}s: {shlex.join(self.argv)}",
-                    "the device may be overloaded or the command stuck; allow more time or do less per run",
-                )
+                raise timed_out(timeout, shlex.join(self.argv))
             out, err, ended = self._poll(min(left, 1.0))
             self._out += out
             self._err += err
