@@ -117,6 +117,9 @@ static void count_interior(int8_t v, int32_t qmin, int32_t qmax) {
   char why[COUNT(LIST)][256]; \
   for (size_t e = 0; e < COUNT(LIST); e++) ok[e] = 1, ran[e] = 0
 
+/* Mark kernel e failed, saying why (the first failure is the one reported: tests stop at it). */
+#define KERNEL_FAILS(e, ...) (snprintf(why[e], sizeof why[e], __VA_ARGS__), ok[e] = 0)
+
 /* One kernel's line: SKIP where the CPU lacks its ISA, else PASS (`tile` is "" or "tile=... ") or FAIL. */
 static void report(const char* family, const char* name, uint32_t isa, const char* tile, uint32_t features, int ok,
                    size_t ran, const char* why) {
@@ -129,8 +132,9 @@ static void report(const char* family, const char* name, uint32_t isa, const cha
     n_fail++;
   }
 }
-#define REPORT(FAMILY, LIST) \
-  for (size_t e = 0; e < COUNT(LIST); e++) report(FAMILY, LIST[e].name, LIST[e].isa, "", features, ok[e], ran[e], why[e])
+#define REPORT(FAMILY, LIST)            \
+  for (size_t e = 0; e < COUNT(LIST); e++) \
+  report(FAMILY, LIST[e].name, LIST[e].isa, "", features, ok[e], ran[e], why[e])
 
 /* ---- qs8-gemm ------------------------------------------------------------------------------ */
 
@@ -340,17 +344,13 @@ static void test_dwconv(uint32_t features, int quick) {
           for (size_t p = 0; p < OW && ok[e]; p++) {
             for (size_t c = 0; c < C; c++) {
               if (out[p * ostride + c] != ref[p * C + c]) {
-                snprintf(why[e], sizeof why[e], "channels=%zu kernel=%zu width=%zu: out[%zu][%zu]=%d want %d", C, KS,
-                         OW, p, c, out[p * ostride + c], ref[p * C + c]);
-                ok[e] = 0;
+                KERNEL_FAILS(e, "channels=%zu kernel=%zu width=%zu: out[%zu][%zu]=%d want %d", C, KS, OW, p, c,
+                             out[p * ostride + c], ref[p * C + c]);
                 break;
               }
             }
           }
-          if (ok[e] && !check_canary(out, OW, ostride, C)) {
-            snprintf(why[e], sizeof why[e], "channels=%zu: wrote between pixels", C);
-            ok[e] = 0;
-          }
+          if (ok[e] && !check_canary(out, OW, ostride, C)) KERNEL_FAILS(e, "channels=%zu: wrote between pixels", C);
           free(out);
           free(packed);
         }
@@ -463,16 +463,12 @@ static int8_t mul_ref(int8_t a, int8_t b, const struct ek_qs8_mul_params* p) {
           ran[e]++;                                                                                              \
           for (size_t i = 0; i < n; i++) {                                                                       \
             if (y[i] != ref[i] || inplace[i] != ref[i]) {                                                        \
-              snprintf(why[e], sizeof why[e], "n=%zu: y[%zu]=%d (in place %d) want %d (a=%d b=%d)", n, i, y[i],   \
-                       inplace[i], ref[i], a[i], b[i]);                                                          \
-              ok[e] = 0;                                                                                         \
+              KERNEL_FAILS(e, "n=%zu: y[%zu]=%d (in place %d) want %d (a=%d b=%d)", n, i, y[i], inplace[i],      \
+                           ref[i], a[i], b[i]);                                                                  \
               break;                                                                                             \
             }                                                                                                    \
           }                                                                                                      \
-          if (ok[e] && (uint8_t)y[n] != CANARY) {                                                                \
-            snprintf(why[e], sizeof why[e], "n=%zu: wrote past the end", n);                                     \
-            ok[e] = 0;                                                                                           \
-          }                                                                                                      \
+          if (ok[e] && (uint8_t)y[n] != CANARY) KERNEL_FAILS(e, "n=%zu: wrote past the end", n);                 \
           free(inplace);                                                                                         \
           free(y);                                                                                               \
         }                                                                                                        \
@@ -520,15 +516,10 @@ static void test_lut(uint32_t features, int quick) {
         ran[e]++;
         for (size_t i = 0; i < len; i++)
           if (y[i] != ref[i] || inplace[i] != ref[i]) {
-            snprintf(why[e], sizeof why[e], "n=%zu: y[%zu]=%u (in place %u) want %u (x=%u)", len, i, y[i], inplace[i],
-                     ref[i], x[i]);
-            ok[e] = 0;
+            KERNEL_FAILS(e, "n=%zu: y[%zu]=%u (in place %u) want %u (x=%u)", len, i, y[i], inplace[i], ref[i], x[i]);
             break;
           }
-        if (ok[e] && y[len] != CANARY) {
-          snprintf(why[e], sizeof why[e], "n=%zu: wrote past the end", len);
-          ok[e] = 0;
-        }
+        if (ok[e] && y[len] != CANARY) KERNEL_FAILS(e, "n=%zu: wrote past the end", len);
         free(inplace);
         free(y);
       }
@@ -546,10 +537,7 @@ static void test_lut(uint32_t features, int quick) {
       uint8_t y[320];
       lut_list[e].fn(off + 256, x, y, table);
       ran[e]++;
-      if (memcmp(y, ref, off + 256) != 0) {
-        snprintf(why[e], sizeof why[e], "all byte values at offset %zu differ", off);
-        ok[e] = 0;
-      }
+      if (memcmp(y, ref, off + 256) != 0) KERNEL_FAILS(e, "all byte values at offset %zu differ", off);
     }
   }
   REPORT("x8-lut", lut_list);
@@ -602,15 +590,11 @@ static void test_cvt(uint32_t features, int quick) {
         ran[e]++;
         for (size_t i = 0; i < len; i++)
           if (y[i] != ref[i]) {
-            snprintf(why[e], sizeof why[e], "n=%zu: y[%zu]=%d want %d (x=%a scale=%a zp=%d)", len, i, y[i], ref[i],
-                     (double)x[i], (double)p.scale, p.zp);
-            ok[e] = 0;
+            KERNEL_FAILS(e, "n=%zu: y[%zu]=%d want %d (x=%a scale=%a zp=%d)", len, i, y[i], ref[i], (double)x[i],
+                         (double)p.scale, p.zp);
             break;
           }
-        if (ok[e] && (uint8_t)y[len] != CANARY) {
-          snprintf(why[e], sizeof why[e], "n=%zu: wrote past the end", len);
-          ok[e] = 0;
-        }
+        if (ok[e] && (uint8_t)y[len] != CANARY) KERNEL_FAILS(e, "n=%zu: wrote past the end", len);
         free(y);
       }
       free(x);
