@@ -25,6 +25,7 @@ from edgekit import __version__
 from edgekit.agent import bundle_hash as _bundle_hash
 from edgekit.errors import InputError, OutputPathError
 from edgekit.fsutil import fsync_path, sha256_file
+from edgekit.jsonable import FieldsDict, is_int, kind
 from edgekit.profiles.model import BACKENDS, PRECISIONS
 from edgekit.tensorspec import TensorSpec
 
@@ -35,7 +36,7 @@ _REBUILD = "rebuild the bundle (edgekit deploy writes one) instead of editing it
 
 
 @dataclass(frozen=True)
-class Variant:
+class Variant(FieldsDict):
     """One runnable model in the bundle."""
 
     name: str  # "fp32", "int8", ...
@@ -48,30 +49,16 @@ class Variant:
     # {"device": "CPU"} or TensorRT's trtexec flags. The planner decides them; the agent obeys.
     options: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "backend": self.backend,
-            "precision": self.precision,
-            "model": self.model,
-            "inputs": [t.to_dict() for t in self.inputs],
-            "outputs": [t.to_dict() for t in self.outputs],
-            "options": dict(self.options),
-        }
-
 
 @dataclass(frozen=True)
-class BundleFile:
+class BundleFile(FieldsDict):
     path: str
     sha256: str
     size: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "sha256": self.sha256, "size": self.size}
-
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(FieldsDict):
     schema: int
     edgekit_version: str
     created: str  # ISO-8601 UTC; kept when an identical bundle is rebuilt in place
@@ -98,29 +85,14 @@ class Manifest:
             f"pass one of: {', '.join(v.name for v in self.variants)}",
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": self.schema,
-            "edgekit_version": self.edgekit_version,
-            "created": self.created,
-            "model_name": self.model_name,
-            "model_sha256": self.model_sha256,
-            "profile": self.profile,
-            "backend": self.backend,
-            "precision": self.precision,
-            "variants": [v.to_dict() for v in self.variants],
-            "files": [f.to_dict() for f in self.files],
-            "plan": self.plan,
-        }
-
     @classmethod
     def from_dict(cls, d: Any) -> Manifest:
         """Validate a manifest document; InputError names the first bad field."""
         if not isinstance(d, dict):
-            raise InputError(f"the manifest must be a JSON object, got {_kind(d)}", _REBUILD)
+            raise InputError(f"the manifest must be a JSON object, got {kind(d)}", _REBUILD)
         schema = d.get("schema")
-        if not _is_int(schema):
-            raise _bad("schema", f"must be an integer, got {_kind(schema)}")
+        if not is_int(schema):
+            raise _bad("schema", f"must be an integer, got {kind(schema)}")
         if schema != SCHEMA:
             raise InputError(
                 f"bundle schema {schema} is not supported; this edgekit reads schema {SCHEMA}",
@@ -142,7 +114,7 @@ class Manifest:
                 raise _bad(f"variants[{names.index(v.name)}].model", f"is {v.model}, which is not in 'files'")
         plan = d.get("plan")
         if not isinstance(plan, dict):
-            raise _bad("plan", f"must be an object, got {_kind(plan)}")
+            raise _bad("plan", f"must be an object, got {kind(plan)}")
         return cls(
             schema=schema,
             edgekit_version=_str(d, "edgekit_version"),
@@ -353,20 +325,12 @@ def _bad(field: str, what: str) -> InputError:
     return InputError(f"manifest field '{field}' {what}", _REBUILD)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), type(value).__name__)
 
 
 def _str(d: Mapping[str, Any], key: str, prefix: str = "") -> str:
     value = d.get(key)
     if not isinstance(value, str) or not value:
-        raise _bad(prefix + key, f"must be a non-empty string, got {_kind(value)}")
+        raise _bad(prefix + key, f"must be a non-empty string, got {kind(value)}")
     return value
 
 
@@ -386,13 +350,13 @@ def _sha(value: Any, field: str) -> str:
 def _list(d: Mapping[str, Any], key: str, prefix: str = "") -> list:
     value = d.get(key)
     if not isinstance(value, list):
-        raise _bad(prefix + key, f"must be a list, got {_kind(value)}")
+        raise _bad(prefix + key, f"must be a list, got {kind(value)}")
     return value
 
 
 def _obj(value: Any, field: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
-        raise _bad(field, f"must be an object, got {_kind(value)}")
+        raise _bad(field, f"must be an object, got {kind(value)}")
     return value
 
 
@@ -402,7 +366,7 @@ def _file(value: Any, field: str) -> BundleFile:
     if path == MANIFEST:
         raise _bad(f"{field}.path", f"is {MANIFEST}, which cannot list itself")
     size = d.get("size")
-    if not _is_int(size) or size < 0:
+    if not is_int(size) or size < 0:
         raise _bad(f"{field}.size", f"must be a byte count (integer >= 0), got {size!r}")
     return BundleFile(path, _sha(d.get("sha256"), f"{field}.sha256"), size)
 
@@ -410,7 +374,7 @@ def _file(value: Any, field: str) -> BundleFile:
 def _tensor(value: Any, field: str) -> TensorSpec:
     d = _obj(value, field)
     shape = d.get("shape")
-    if not isinstance(shape, list) or not all(_is_int(s) for s in shape):
+    if not isinstance(shape, list) or not all(is_int(s) for s in shape):
         raise _bad(f"{field}.shape", f"must be a list of integers, got {shape!r}")
     return TensorSpec(_str(d, "name", f"{field}."), tuple(shape), _str(d, "dtype", f"{field}."))
 

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from edgekit.errors import UsageError
+from edgekit.jsonable import FieldsDict
 
 
 @dataclass(frozen=True)
-class IOSpec:
+class IOSpec(FieldsDict):
     name: str
     shape: tuple[int, ...]  # a dimension <= 0 is dynamic (the agent feeds 1)
     dtype: str  # numpy dtype name, e.g. "float32"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
 
 TensorSpec = IOSpec  # the name the bundle manifest's readers use

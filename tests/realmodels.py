@@ -53,17 +53,10 @@ def find_rapidocr_model(kind: Kind, dist: str = RAPIDOCR_DIST) -> Path:
     """Path of a PP-OCR model inside the installed wheel; LookupError saying how to install it."""
     if kind not in RAPIDOCR_MODELS:
         raise ValueError(f"unknown model kind {kind!r}; expected one of {sorted(RAPIDOCR_MODELS)}")
-    install = f"install it with: pip install --no-deps {dist}"
-    try:
-        files = metadata.files(dist)
-    except metadata.PackageNotFoundError:
-        raise LookupError(f"{dist} is not installed; {install}") from None
-    for f in files or ():
-        if f.name == RAPIDOCR_MODELS[kind] and f.parent.name == "models":
-            path = Path(str(f.locate())).resolve()
-            if path.is_file():
-                return path
-    raise LookupError(f"{dist} is installed but has no models/{RAPIDOCR_MODELS[kind]}; re{install}")
+    name = RAPIDOCR_MODELS[kind]
+    return _installed_file(
+        dist, f"pip install --no-deps {dist}", f"models/{name}", lambda f: f.name == name and f.parent.name == "models"
+    )
 
 
 def rapidocr_model(kind: Kind) -> Path:
@@ -250,17 +243,22 @@ def _pip(dist: str, version: str) -> str:
 
 def find_file(dist: str, version: str, suffix: str) -> Path:
     """A file shipped in an installed distribution; LookupError with the pip line if it isn't there."""
-    install = f"install it with: {_pip(dist, version)}"
+    return _installed_file(dist, _pip(dist, version), suffix, lambda f: f.as_posix().endswith(suffix))
+
+
+def _installed_file(dist: str, pip: str, what: str, match: Callable[[metadata.PackagePath], bool]) -> Path:
+    """The first file of ``dist`` that ``match`` accepts; LookupError saying how to (re)install it."""
+    install = f"install it with: {pip}"
     try:
         files = metadata.files(dist)
     except metadata.PackageNotFoundError:
         raise LookupError(f"{dist} is not installed; {install}") from None
     for f in files or ():
-        if f.as_posix().endswith(suffix):
+        if match(f):
             path = Path(str(f.locate())).resolve()
             if path.is_file():
                 return path
-    raise LookupError(f"{dist} is installed but has no {suffix}; re{install}")
+    raise LookupError(f"{dist} is installed but has no {what}; re{install}")
 
 
 @dataclass(frozen=True)

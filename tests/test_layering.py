@@ -148,7 +148,7 @@ def test_the_checker_sees_violations(tmp_path, monkeypatch):
 # Lower layers never import higher ones (at module level or inside a function). The agent runs on
 # the device and imports nothing from the host (checked above), so any host layer may read it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("edgekit", "edgekit.errors", "edgekit.fsutil", "edgekit.events", "edgekit.agent", "edgekit._ekrt"),
+    ("edgekit", "edgekit.errors", "edgekit.fsutil", "edgekit.events", "edgekit.jsonable", "edgekit.agent", "edgekit._ekrt"),
     ("edgekit.profiles",),
     ("edgekit.tensorspec", "edgekit.modelio", "edgekit.modelio_tflite"),
     ("edgekit.quantize",),

@@ -13,44 +13,7 @@
 
 #include "edgekit/cpu.h"
 #include "edgekit/kernels.h"
-
-struct gemm_entry { uint32_t isa; const char* name; ek_qs8_gemm_fn fn; size_t mr, nr, kr; };
-static const struct gemm_entry gemm_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn, mr, nr, kr},
-#include "../kernels/qs8-gemm/qs8-gemm.inc"
-#undef EK_KERNEL
-};
-struct dwconv_entry { uint32_t isa; const char* name; ek_qs8_dwconv_fn fn; size_t cr; };
-static const struct dwconv_entry dwconv_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn, nr},
-#include "../kernels/qs8-dwconv/qs8-dwconv.inc"
-#undef EK_KERNEL
-};
-struct vadd_entry { uint32_t isa; const char* name; ek_qs8_vadd_fn fn; size_t u; };
-static const struct vadd_entry vadd_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn, nr},
-#include "../kernels/qs8-vadd/qs8-vadd.inc"
-#undef EK_KERNEL
-};
-struct vmul_entry { uint32_t isa; const char* name; ek_qs8_vmul_fn fn; size_t u; };
-static const struct vmul_entry vmul_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn, nr},
-#include "../kernels/qs8-vmul/qs8-vmul.inc"
-#undef EK_KERNEL
-};
-struct lut_entry { uint32_t isa; const char* name; ek_x8_lut_fn fn; };
-static const struct lut_entry lut_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
-#include "../kernels/x8-lut/x8-lut.inc"
-#undef EK_KERNEL
-};
-struct cvt_entry { uint32_t isa; const char* name; ek_f32_qs8_cvt_fn fn; };
-static const struct cvt_entry cvt_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
-#include "../kernels/f32-qs8-cvt/f32-qs8-cvt.inc"
-#undef EK_KERNEL
-};
-#define COUNT(x) (sizeof(x) / sizeof((x)[0]))
+#include "../kernels/common/families.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -65,15 +28,6 @@ static int8_t rnd8(void) {
   rng ^= rng << 17;
   return (int8_t)(rng & 0xFF);
 }
-static void* xmalloc(size_t n) {
-  void* p = malloc(n ? n : 1);
-  if (!p) {
-    fprintf(stderr, "out of memory\n");
-    exit(2);
-  }
-  return p;
-}
-
 static double min_time = 0.3;
 static int min_iters = 20;
 static int json = 0, first_json = 1;
@@ -207,6 +161,19 @@ static void bench_dwconv(uint32_t f) {
   }
 }
 
+/* Every kernel of an elementwise list on one shape: a skip line where the CPU lacks its ISA,
+ * else its best time as G elements / s. `args` is the call's parenthesised argument list. */
+#define BENCH_EACH(list, family, shape, n, args)                                                   \
+  for (size_t e = 0; e < COUNT(list); e++) {                                                       \
+    if ((f & list[e].isa) != list[e].isa) {                                                        \
+      report_skip(family, list[e].name, list[e].isa);                                              \
+      continue;                                                                                    \
+    }                                                                                              \
+    double best;                                                                                   \
+    TIME_BEST(best, list[e].fn args);                                                              \
+    report(family, list[e].name, list[e].isa, shape, "Gelem/s", (double)(n) / best * 1e-9);        \
+  }
+
 static void bench_elementwise(uint32_t f) {
   const size_t n = 56 * 56 * 24;
   int8_t* a = xmalloc(n);
@@ -220,35 +187,11 @@ static void bench_elementwise(uint32_t f) {
   snprintf(shape, sizeof shape, "n=%zu", n);
   const struct ek_qs8_add_params ap = {3, -7, 1100000000, -1, 1300000000, -1, 20, 1200000000, -19, 2, -128, 127};
   const struct ek_qs8_mul_params mp = {3, -7, 1300000000, -6, 2, -128, 127};
-  for (size_t e = 0; e < COUNT(vadd_list); e++) {
-    if ((f & vadd_list[e].isa) != vadd_list[e].isa) {
-      report_skip("qs8-vadd", vadd_list[e].name, vadd_list[e].isa);
-      continue;
-    }
-    double best;
-    TIME_BEST(best, vadd_list[e].fn(n, a, b, y, &ap));
-    report("qs8-vadd", vadd_list[e].name, vadd_list[e].isa, shape, "Gelem/s", (double)n / best * 1e-9);
-  }
-  for (size_t e = 0; e < COUNT(vmul_list); e++) {
-    if ((f & vmul_list[e].isa) != vmul_list[e].isa) {
-      report_skip("qs8-vmul", vmul_list[e].name, vmul_list[e].isa);
-      continue;
-    }
-    double best;
-    TIME_BEST(best, vmul_list[e].fn(n, a, b, y, &mp));
-    report("qs8-vmul", vmul_list[e].name, vmul_list[e].isa, shape, "Gelem/s", (double)n / best * 1e-9);
-  }
+  BENCH_EACH(vadd_list, "qs8-vadd", shape, n, (n, a, b, y, &ap));
+  BENCH_EACH(vmul_list, "qs8-vmul", shape, n, (n, a, b, y, &mp));
   uint8_t table[256];
   for (size_t i = 0; i < 256; i++) table[i] = (uint8_t)rnd8();
-  for (size_t e = 0; e < COUNT(lut_list); e++) {
-    if ((f & lut_list[e].isa) != lut_list[e].isa) {
-      report_skip("x8-lut", lut_list[e].name, lut_list[e].isa);
-      continue;
-    }
-    double best;
-    TIME_BEST(best, lut_list[e].fn(n, (const uint8_t*)a, (uint8_t*)y, table));
-    report("x8-lut", lut_list[e].name, lut_list[e].isa, shape, "Gelem/s", (double)n / best * 1e-9);
-  }
+  BENCH_EACH(lut_list, "x8-lut", shape, n, (n, (const uint8_t*)a, (uint8_t*)y, table));
   /* a 224x224 RGB input */
   const size_t nf = 3 * 224 * 224;
   float* xf = xmalloc(nf * sizeof(float));
@@ -257,15 +200,7 @@ static void bench_elementwise(uint32_t f) {
   const struct ek_f32_qs8_cvt_params cp = {0.0187f, -14};
   char fshape[64];
   snprintf(fshape, sizeof fshape, "n=%zu", nf);
-  for (size_t e = 0; e < COUNT(cvt_list); e++) {
-    if ((f & cvt_list[e].isa) != cvt_list[e].isa) {
-      report_skip("f32-qs8-cvt", cvt_list[e].name, cvt_list[e].isa);
-      continue;
-    }
-    double best;
-    TIME_BEST(best, cvt_list[e].fn(nf, xf, yq, &cp));
-    report("f32-qs8-cvt", cvt_list[e].name, cvt_list[e].isa, fshape, "Gelem/s", (double)nf / best * 1e-9);
-  }
+  BENCH_EACH(cvt_list, "f32-qs8-cvt", fshape, nf, (nf, xf, yq, &cp));
   free(xf);
   free(yq);
   free(a);

@@ -21,45 +21,7 @@
 #include "edgekit/kernels.h"
 #include "edgekit/requant.h"
 
-/* ---- the tables, from the lists ------------------------------------------------------------ */
-
-struct gemm_entry { uint32_t isa; const char* name; ek_qs8_gemm_fn fn; size_t mr, nr, kr; };
-static const struct gemm_entry gemm_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn, mr, nr, kr},
-#include "../kernels/qs8-gemm/qs8-gemm.inc"
-#undef EK_KERNEL
-};
-struct dwconv_entry { uint32_t isa; const char* name; ek_qs8_dwconv_fn fn; size_t cr; };
-static const struct dwconv_entry dwconv_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn, nr},
-#include "../kernels/qs8-dwconv/qs8-dwconv.inc"
-#undef EK_KERNEL
-};
-struct vadd_entry { uint32_t isa; const char* name; ek_qs8_vadd_fn fn; };
-static const struct vadd_entry vadd_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
-#include "../kernels/qs8-vadd/qs8-vadd.inc"
-#undef EK_KERNEL
-};
-struct vmul_entry { uint32_t isa; const char* name; ek_qs8_vmul_fn fn; };
-static const struct vmul_entry vmul_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
-#include "../kernels/qs8-vmul/qs8-vmul.inc"
-#undef EK_KERNEL
-};
-struct lut_entry { uint32_t isa; const char* name; ek_x8_lut_fn fn; };
-static const struct lut_entry lut_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
-#include "../kernels/x8-lut/x8-lut.inc"
-#undef EK_KERNEL
-};
-struct cvt_entry { uint32_t isa; const char* name; ek_f32_qs8_cvt_fn fn; };
-static const struct cvt_entry cvt_list[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, #fn, fn},
-#include "../kernels/f32-qs8-cvt/f32-qs8-cvt.inc"
-#undef EK_KERNEL
-};
-#define COUNT(x) (sizeof(x) / sizeof((x)[0]))
+#include "../kernels/common/families.h" /* the tables, from the lists */
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -74,15 +36,6 @@ static int32_t rnd_range(int32_t lo, int32_t hi) { /* inclusive */
   return lo + (int32_t)(rnd() % (uint64_t)((int64_t)hi - lo + 1));
 }
 static double rnd_unit(void) { return (double)(rnd() >> 11) * (1.0 / 9007199254740992.0); }
-
-static void* xmalloc(size_t n) {
-  void* p = malloc(n ? n : 1);
-  if (!p) {
-    fprintf(stderr, "out of memory\n");
-    exit(2);
-  }
-  return p;
-}
 
 static void fill_i8(int8_t* p, size_t n, int mode) {
   for (size_t i = 0; i < n; i++) {
@@ -156,6 +109,32 @@ static void count_interior(int8_t v, int32_t qmin, int32_t qmax) {
   n_outputs++;
   if (v > qmin && v < qmax) n_interior++;
 }
+
+/* What each test keeps per kernel of its list: still passing, cases run, why it failed. */
+#define KERNEL_STATE(LIST)    \
+  int ok[COUNT(LIST)];        \
+  size_t ran[COUNT(LIST)];    \
+  char why[COUNT(LIST)][256]; \
+  for (size_t e = 0; e < COUNT(LIST); e++) ok[e] = 1, ran[e] = 0
+
+/* Mark kernel e failed, saying why (the first failure is the one reported: tests stop at it). */
+#define KERNEL_FAILS(e, ...) (snprintf(why[e], sizeof why[e], __VA_ARGS__), ok[e] = 0)
+
+/* One kernel's line: SKIP where the CPU lacks its ISA, else PASS (`tile` is "" or "tile=... ") or FAIL. */
+static void report(const char* family, const char* name, uint32_t isa, const char* tile, uint32_t features, int ok,
+                   size_t ran, const char* why) {
+  if ((features & isa) != isa)
+    printf("SKIP %s %s isa=%s: the CPU lacks %s\n", family, name, ek_isa_name(isa), ek_cpu_feature_name(isa));
+  else if (ok)
+    printf("PASS %s %s isa=%s %scases=%zu\n", family, name, ek_isa_name(isa), tile, ran);
+  else {
+    printf("FAIL %s %s isa=%s: %s\n", family, name, ek_isa_name(isa), why);
+    n_fail++;
+  }
+}
+#define REPORT(FAMILY, LIST)            \
+  for (size_t e = 0; e < COUNT(LIST); e++) \
+  report(FAMILY, LIST[e].name, LIST[e].isa, "", features, ok[e], ran[e], why[e])
 
 /* ---- qs8-gemm ------------------------------------------------------------------------------ */
 
@@ -269,11 +248,7 @@ static void test_gemm(uint32_t features, int quick) {
   static const size_t ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 47, 48, 65};
   static const size_t ks[] = {1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 15, 16, 17, 23, 24, 31, 32, 33, 63, 64, 100, 257};
   static const size_t big[][3] = {{9, 70, 1000}, {33, 130, 77}, {64, 64, 576}, {3, 16, 4096}};
-  size_t cases = 0;
-  int* ok = calloc(COUNT(gemm_list), sizeof(int));
-  char(*why)[256] = calloc(COUNT(gemm_list), sizeof *why);
-  size_t* ran = calloc(COUNT(gemm_list), sizeof(size_t));
-  for (size_t e = 0; e < COUNT(gemm_list); e++) ok[e] = 1;
+  KERNEL_STATE(gemm_list);
   const size_t n_small = COUNT(ms) * COUNT(ns) * COUNT(ks);
   for (size_t c = 0; c < n_small + COUNT(big); c++) {
     size_t m, n, k;
@@ -289,7 +264,6 @@ static void test_gemm(uint32_t features, int quick) {
     }
     struct gemm_case g;
     gemm_case_make(&g, m, n, k);
-    cases++;
     for (size_t e = 0; e < COUNT(gemm_list); e++) {
       if ((features & gemm_list[e].isa) != gemm_list[e].isa || !ok[e]) continue;
       ok[e] = gemm_check(&gemm_list[e], &g, why[e], sizeof why[e]);
@@ -299,20 +273,10 @@ static void test_gemm(uint32_t features, int quick) {
   }
   for (size_t e = 0; e < COUNT(gemm_list); e++) {
     const struct gemm_entry* en = &gemm_list[e];
-    if ((features & en->isa) != en->isa) {
-      printf("SKIP qs8-gemm %s isa=%s: the CPU lacks %s\n", en->name, ek_isa_name(en->isa), ek_cpu_feature_name(en->isa));
-    } else if (ok[e]) {
-      printf("PASS qs8-gemm %s isa=%s tile=%zux%zuc%zu cases=%zu\n", en->name, ek_isa_name(en->isa), en->mr, en->nr,
-             en->kr, ran[e]);
-    } else {
-      printf("FAIL qs8-gemm %s isa=%s: %s\n", en->name, ek_isa_name(en->isa), why[e]);
-      n_fail++;
-    }
+    char tile[64];
+    snprintf(tile, sizeof tile, "tile=%zux%zuc%zu ", en->mr, en->nr, en->kr);
+    report("qs8-gemm", en->name, en->isa, tile, features, ok[e], ran[e], why[e]);
   }
-  (void)cases;
-  free(ok);
-  free(why);
-  free(ran);
 }
 
 /* ---- qs8-dwconv ---------------------------------------------------------------------------- */
@@ -321,13 +285,7 @@ static void test_dwconv(uint32_t features, int quick) {
   static const size_t chans[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40, 48, 64, 67, 100};
   static const size_t ksizes[] = {1, 2, 3, 4, 9, 25};
   static const size_t widths[] = {1, 2, 3, 5};
-  int ok[COUNT(dwconv_list)];
-  size_t ran[COUNT(dwconv_list)];
-  char why[COUNT(dwconv_list)][256];
-  for (size_t e = 0; e < COUNT(dwconv_list); e++) {
-    ok[e] = 1;
-    ran[e] = 0;
-  }
+  KERNEL_STATE(dwconv_list);
   for (size_t ci = 0; ci < COUNT(chans); ci++) {
     for (size_t ki = 0; ki < COUNT(ksizes); ki++) {
       for (size_t wi = 0; wi < COUNT(widths); wi++) {
@@ -386,17 +344,13 @@ static void test_dwconv(uint32_t features, int quick) {
           for (size_t p = 0; p < OW && ok[e]; p++) {
             for (size_t c = 0; c < C; c++) {
               if (out[p * ostride + c] != ref[p * C + c]) {
-                snprintf(why[e], sizeof why[e], "channels=%zu kernel=%zu width=%zu: out[%zu][%zu]=%d want %d", C, KS,
-                         OW, p, c, out[p * ostride + c], ref[p * C + c]);
-                ok[e] = 0;
+                KERNEL_FAILS(e, "channels=%zu kernel=%zu width=%zu: out[%zu][%zu]=%d want %d", C, KS, OW, p, c,
+                             out[p * ostride + c], ref[p * C + c]);
                 break;
               }
             }
           }
-          if (ok[e] && !check_canary(out, OW, ostride, C)) {
-            snprintf(why[e], sizeof why[e], "channels=%zu: wrote between pixels", C);
-            ok[e] = 0;
-          }
+          if (ok[e] && !check_canary(out, OW, ostride, C)) KERNEL_FAILS(e, "channels=%zu: wrote between pixels", C);
           free(out);
           free(packed);
         }
@@ -414,14 +368,9 @@ static void test_dwconv(uint32_t features, int quick) {
   }
   for (size_t e = 0; e < COUNT(dwconv_list); e++) {
     const struct dwconv_entry* en = &dwconv_list[e];
-    if ((features & en->isa) != en->isa)
-      printf("SKIP qs8-dwconv %s isa=%s: the CPU lacks %s\n", en->name, ek_isa_name(en->isa), ek_cpu_feature_name(en->isa));
-    else if (ok[e])
-      printf("PASS qs8-dwconv %s isa=%s tile=c%zu cases=%zu\n", en->name, ek_isa_name(en->isa), en->cr, ran[e]);
-    else {
-      printf("FAIL qs8-dwconv %s isa=%s: %s\n", en->name, ek_isa_name(en->isa), why[e]);
-      n_fail++;
-    }
+    char tile[64];
+    snprintf(tile, sizeof tile, "tile=c%zu ", en->cr);
+    report("qs8-dwconv", en->name, en->isa, tile, features, ok[e], ran[e], why[e]);
   }
 }
 
@@ -486,13 +435,7 @@ static int8_t mul_ref(int8_t a, int8_t b, const struct ek_qs8_mul_params* p) {
 
 #define TEST_ELEMENTWISE(FAMILY, LIST, ENTRY, PARAMS, MAKE, REF)                                                \
   static void test_##ENTRY(uint32_t features, int quick) {                                                       \
-    int ok[COUNT(LIST)];                                                                                         \
-    size_t ran[COUNT(LIST)];                                                                                     \
-    char why[COUNT(LIST)][200];                                                                                  \
-    for (size_t e = 0; e < COUNT(LIST); e++) {                                                                   \
-      ok[e] = 1;                                                                                                 \
-      ran[e] = 0;                                                                                                \
-    }                                                                                                            \
+    KERNEL_STATE(LIST);                                                                                          \
     const int reps = quick ? 6 : 40;                                                                             \
     for (int rep = 0; rep < reps; rep++) {                                                                       \
       for (size_t si = 0; si < COUNT(elt_sizes); si++) {                                                         \
@@ -520,16 +463,12 @@ static int8_t mul_ref(int8_t a, int8_t b, const struct ek_qs8_mul_params* p) {
           ran[e]++;                                                                                              \
           for (size_t i = 0; i < n; i++) {                                                                       \
             if (y[i] != ref[i] || inplace[i] != ref[i]) {                                                        \
-              snprintf(why[e], sizeof why[e], "n=%zu: y[%zu]=%d (in place %d) want %d (a=%d b=%d)", n, i, y[i],   \
-                       inplace[i], ref[i], a[i], b[i]);                                                          \
-              ok[e] = 0;                                                                                         \
+              KERNEL_FAILS(e, "n=%zu: y[%zu]=%d (in place %d) want %d (a=%d b=%d)", n, i, y[i], inplace[i],      \
+                           ref[i], a[i], b[i]);                                                                  \
               break;                                                                                             \
             }                                                                                                    \
           }                                                                                                      \
-          if (ok[e] && (uint8_t)y[n] != CANARY) {                                                                \
-            snprintf(why[e], sizeof why[e], "n=%zu: wrote past the end", n);                                     \
-            ok[e] = 0;                                                                                           \
-          }                                                                                                      \
+          if (ok[e] && (uint8_t)y[n] != CANARY) KERNEL_FAILS(e, "n=%zu: wrote past the end", n);                 \
           free(inplace);                                                                                         \
           free(y);                                                                                               \
         }                                                                                                        \
@@ -538,17 +477,7 @@ static int8_t mul_ref(int8_t a, int8_t b, const struct ek_qs8_mul_params* p) {
         free(ref);                                                                                               \
       }                                                                                                          \
     }                                                                                                            \
-    for (size_t e = 0; e < COUNT(LIST); e++) {                                                                   \
-      if ((features & LIST[e].isa) != LIST[e].isa)                                                               \
-        printf("SKIP " FAMILY " %s isa=%s: the CPU lacks %s\n", LIST[e].name, ek_isa_name(LIST[e].isa),            \
-               ek_cpu_feature_name(LIST[e].isa));                                                                   \
-      else if (ok[e])                                                                                            \
-        printf("PASS " FAMILY " %s isa=%s cases=%zu\n", LIST[e].name, ek_isa_name(LIST[e].isa), ran[e]);            \
-      else {                                                                                                     \
-        printf("FAIL " FAMILY " %s isa=%s: %s\n", LIST[e].name, ek_isa_name(LIST[e].isa), why[e]);                  \
-        n_fail++;                                                                                                \
-      }                                                                                                          \
-    }                                                                                                            \
+    REPORT(FAMILY, LIST);                                                                                        \
   }
 
 TEST_ELEMENTWISE("qs8-vadd", vadd_list, vadd, ek_qs8_add_params, make_add_params, add_ref)
@@ -558,30 +487,10 @@ TEST_ELEMENTWISE("qs8-vmul", vmul_list, vmul, ek_qs8_mul_params, make_mul_params
 /* ---- x8-lut / f32-qs8-cvt ------------------------------------------------------------------ */
 
 
-/* one line per kernel of a list; ok/ran/why as the elementwise tests keep them */
-static void report(const char* family, size_t count, const uint32_t* isas, const char* const* names, uint32_t features,
-                   const int* ok, const size_t* ran, char (*why)[200]) {
-  for (size_t e = 0; e < count; e++) {
-    if ((features & isas[e]) != isas[e])
-      printf("SKIP %s %s isa=%s: the CPU lacks %s\n", family, names[e], ek_isa_name(isas[e]), ek_cpu_feature_name(isas[e]));
-    else if (ok[e])
-      printf("PASS %s %s isa=%s cases=%zu\n", family, names[e], ek_isa_name(isas[e]), ran[e]);
-    else {
-      printf("FAIL %s %s isa=%s: %s\n", family, names[e], ek_isa_name(isas[e]), why[e]);
-      n_fail++;
-    }
-  }
-}
-
 /* Every length 0..100 and a large one (every byte value in each), random tables and the
  * identity; in place too. The reference is the plain table walk. */
 static void test_lut(uint32_t features, int quick) {
-  int ok[COUNT(lut_list)];
-  size_t ran[COUNT(lut_list)];
-  char why[COUNT(lut_list)][200];
-  uint32_t isas[COUNT(lut_list)];
-  const char* names[COUNT(lut_list)];
-  for (size_t e = 0; e < COUNT(lut_list); e++) ok[e] = 1, ran[e] = 0, isas[e] = lut_list[e].isa, names[e] = lut_list[e].name;
+  KERNEL_STATE(lut_list);
   const int reps = quick ? 3 : 12;
   for (int rep = 0; rep < reps; rep++) {
     uint8_t table[256];
@@ -607,15 +516,10 @@ static void test_lut(uint32_t features, int quick) {
         ran[e]++;
         for (size_t i = 0; i < len; i++)
           if (y[i] != ref[i] || inplace[i] != ref[i]) {
-            snprintf(why[e], sizeof why[e], "n=%zu: y[%zu]=%u (in place %u) want %u (x=%u)", len, i, y[i], inplace[i],
-                     ref[i], x[i]);
-            ok[e] = 0;
+            KERNEL_FAILS(e, "n=%zu: y[%zu]=%u (in place %u) want %u (x=%u)", len, i, y[i], inplace[i], ref[i], x[i]);
             break;
           }
-        if (ok[e] && y[len] != CANARY) {
-          snprintf(why[e], sizeof why[e], "n=%zu: wrote past the end", len);
-          ok[e] = 0;
-        }
+        if (ok[e] && y[len] != CANARY) KERNEL_FAILS(e, "n=%zu: wrote past the end", len);
         free(inplace);
         free(y);
       }
@@ -633,13 +537,10 @@ static void test_lut(uint32_t features, int quick) {
       uint8_t y[320];
       lut_list[e].fn(off + 256, x, y, table);
       ran[e]++;
-      if (memcmp(y, ref, off + 256) != 0) {
-        snprintf(why[e], sizeof why[e], "all byte values at offset %zu differ", off);
-        ok[e] = 0;
-      }
+      if (memcmp(y, ref, off + 256) != 0) KERNEL_FAILS(e, "all byte values at offset %zu differ", off);
     }
   }
-  report("x8-lut", COUNT(lut_list), isas, names, features, ok, ran, why);
+  REPORT("x8-lut", lut_list);
 }
 
 static int8_t cvt_ref(float v, const struct ek_f32_qs8_cvt_params* p) { /* nearbyint: ties to even */
@@ -666,12 +567,7 @@ static float cvt_value(const struct ek_f32_qs8_cvt_params* p) {
 }
 
 static void test_cvt(uint32_t features, int quick) {
-  int ok[COUNT(cvt_list)];
-  size_t ran[COUNT(cvt_list)];
-  char why[COUNT(cvt_list)][200];
-  uint32_t isas[COUNT(cvt_list)];
-  const char* names[COUNT(cvt_list)];
-  for (size_t e = 0; e < COUNT(cvt_list); e++) ok[e] = 1, ran[e] = 0, isas[e] = cvt_list[e].isa, names[e] = cvt_list[e].name;
+  KERNEL_STATE(cvt_list);
   const int reps = quick ? 3 : 20;
   for (int rep = 0; rep < reps; rep++) {
     for (size_t n = 0; n <= 101; n++) {
@@ -694,22 +590,18 @@ static void test_cvt(uint32_t features, int quick) {
         ran[e]++;
         for (size_t i = 0; i < len; i++)
           if (y[i] != ref[i]) {
-            snprintf(why[e], sizeof why[e], "n=%zu: y[%zu]=%d want %d (x=%a scale=%a zp=%d)", len, i, y[i], ref[i],
-                     (double)x[i], (double)p.scale, p.zp);
-            ok[e] = 0;
+            KERNEL_FAILS(e, "n=%zu: y[%zu]=%d want %d (x=%a scale=%a zp=%d)", len, i, y[i], ref[i], (double)x[i],
+                         (double)p.scale, p.zp);
             break;
           }
-        if (ok[e] && (uint8_t)y[len] != CANARY) {
-          snprintf(why[e], sizeof why[e], "n=%zu: wrote past the end", len);
-          ok[e] = 0;
-        }
+        if (ok[e] && (uint8_t)y[len] != CANARY) KERNEL_FAILS(e, "n=%zu: wrote past the end", len);
         free(y);
       }
       free(x);
       free(ref);
     }
   }
-  report("f32-qs8-cvt", COUNT(cvt_list), isas, names, features, ok, ran, why);
+  REPORT("f32-qs8-cvt", cvt_list);
 }
 
 int main(int argc, char** argv) {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from .digest import sha256_file
 
@@ -45,6 +46,15 @@ def bundle_hash(manifest: dict) -> str:
     """
     doc = {k: v for k, v in manifest.items() if k not in VOLATILE}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def version_tuple(version: str) -> tuple:
+    """``"8.5.2.2"`` -> ``(8, 5, 2, 2)``; anything after the numeric prefix is ignored; ValueError
+    when there is no leading number. The one parser of runtime versions, host and device."""
+    match = re.match(r"\d+(\.\d+)*", str(version).strip())
+    if not match:
+        raise ValueError(f"not a version: {version!r}")
+    return tuple(int(p) for p in match.group(0).split("."))
 
 
 def read_json(path: str, bad_json_hint: str):

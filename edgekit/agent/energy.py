@@ -24,7 +24,7 @@ import re
 import threading
 import time
 
-from .facts import sysfs
+from .facts import _read, sysfs
 
 PERIOD_S = 0.01
 _RAPL = "sys/class/powercap"
@@ -202,11 +202,8 @@ def _hwmon_devices() -> list:
 
 
 def _text(path: str):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
+    text = _read(path)
+    return None if text is None else text.strip()
 
 
 def energy_record(meter, start_ns: int, end_ns: int, inferences: int):

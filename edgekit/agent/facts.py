@@ -13,9 +13,8 @@ import platform
 import re
 import shutil
 import socket
-import subprocess
 
-from .backends.tensorrt.probe import find_trtexec, tensorrt_version
+from .backends.tensorrt.probe import _command, find_trtexec, tensorrt_version
 
 # The ISA features edgekit dispatches on, one name each, as Linux's /proc/cpuinfo spells them
 # ("asimddp" is the ARM dot product; "neondot" is only the suffix of the C kernels using it).
@@ -246,12 +245,12 @@ def throttle_state(governor, freq, hw_max):
     a Jetson's power mode (``nvpmodel -q``) with its clocks, else cpufreq: under the performance
     governor a core below its hardware maximum is "frequency capped". None when nothing can say."""
     if shutil.which("vcgencmd"):
-        found = parse_throttled(_command(["vcgencmd", "get_throttled"]))
+        found = parse_throttled(_command(["vcgencmd", "get_throttled"], timeout=5))
         if found:
             return found
     capped = _capped(freq, hw_max) if governor == "performance" else None
     if shutil.which("nvpmodel"):
-        mode = re.search(r"NV Power Mode:\s*(\S+)", _command(["nvpmodel", "-q"]) or "")
+        mode = re.search(r"NV Power Mode:\s*(\S+)", _command(["nvpmodel", "-q"], timeout=5) or "")
         detail = "power mode " + (mode.group(1) if mode else "unknown")
         if capped is not None:
             detail += "; " + (capped or "at maximum frequency")
@@ -269,14 +268,6 @@ def _capped(freq, hw_max):
         return None
     low = [f"{cpu} {freq[cpu]:g}/{hw_max[cpu]:g} MHz" for cpu in freq if cpu in hw_max and freq[cpu] < CAPPED_BELOW * hw_max[cpu]]
     return "frequency capped: " + ", ".join(low) if low else ""
-
-
-def _command(argv: list):
-    try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout.decode("utf-8", "replace") if proc.returncode == 0 else None
 
 
 def _number(path: str):
@@ -301,12 +292,19 @@ def _board() -> str | None:
     return text or None
 
 
-def _memory_bytes() -> int | None:
+def _meminfo_bytes(key: str) -> int | None:
     for line in (_read("/proc/meminfo") or "").splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(key + ":"):
             fields = line.split()
             if len(fields) >= 2 and fields[1].isdigit():
                 return int(fields[1]) * 1024
+    return None
+
+
+def _memory_bytes() -> int | None:
+    total = _meminfo_bytes("MemTotal")
+    if total is not None:
+        return total
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -333,7 +331,7 @@ def probe_facts(openvino: bool = True) -> dict:
     without OpenVINO need not pay that)."""
     probe = {
         "workdir": workdir_disk(os.getcwd()),
-        "memory_available_bytes": _memory_available_bytes(),
+        "memory_available_bytes": _meminfo_bytes("MemAvailable"),
         "libc": libc(),
         "python": python_env(),
         "tflite_packages": tflite_packages(),
@@ -350,15 +348,6 @@ def workdir_disk(path: str) -> dict:
     except (OSError, AttributeError):
         return {"path": path, "free_bytes": None, "total_bytes": None}
     return {"path": path, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize}
-
-
-def _memory_available_bytes():
-    for line in (_read("/proc/meminfo") or "").splitlines():
-        if line.startswith("MemAvailable:"):
-            fields = line.split()
-            if len(fields) >= 2 and fields[1].isdigit():
-                return int(fields[1]) * 1024
-    return None
 
 
 def libc() -> dict:

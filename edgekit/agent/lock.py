@@ -56,10 +56,7 @@ class _Lock:
 
     def write_owner(self, info: dict) -> None:
         tmp = os.path.join(self.dir, ".owner.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump(info, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        _dump_synced(info, tmp)
         os.rename(tmp, self.owner_path)
 
     def acquire(self, info: dict, ttl: float) -> dict:
@@ -73,10 +70,7 @@ class _Lock:
             info.update(created=now, expires=now + ttl, ttl=ttl)
             fresh = self.dir + ".new." + uuid.uuid4().hex[:12]
             os.mkdir(fresh, 0o755)
-            with open(os.path.join(fresh, "owner.json"), "w") as fh:
-                json.dump(info, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
+            _dump_synced(info, os.path.join(fresh, "owner.json"))
             try:
                 os.rename(fresh, self.dir)
             except OSError:
@@ -117,6 +111,13 @@ class _Lock:
             return {"done": bool(mine), "holder": holder if exists else None}
         finally:
             os.close(fd)
+
+
+def _dump_synced(doc: dict, path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump(doc, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def _token(holder) -> str | None:

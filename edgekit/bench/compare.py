@@ -174,7 +174,7 @@ _LATENCY = (("p50", 50.0), ("p99", 99.0), ("mean", None))
 
 def compare(a: dict, b: dict) -> Comparison:
     """Per-metric verdicts of ``b`` against ``a`` (check ``comparable`` first)."""
-    sa, sb = _stats(a), _stats(b)
+    sa, sb = Stats.of_record(a), Stats.of_record(b)
     na, nb = a["agent"]["samples_ns"], b["agent"]["samples_ns"]
     rows = []
     for name, q in _LATENCY:
@@ -217,11 +217,6 @@ def _rss(record: dict) -> float | None:
 
 def _energy(record: dict) -> float | None:
     return (record["agent"].get("energy") or {}).get("mj_per_inference")
-
-
-def _stats(record: dict) -> Stats:
-    agent = record["agent"]
-    return Stats.from_samples(agent["samples_ns"], agent["config"]["batch"])
 
 
 def _ident(record: dict) -> dict[str, Any]:

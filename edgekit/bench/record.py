@@ -16,6 +16,7 @@ from typing import Any
 from edgekit.agent import SCHEMA as AGENT_SCHEMA  # the agent document layout this host reads
 from edgekit.bench.stats import Stats, drift
 from edgekit.errors import AgentError, EdgekitError, ResultsError
+from edgekit.jsonable import is_int, kind
 
 RECORD_SCHEMA = 1
 AGENT_KIND = "edgekit.bench"
@@ -69,7 +70,7 @@ def validate_record(d: Any) -> dict:
     if not isinstance(d, dict):
         raise ResultsError(f"a record must be a JSON object, got {_kind(d)}", _RECORD_HINT)
     schema = d.get("schema")
-    if not _is_int(schema):
+    if not is_int(schema):
         raise bad("schema", f"must be an integer, got {_kind(schema)}")
     if schema > RECORD_SCHEMA:
         raise ResultsError(
@@ -95,7 +96,7 @@ def validate_record(d: Any) -> dict:
     if not isinstance(agent, dict):
         raise bad("agent", f"must be the agent's JSON object, got {_kind(agent)}")
     _check_agent(agent, ResultsError, "record field", "agent.", _RECORD_HINT)
-    out["stats"] = Stats.from_samples(agent["samples_ns"], agent["config"]["batch"]).to_dict()
+    out["stats"] = Stats.of_record(d).to_dict()
     return out
 
 
@@ -110,7 +111,7 @@ def _check_agent(doc: Any, error: type[EdgekitError], label: str, path: str, hin
     if doc.get("kind") != AGENT_KIND:
         raise fail("kind", f"must be {AGENT_KIND!r}, got {doc.get('kind')!r}")
     schema = doc.get("schema")
-    if not _is_int(schema) or schema < 1:
+    if not is_int(schema) or schema < 1:
         raise fail("schema", f"must be a positive integer, got {schema!r}")
     if schema > AGENT_SCHEMA:
         raise error(
@@ -126,7 +127,7 @@ def _check_agent(doc: Any, error: type[EdgekitError], label: str, path: str, hin
             "samples_ns", f"must be a non-empty list of positive integers, got {_kind(samples)}"
         )
     for i, s in enumerate(samples):
-        if not _is_int(s) or s <= 0:
+        if not is_int(s) or s <= 0:
             raise fail(
                 "samples_ns", f"must hold positive integers (nanoseconds); item {i} is {s!r}"
             )
@@ -134,7 +135,7 @@ def _check_agent(doc: Any, error: type[EdgekitError], label: str, path: str, hin
     if not isinstance(config, dict):
         raise fail("config", f"must be an object, got {_kind(config)}")
     batch = config.get("batch")
-    if not _is_int(batch) or batch < 1:
+    if not is_int(batch) or batch < 1:
         raise fail("config.batch", f"must be a positive integer, got {batch!r}")
     if not isinstance(doc.get("device"), dict):
         raise fail("device", f"must be an object of device facts, got {_kind(doc.get('device'))}")
@@ -151,7 +152,7 @@ def _check_agent(doc: Any, error: type[EdgekitError], label: str, path: str, hin
             raise fail(key, f"must be a string or null, got {_kind(doc[key])}")
     for key in ("load_ns", "first_inference_ns", "peak_rss_bytes"):
         value = doc.get(key)
-        if value is not None and (not _is_int(value) or value < 0):
+        if value is not None and (not is_int(value) or value < 0):
             raise fail(key, f"must be a non-negative integer or null, got {value!r}")
     if doc.get("device_state") is not None and not isinstance(doc["device_state"], dict):
         raise fail("device_state", f"must be an object or null, got {_kind(doc['device_state'])}")
@@ -163,12 +164,12 @@ def _check_agent(doc: Any, error: type[EdgekitError], label: str, path: str, hin
 def _check_measurement(doc: dict, fail: Any) -> None:
     """The optional fields of disciplined measurement (warm-up, device state, energy, layers)."""
     config = doc["config"]
-    if config.get("warmup") is not None and (not _is_int(config["warmup"]) or config["warmup"] < 0):
+    if config.get("warmup") is not None and (not is_int(config["warmup"]) or config["warmup"] < 0):
         raise fail("config.warmup", f"must be a non-negative integer or null, got {config['warmup']!r}")
     if config.get("warmup_mode") not in (None, "fixed", "auto"):
         raise fail("config.warmup_mode", f"must be 'fixed', 'auto' or null, got {config['warmup_mode']!r}")
     warm = doc.get("warmup_samples_ns")
-    if warm is not None and (not isinstance(warm, list) or not all(_is_int(s) and s > 0 for s in warm)):
+    if warm is not None and (not isinstance(warm, list) or not all(is_int(s) and s > 0 for s in warm)):
         raise fail("warmup_samples_ns", "must be a list of positive integers (nanoseconds) or null")
     for when in ("before", "after"):
         state = (doc.get("device_state") or {}).get(when)
@@ -194,7 +195,7 @@ def _check_measurement(doc: dict, fail: Any) -> None:
     for i, layer in enumerate(doc.get("layers") if isinstance(doc.get("layers"), list) else []):
         if not isinstance(layer, dict) or not isinstance(layer.get("name"), str) or not _is_number(layer.get("ns")) or layer["ns"] < 0:
             raise fail("layers", f"item {i} must be an object with a name and non-negative ns")
-        if layer.get("calls") is not None and not _is_int(layer["calls"]):
+        if layer.get("calls") is not None and not is_int(layer["calls"]):
             raise fail("layers", f"item {i}: calls must be an integer or null, got {layer['calls']!r}")
 
 
@@ -202,16 +203,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _kind(value: Any) -> str:
-    if value is None:
-        return "null or nothing"
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), type(value).__name__
-    )
+    return kind(value, none="null or nothing")
+
+
 
 
 def _utc_iso(value: Any) -> str | None:

@@ -31,6 +31,11 @@ class Stats:
     throughput: float
 
     @classmethod
+    def of_record(cls, record: dict) -> Stats:
+        """The statistics of a stored record's raw samples."""
+        return cls.from_samples(record["agent"]["samples_ns"], record["agent"]["config"]["batch"])
+
+    @classmethod
     def from_samples(cls, samples_ns: Sequence[int], batch: int = 1) -> Stats:
         """Summarise per-iteration latencies (ns) of ``batch`` inferences each.
 

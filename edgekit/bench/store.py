@@ -29,6 +29,16 @@ _SUMMARY = (
     "id", "created", "model_name", "target", "device", "variant", "backend", "precision",
     "p50", "p99", "mean", "n", "bundle_hash",
 )  # fmt: skip
+# list/records filter name -> the column (or record field) it matches exactly
+_FILTERS = {
+    "model": "model_name",
+    "target": "target",
+    "device": "device",
+    "variant": "variant",
+    # The branch lives in the record only (record["vcs"], older records have none):
+    # a scan of the filtered rows, fine at a store's size.
+    "branch": "json_extract(record, '$.vcs.branch')",
+}
 _DDL = """
 CREATE TABLE runs (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -108,89 +118,42 @@ class ResultsStore:
     # -- reads --------------------------------------------------------------------------
     def get(self, run_id: int) -> dict:
         """The stored record with its ``id`` added."""
-        row = (
-            self._connect()
-            .execute("SELECT id, record FROM runs WHERE id = ?", (run_id,))
-            .fetchone()
-        )
-        if row is None:
-            raise ResultsError(
-                f"no result with id {run_id}", "see the stored runs with: edgekit results list"
-            )
-        return {"id": row[0], **json.loads(row[1])}
+        found, text = self._row(run_id)
+        return {"id": found, **json.loads(text)}
 
-    def list(
-        self,
-        *,
-        limit: int = 50,
-        model: str | None = None,
-        target: str | None = None,
-        device: str | None = None,
-        variant: str | None = None,
-        branch: str | None = None,
-    ) -> list[dict]:
+    def _row(self, run_id: int) -> tuple[int, str]:
+        row = self._connect().execute("SELECT id, record FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise ResultsError(f"no result with id {run_id}", "see the stored runs with: edgekit results list")
+        return row
+
+    def list(self, *, limit: int = 50, **filters: str | None) -> list[dict]:
         """Summary rows, newest first, optionally filtered by exact model/target/device/variant/branch."""
-        where, params = self._where(limit, model, target, device, variant, branch)
-        sql = f"SELECT {', '.join(_SUMMARY)} FROM runs{where} ORDER BY created DESC, id DESC LIMIT ?"
-        rows = self._connect().execute(sql, params).fetchall()
+        rows = self._select(", ".join(_SUMMARY), limit, filters)
         return [dict(zip(_SUMMARY, row, strict=True)) for row in rows]
 
-    def records(
-        self,
-        *,
-        limit: int = 50,
-        model: str | None = None,
-        target: str | None = None,
-        device: str | None = None,
-        variant: str | None = None,
-        branch: str | None = None,
-    ) -> list[dict]:
+    def records(self, *, limit: int = 50, **filters: str | None) -> list[dict]:
         """Whole records (with their ``id``), newest first, filtered as ``list``."""
-        where, params = self._where(limit, model, target, device, variant, branch)
-        sql = f"SELECT id, record FROM runs{where} ORDER BY created DESC, id DESC LIMIT ?"
-        return [{"id": row[0], **json.loads(row[1])} for row in self._connect().execute(sql, params)]
+        return [{"id": i, **json.loads(record)} for i, record in self._select("id, record", limit, filters)]
 
-    @staticmethod
-    def _where(limit: int, model, target, device, variant, branch) -> tuple[str, list]:
+    def _select(self, columns: str, limit: int, filters: dict[str, str | None]) -> list[tuple]:
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
-        where, params = [], []
-        for column, value in (
-            ("model_name", model),
-            ("target", target),
-            ("device", device),
-            ("variant", variant),
-            # The branch lives in the record only (record["vcs"], older records have none):
-            # a scan of the filtered rows, fine at a store's size.
-            ("json_extract(record, '$.vcs.branch')", branch),
-        ):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        return (" WHERE " + " AND ".join(where) if where else ""), [*params, limit]
+        unknown = sorted(set(filters) - set(_FILTERS))
+        if unknown:
+            raise TypeError(f"unknown filter(s) {', '.join(unknown)}; known: {', '.join(_FILTERS)}")
+        used = [(_FILTERS[name], value) for name, value in filters.items() if value is not None]
+        where = " WHERE " + " AND ".join(f"{column} = ?" for column, _ in used) if used else ""
+        sql = f"SELECT {columns} FROM runs{where} ORDER BY created DESC, id DESC LIMIT ?"
+        return self._connect().execute(sql, [*(value for _, value in used), limit]).fetchall()
 
     def export(self, ids: Sequence[int] | None = None) -> dict:
         """An import-ready document with the given runs (all runs when ``ids`` is None), oldest first."""
-        conn = self._connect()
         if ids is None:
-            rows = conn.execute("SELECT record FROM runs ORDER BY id").fetchall()
+            texts = [r[0] for r in self._connect().execute("SELECT record FROM runs ORDER BY id")]
         else:
-            wanted = list(dict.fromkeys(ids))
-            found = {}
-            for run_id in wanted:
-                row = conn.execute("SELECT record FROM runs WHERE id = ?", (run_id,)).fetchone()
-                if row is None:
-                    raise ResultsError(
-                        f"no result with id {run_id}",
-                        "see the stored runs with: edgekit results list",
-                    )
-                found[run_id] = row
-            rows = [found[i] for i in wanted]
-        return {
-            "schema": EXPORT_SCHEMA,
-            "kind": EXPORT_KIND,
-            "records": [json.loads(r[0]) for r in rows],
-        }
+            texts = [self._row(run_id)[1] for run_id in dict.fromkeys(ids)]
+        return {"schema": EXPORT_SCHEMA, "kind": EXPORT_KIND, "records": [json.loads(t) for t in texts]}
 
     def close(self) -> None:
         if self._conn is not None:

@@ -36,7 +36,6 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-CONFIG_NAME = "edgekit.toml"
 _TOP = ("models", "defaults", "baseline", "inventory", "jobs")
 _BASELINE = ("ref", "branch", "file")
 # key -> (python types accepted, what to say when it is something else)

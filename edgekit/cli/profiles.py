@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from edgekit.cli import common
 from edgekit.cli.output import Output
 from edgekit.errors import ProfileError
 from edgekit.profiles import (
@@ -24,8 +25,6 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,
 )
-
-_JSON = typer.Option(False, "--json", help="Print one JSON document to stdout.")
 
 
 def _resolved(profile: Profile) -> Profile:
@@ -49,7 +48,7 @@ def _backends_summary(profile: Profile) -> str:
 
 
 @app.command("list")
-def list_command(json_: bool = _JSON) -> None:
+def list_command(json_: common.Json = False) -> None:
     """List every visible profile; a user profile shadows a built-in of the same name.
 
     \b
@@ -72,7 +71,7 @@ def list_command(json_: bool = _JSON) -> None:
 @app.command("show")
 def show_command(
     target: str = typer.Argument(..., metavar="NAME|PATH", help="Profile name or path to a .toml file."),
-    json_: bool = _JSON,
+    json_: common.Json = False,
 ) -> None:
     """Show one profile in full; probe profiles (local, linux-cpu) show this machine's facts.
 
@@ -120,7 +119,7 @@ def show_command(
 @app.command("validate")
 def validate_command(
     file: Path = typer.Argument(..., metavar="FILE", help="The profile TOML file to check."),
-    json_: bool = _JSON,
+    json_: common.Json = False,
 ) -> None:
     """Check a profile file: prints "ok: FILE (name)" or the first problem (exit code 3).
 

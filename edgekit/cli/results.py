@@ -24,7 +24,6 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout.")]
 _EMPTY_HINT = (
     "no results yet; run `edgekit deploy MODEL --target TARGET` (or `edgekit bench`) to record one"
 )
@@ -38,7 +37,7 @@ def list_(
     device: Annotated[str | None, typer.Option("--device", help="Only runs on this device.")] = None,
     variant: Annotated[str | None, typer.Option("--variant", help="Only this variant (int8, fp16...).")] = None,
     branch: Annotated[str | None, typer.Option("--branch", help="Only runs made on this branch (CI's, or the checkout's).")] = None,
-    json_: JsonFlag = False,
+    json_: common.Json = False,
 ) -> None:
     """List stored benchmark runs, newest first.
 
@@ -80,7 +79,7 @@ def show(
     run_id: Annotated[
         int, typer.Argument(metavar="ID", help="Run id, as printed by `edgekit results list`.")
     ],
-    json_: JsonFlag = False,
+    json_: common.Json = False,
 ) -> None:
     """Show one run: latency statistics, device, configuration, backend and bundle.
 
@@ -172,7 +171,7 @@ def import_(
             metavar="FILE", help="A file from `edgekit results export`, or - for stdin."
         ),
     ],
-    json_: JsonFlag = False,
+    json_: common.Json = False,
 ) -> None:
     """Import runs from an export file; runs already in the store are skipped.
 
@@ -205,7 +204,7 @@ def compare(
     target: Annotated[str | None, typer.Option("--target", help="Pick runs on this target profile.")] = None,
     device: Annotated[str | None, typer.Option("--device", help="Pick runs on this device.")] = None,
     variant: Annotated[str | None, typer.Option("--variant", help="Pick runs of this variant (int8, fp32...).")] = None,
-    json_: JsonFlag = False,
+    json_: common.Json = False,
 ) -> None:
     """Compare run B with run A: per metric, the change and whether it stands out of the noise.
 

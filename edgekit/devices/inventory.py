@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import InputError, UsageError
+from edgekit.jsonable import FieldsDict
 from edgekit.transport.names import check_host, check_user
 from edgekit.transport.sshconfig import parse_device
 
@@ -48,7 +49,7 @@ _RANGE_RE = re.compile(r"\[([0-9]+|[a-z]):([0-9]+|[a-z])(?::([0-9]+))?\]")
 
 
 @dataclass(frozen=True)
-class DeviceEntry:
+class DeviceEntry(FieldsDict):
     """One device: its name, how to reach it, and what it is."""
 
     name: str
@@ -62,17 +63,6 @@ class DeviceEntry:
     @property
     def is_local(self) -> bool:
         return self.address == LOCAL
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "address": self.address,
-            "profile": self.profile,
-            "tags": list(self.tags),
-            "workdir": self.workdir,
-            "python": self.python,
-            "source": self.source,
-        }
 
 
 @dataclass(frozen=True)

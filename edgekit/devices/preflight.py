@@ -16,6 +16,7 @@ from typing import Any
 
 from edgekit.agentclient import device_facts
 from edgekit.errors import DeviceError, EdgekitError, ProfileError
+from edgekit.jsonable import FieldsDict
 from edgekit.profiles import Profile, list_profiles
 from edgekit.targets import get_backend
 from edgekit.targets.base import runtime_version
@@ -35,14 +36,11 @@ class PreflightError(DeviceError):
 
 
 @dataclass(frozen=True)
-class Check:
+class Check(FieldsDict):
     name: str  # arch, isa, cpu, cores, python, runtime, memory, disk
     status: str  # ok | warn | fail
     detail: str
     hint: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "status": self.status, "detail": self.detail, "hint": self.hint}
 
 
 @dataclass

@@ -35,6 +35,7 @@ from typing import Any
 from edgekit.agentclient import device_facts
 from edgekit.errors import DeviceError, UsageError
 from edgekit.fsutil import sha256_file
+from edgekit.jsonable import fields_dict
 from edgekit.transport.base import CommandResult, Transport
 
 # --runtime NAME -> the pip packages that provide it, and the facts key that shows it
@@ -76,22 +77,7 @@ class ProvisionResult:
     duration_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": 1,
-            "kind": "edgekit.provision",
-            "device": self.device,
-            "runtime": self.runtime,
-            "packages": list(self.packages),
-            "python": self.python,
-            "layout": self.layout,
-            "source": self.source,
-            "reason": self.reason,
-            "wheels": self.wheels,
-            "bytes_sent": self.bytes_sent,
-            "wheels_skipped": self.wheels_skipped,
-            "versions": self.versions,
-            "duration_s": round(self.duration_s, 3),
-        }
+        return {"schema": 1, "kind": "edgekit.provision", **fields_dict(self), "duration_s": round(self.duration_s, 3)}
 
 
 def provisionable(backend: str) -> str | None:

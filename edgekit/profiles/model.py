@@ -6,12 +6,13 @@ nothing here reads files or probes hardware.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekit.agent import version_tuple
 from edgekit.agent.backends import BACKENDS as AGENT_BACKENDS
 from edgekit.agent.facts import ARM_ISA, ISA_ORDER, X86_ISA
+from edgekit.jsonable import FieldsDict
 
 BACKENDS = tuple(AGENT_BACKENDS)  # the one registry of backend names (the agent's)
 PRECISIONS = ("int8", "fp16", "fp32")
@@ -23,16 +24,9 @@ ARCHES = ("x86_64", "aarch64", "armv7l")
 ISA_FEATURES = ISA_ORDER
 ISA_BY_ARCH = {"x86_64": X86_ISA, "aarch64": ARM_ISA, "armv7l": ARM_ISA}
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    """``"2022.3.1"`` -> ``(2022, 3, 1)``; anything after the numeric prefix is ignored."""
-    match = re.match(r"\d+(\.\d+)*", version.strip())
-    if not match:
-        raise ValueError(f"not a version: {version!r}")
-    return tuple(int(p) for p in match.group(0).split("."))
-
 
 @dataclass(frozen=True)
-class BackendSpec:
+class BackendSpec(FieldsDict):
     name: str
     precisions: tuple[str, ...]
     device: str | None = None
@@ -56,37 +50,24 @@ class BackendSpec:
                 return False
         return True
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "precisions": list(self.precisions),
-            "device": self.device,
-            "min_version": self.min_version,
-            "max_version": self.max_version,
-            "dla_cores": self.dla_cores,
-            "notes": self.notes,
-        }
+    def bounds(self) -> str:
+        """The version bounds as text: ``">= 8.0 and <= 8.6"``, "" when any version will do."""
+        return " and ".join(f"{op} {v}" for op, v in ((">=", self.min_version), ("<=", self.max_version)) if v)
 
 
 @dataclass(frozen=True)
-class CpuSpec:
+class CpuSpec(FieldsDict):
     arch: str  # "" only in a probe profile that has not been resolved yet
     core: str | None
     isa: tuple[str, ...]
     cores: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"arch": self.arch, "core": self.core, "isa": list(self.isa), "cores": self.cores}
-
 
 @dataclass(frozen=True)
-class BenchDefaults:
+class BenchDefaults(FieldsDict):
     warmup: int | str = "auto"  # untimed runs first: a count, or "auto" (until stable, bounded)
     iterations: int = 100
     threads: int | None = None  # None = all cores
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"warmup": self.warmup, "iterations": self.iterations, "threads": self.threads}
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,7 @@ def render_report(
             free = sorted((c for c in _PALETTE if c not in colors.values()), key=lambda c: c in _KNOWN.values())
             want = free[0] if free else _PALETTE[len(colors) % len(_PALETTE)]
         colors[name] = want
-    runs = [_Run(r, r["agent"], r["agent"]["variant"], _stats(r), colors[r["agent"]["variant"]]) for r in checked]
+    runs = [_Run(r, r["agent"], r["agent"]["variant"], Stats.of_record(r), colors[r["agent"]["variant"]]) for r in checked]
     groups: dict[tuple[str, str, str], list[_Run]] = {}
     for run in runs:
         groups.setdefault(_key(run.record), []).append(run)
@@ -376,7 +376,7 @@ def _history(group: list[_Run], older: list[dict], unit: str, scale: float, sfx:
         )
         points = []
         for h in mine:
-            st = _stats(h)
+            st = Stats.of_record(h)
             vcs = h.get("vcs") if isinstance(h.get("vcs"), dict) else {}
             tag = " ".join(str(v)[:10] for v in (vcs.get("branch"), vcs.get("commit")) if isinstance(v, str))
             tip = f"{_when(h['created'])} UTC" + (f" · run {h['id']}" if "id" in h else "") + (f" · {tag}" if tag else "")
@@ -437,10 +437,6 @@ def _key(record: dict) -> tuple[str, str, str]:
     return record["model_name"], record["target"], record["device"]
 
 
-def _stats(record: dict) -> Stats:
-    return Stats.from_samples(record["agent"]["samples_ns"], record["agent"]["config"]["batch"])
-
-
 def _baseline(group: list[_Run]) -> _Run | None:
     """The float variant the others are compared with: fp32 by name, else the first float one."""
     floats = [r for r in group if r.variant == "fp32"] or [r for r in group if r.agent["precision"] in ("fp32", "float32")]
@@ -482,24 +478,15 @@ def _opt(value: Any, fmt: str = "") -> str:
     return "-" if v is None else format(v, fmt) if fmt else num(v)
 
 
-def _pct(value: Any) -> str:
-    v = _f(value)
-    return "-" if v is None else f"{v * 100:.1f}%"
+def _shown(show: Callable[[float], str]) -> Callable[[Any], str]:
+    """A cell formatter: ``show`` of a finite number, "-" for anything else."""
+    return lambda value: "-" if (v := _f(value)) is None else show(v)
 
 
-def _ns(value: Any) -> str:
-    v = _f(value)
-    return "-" if v is None else num(v / 1e6)
-
-
-def _mib(value: Any) -> str:
-    v = _f(value)
-    return "-" if v is None else f"{v / 2**20:.1f}"
-
-
-def _gib(value: Any) -> str:
-    v = _f(value)
-    return "-" if v is None else f"{v / 2**30:.1f} GiB"
+_pct = _shown(lambda v: f"{v * 100:.1f}%")
+_ns = _shown(lambda v: num(v / 1e6))
+_mib = _shown(lambda v: f"{v / 2**20:.1f}")
+_gib = _shown(lambda v: f"{v / 2**30:.1f} GiB")
 
 
 def _when(created: str) -> str:

@@ -269,21 +269,28 @@ def layers(chart_id: str, rows: Sequence[LayerRow], *, color: str, label: str) -
         top = TOP + 18 + i * row_h
         mid = top + row_h / 2 + 4
         body.append(f'<text x="{t0 - 8}" y="{mid:.1f}" text-anchor="end" fill="{INK}">{esc(r.name)} <tspan fill="{MUTED}">{esc(r.op)}</tspan></text>')
-        w = (t1 - t0 - 50) * r.time_share / top_share
-        body.append(
-            f'<rect class="layer-bar" x="{t0}" y="{top + 4:.1f}" width="{max(w, 1):.1f}" height="{row_h - 8}" rx="2" fill="{color}">'
-            f"<title>{esc(r.name)}: {num(r.ns / 1e3)} µs per inference, {r.time_share * 100:.1f}% of the time</title></rect>"
-        )
-        body.append(f'<text x="{t0 + w + 5:.1f}" y="{mid:.1f}" fill="{INK}">{r.time_share * 100:.1f}%</text>')
+        body += _layer_bar(
+            "layer-bar", t0, (t1 - t0 - 50) * r.time_share / top_share, top + 4, row_h - 8, f'fill="{color}"',
+            f"{esc(r.name)}: {num(r.ns / 1e3)} µs per inference, {r.time_share * 100:.1f}% of the time",
+            mid, f"{r.time_share * 100:.1f}%",
+        )  # fmt: skip
         if r.error_share is not None and r.snr_db is not None:
             e0 = t1 + 60
-            ew = (WIDTH - RIGHT - e0 - 90) * r.error_share / top_err
-            body.append(
-                f'<rect class="error-bar" x="{e0}" y="{top + 4:.1f}" width="{max(ew, 1):.1f}" height="{row_h - 8}" rx="2" fill="{ALERT}" fill-opacity="0.75">'
-                f"<title>{esc(r.name)}: SNR {r.snr_db:.1f} dB at its output, {r.error_share * 100:.1f}% of the summed error</title></rect>"
-            )
-            body.append(f'<text x="{e0 + ew + 5:.1f}" y="{mid:.1f}" fill="{INK}">{r.error_share * 100:.0f}% <tspan fill="{MUTED}">({r.snr_db:.1f} dB)</tspan></text>')
+            body += _layer_bar(
+                "error-bar", e0, (WIDTH - RIGHT - e0 - 90) * r.error_share / top_err, top + 4, row_h - 8,
+                f'fill="{ALERT}" fill-opacity="0.75"',
+                f"{esc(r.name)}: SNR {r.snr_db:.1f} dB at its output, {r.error_share * 100:.1f}% of the summed error",
+                mid, f'{r.error_share * 100:.0f}% <tspan fill="{MUTED}">({r.snr_db:.1f} dB)</tspan>',
+            )  # fmt: skip
     return _svg(chart_id, "layers", height, label, body)
+
+
+def _layer_bar(cls: str, x0: float, w: float, y: float, h: int, fill: str, tip: str, mid: float, text: str) -> list[str]:
+    """A bar of a layers chart with its tooltip, and its figure just past its end."""
+    return [
+        f'<rect class="{cls}" x="{x0}" y="{y:.1f}" width="{max(w, 1):.1f}" height="{h}" rx="2" {fill}><title>{tip}</title></rect>',
+        f'<text x="{x0 + w + 5:.1f}" y="{mid:.1f}" fill="{INK}">{text}</text>',
+    ]
 
 
 @dataclass(frozen=True)

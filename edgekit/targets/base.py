@@ -100,8 +100,7 @@ class Backend:
             return None  # a custom build's version string: don't guess
         if inside:
             return None
-        bounds = " and ".join(b for b in (f">= {spec.min_version}" if spec.min_version else "", f"<= {spec.max_version}" if spec.max_version else "") if b)
-        return f"{self.runtimes[0]} {version} is installed; {profile.name} needs {bounds}"
+        return f"{self.runtimes[0]} {version} is installed; {profile.name} needs {spec.bounds()}"
 
     def variant_options(self, spec: BackendSpec | None, precision: str) -> dict[str, Any]:
         """Options the agent passes to the runtime for a variant (JSON values)."""

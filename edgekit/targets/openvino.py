@@ -127,13 +127,7 @@ def _limits(spec: BackendSpec | None, device: str) -> BackendSpec:
 
 def _bounds(spec: BackendSpec | None, device: str) -> str:
     """``">= 2023.3"``, ``"<= 2022.3 (the MYRIAD plugin was removed in 2023.0)"``, or "" (any)."""
-    limits = _limits(spec, device)
-    parts = []
-    if limits.min_version:
-        parts.append(f">= {limits.min_version}")
-    if limits.max_version:
-        parts.append(f"<= {limits.max_version}")
-    text = " and ".join(parts)
+    text = _limits(spec, device).bounds()
     if device == "MYRIAD":
         text += " (the MYRIAD plugin was removed in 2023.0)"
     return text

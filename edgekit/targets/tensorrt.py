@@ -272,15 +272,6 @@ def preview_qdq(prepared: onnx.ModelProto, analysis: Analysis) -> onnx.ModelProt
     return rewrite(prepared, analysis, params, TENSORRT)
 
 
-def _bounds(spec: BackendSpec) -> str:
-    parts = []
-    if spec.min_version:
-        parts.append(f">= {spec.min_version}")
-    if spec.max_version:
-        parts.append(f"<= {spec.max_version}")
-    return " and ".join(parts) or "any version"
-
-
 def _example_versions(spec: BackendSpec | None) -> list[str]:
     """TensorRT versions whose trtexec flags the plan shows: the profile's bound(s), and 10.x."""
     if spec and spec.max_version:
@@ -310,7 +301,7 @@ class TensorRTBackend(Backend):
         version = runtime_version(facts, *self.runtimes)
         if version is None:
             if spec and (spec.min_version or spec.max_version):
-                return Verdict(True, (f"planned on paper: the device's TensorRT must be {_bounds(spec)}",))
+                return Verdict(True, (f"planned on paper: the device's TensorRT must be {spec.bounds()}",))
             return Verdict(True)
         trt = (facts.get("device") or facts).get("tensorrt") or {}
         if "trtexec" in trt and not trt["trtexec"]:
@@ -326,7 +317,7 @@ class TensorRTBackend(Backend):
             return f"the device has TensorRT {version}; edgekit needs 8.0+ (Q/DQ int8 and trtexec's report format)"
         spec = profile.backend(self.name)
         if spec and not spec.version_ok(version):
-            return f"the device has TensorRT {version}; {profile.name} needs {_bounds(spec)}"
+            return f"the device has TensorRT {version}; {profile.name} needs {spec.bounds()}"
         return None
 
     def variant_options(self, spec: BackendSpec | None, precision: str) -> dict[str, Any]:

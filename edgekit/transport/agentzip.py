@@ -160,9 +160,4 @@ def agent_call(transport: Transport, args: list[str], *, timeout: float, serve: 
         if result.returncode == 2 and b"can't open file" in result.stderr:  # no agent (of this version) yet
             push_agent(transport)  # only then: checking first would cost every call a command
             result = transport.run(argv, timeout=timeout, check=False)
-    text = result.stdout.decode("utf-8", errors="replace").strip()
-    try:
-        doc = json.loads(text.splitlines()[-1]) if text else None
-    except ValueError:
-        doc = None
-    return (doc if isinstance(doc, dict) else None), result
+    return result.last_json(), result

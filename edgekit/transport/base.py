@@ -6,6 +6,7 @@ cannot tell the implementations apart.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import shlex
@@ -38,6 +39,23 @@ class CommandResult:
         text = self.stderr.decode("utf-8", errors="replace")
         tail = [ln.strip() for ln in text.splitlines() if ln.strip()][-lines:]
         return " | ".join(tail)
+
+    def last_json(self) -> dict | None:
+        """The last line of stdout as a JSON object (a device script's answer); None if it is not one."""
+        text = self.stdout.decode("utf-8", errors="replace").strip()
+        try:
+            doc = json.loads(text.splitlines()[-1]) if text else None
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+
+def timed_out(timeout: float, command: str) -> TransportError:
+    """The error of a command that ran past its timeout (every transport words it the same)."""
+    return TransportError(
+        f"command timed out after {timeout:g}s: {command}",
+        "the device may be overloaded or the command stuck; allow more time or do less per run",
+    )
 
 
 @dataclass(frozen=True)
@@ -178,10 +196,7 @@ class Conversation:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close()
-                raise TransportError(
-                    f"command timed out after {timeout:g}s: {shlex.join(self.argv)}",
-                    "the device may be overloaded or the command stuck; allow more time or do less per run",
-                )
+                raise timed_out(timeout, shlex.join(self.argv))
             out, err, ended = self._poll(min(left, 1.0))
             self._out += out
             self._err += err

@@ -27,6 +27,7 @@ from edgekit.transport.base import (
     PutStats,
     Transport,
     part_name,
+    timed_out,
 )
 
 
@@ -73,10 +74,7 @@ class LocalTransport(Transport):
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            raise TransportError(
-                f"command timed out after {timeout:g}s: {command}",
-                "the device may be overloaded or the command stuck; allow more time or do less per run",
-            ) from None
+            raise timed_out(timeout, command) from None
         except BaseException:  # KeyboardInterrupt: don't leave the process running
             _kill_group(proc)
             raise

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from edgekit.errors import LinkError, TransportError, UsageError
-from edgekit.transport.base import CommandResult, Conversation, Transport
+from edgekit.transport.base import CommandResult, Conversation, Transport, timed_out
 from edgekit.transport.sftp import SftpFiles
 from edgekit.transport.sshconfig import SshTarget, load_config, resolve_target
 from edgekit.transport.sshconnect import SshConnector
@@ -276,10 +276,7 @@ class SshTransport(Transport):
                     break
                 if now >= deadline:
                     self._kill(pid)
-                    raise TransportError(
-                        f"command timed out after {timeout:g}s: {display}",
-                        "the device may be overloaded or the command stuck; allow more time or do less per run",
-                    )
+                    raise timed_out(timeout, display)
                 if not t.is_active():
                     raise self._lost(f"running {display}", EOFError("the server closed the connection"))
                 if now - last >= self.alive_interval:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 
@@ -72,15 +73,9 @@ def profile_layers(events: list, skip_runs: int = 0) -> list:
         entry["us"].append(e.get("dur") or 0)
     n = len(kept) or max((len(t["us"]) for t in totals.values()), default=1)
     return [
-        {"name": k, "op": t["op"], "ns": int(round(_median(t["us"]) * 1000.0 * len(t["us"]) / n)), "calls": len(t["us"])}
+        {"name": k, "op": t["op"], "ns": int(round(statistics.median(t["us"]) * 1000.0 * len(t["us"]) / n)), "calls": len(t["us"])}
         for k, t in totals.items()
     ]
-
-
-def _median(values: list) -> float:
-    s = sorted(values)
-    mid = len(s) // 2
-    return float(s[mid]) if len(s) % 2 else (s[mid - 1] + s[mid]) / 2.0
 
 
 def load(model_path: str, threads: int | None, options: dict | None = None, workdir: str | None = None) -> Session:

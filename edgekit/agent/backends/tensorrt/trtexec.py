@@ -11,23 +11,14 @@ import json
 import math
 import re
 
+from ... import version_tuple
+
 PRECISIONS = ("fp32", "fp16", "int8")
 MIN_VERSION = (8, 0)  # Q/DQ explicit quantization and the "=== Performance summary ===" report
 
 
 class TrtexecOutputError(ValueError):
     """trtexec output (log, --exportTimes or --exportProfile JSON) that cannot be read."""
-
-
-# -- versions -----------------------------------------------------------------------------
-
-
-def version_tuple(version: str) -> tuple:
-    """``"8.5.2.2"`` -> ``(8, 5, 2, 2)``; ValueError when there is no leading number."""
-    match = re.match(r"\d+(\.\d+)*", str(version).strip())
-    if not match:
-        raise ValueError(f"not a version: {version!r}")
-    return tuple(int(p) for p in match.group(0).split("."))
 
 
 def decode_version_code(code: int) -> str:

@@ -1,0 +1,48 @@
+"""JSON documents: a dataclass as the document its ``to_dict`` returns, and the words a
+validator uses for the values it finds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+
+def fields_dict(obj: Any) -> dict[str, Any]:
+    """Every field of the dataclass ``obj`` by name: a tuple or list becomes a list, an object with
+    ``to_dict`` its dict, a mapping a (shallow) dict; other values as they are.
+
+    >>> from edgekit.tensorspec import IOSpec
+    >>> fields_dict(IOSpec("x", (1, 3), "float32"))
+    {'name': 'x', 'shape': [1, 3], 'dtype': 'float32'}
+    """
+    return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+
+
+class FieldsDict:
+    """Base of a dataclass whose JSON document is its fields in order: ``to_dict()`` is ``fields_dict(self)``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return fields_dict(self)
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def is_int(value: Any) -> bool:
+    """An integer, not a boolean (JSON's true is Python's 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def kind(value: Any, none: str = "nothing") -> str:
+    """What a JSON value is, for an error message: "an object", "a list", "a string", ..."""
+    if value is None:
+        return none
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), type(value).__name__)
