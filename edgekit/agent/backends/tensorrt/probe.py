@@ -49,7 +49,9 @@ def tensorrt_version(ask_trtexec: bool = True) -> tuple:
     version = nvinfer_soname_version(names)
     if version:
         return version, "libnvinfer"
-    version = parse_dpkg_nvinfer(_command(["dpkg-query", "-W", "--showformat=${Package} ${Version}\\n", "libnvinfer*"]) or "")
+    # dpkg-query only when dpkg's database lists a libnvinfer package: a listdir, where spawning
+    # dpkg-query on every device (every facts call) costs tens of ms for nothing
+    version = parse_dpkg_nvinfer(_command(["dpkg-query", "-W", "--showformat=${Package} ${Version}\\n", "libnvinfer*"]) or "") if _dpkg_lists_nvinfer() else None
     if version:
         return version, "dpkg"
     trtexec = find_trtexec() if ask_trtexec else None
@@ -59,6 +61,16 @@ def tensorrt_version(ask_trtexec: bool = True) -> tuple:
             return version, "trtexec"
     return None, None
 
+
+
+def _dpkg_lists_nvinfer() -> bool:
+    try:
+        return any(name.startswith("libnvinfer") for name in os.listdir(DPKG_INFO))
+    except OSError:
+        return False  # no dpkg database: dpkg-query would know nothing either
+
+
+DPKG_INFO = "/var/lib/dpkg/info"
 
 
 def nvinfer_soname_version(names) -> str | None:
