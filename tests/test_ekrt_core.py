@@ -1127,7 +1127,9 @@ def test_runner_errors(runner, every_op, tmp_path):
 # -- under qemu: the cross-built runner takes the NEON and the SDOT paths -----------------------
 
 
-def test_runner_under_qemu_aarch64(every_op, tmp_path):
+@pytest.fixture
+def aarch64_runner() -> tuple[str, Path]:
+    """(qemu-aarch64, the cross-built static runner), or a skip saying what is missing."""
     from edgekit.targets.native.build import BuildError, build_runner, why_not_buildable
 
     qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
@@ -1137,9 +1139,13 @@ def test_runner_under_qemu_aarch64(every_op, tmp_path):
     if reason:
         pytest.skip(reason)
     try:
-        runner = build_runner("aarch64")
+        return qemu, build_runner("aarch64")
     except BuildError as exc:
         pytest.fail(f"{exc.message} ({exc.hint})")
+
+
+def test_runner_under_qemu_aarch64(every_op, aarch64_runner, tmp_path):
+    qemu, runner = aarch64_runner
     b, blob = every_op
     path = tmp_path / "m.ekm"
     path.write_bytes(blob)
@@ -1162,21 +1168,10 @@ def test_runner_under_qemu_aarch64(every_op, tmp_path):
             np.testing.assert_array_equal(np.load(out / f"output{i}.npy"), w, err_msg=f"{cpu} output {i}")
 
 
-def test_float_ops_under_qemu_aarch64_equal_the_x86_extension(tmp_path):
+def test_float_ops_under_qemu_aarch64_equal_the_x86_extension(aarch64_runner, tmp_path):
     """Every F_UNARY / F_BINARY function through the cross-built runner (aarch64's libm, NEON
     build): the same float32 bits as the x86 extension (each value computed in double, rounded once)."""
-    from edgekit.targets.native.build import BuildError, build_runner, why_not_buildable
-
-    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
-    if not qemu:
-        pytest.skip("qemu-aarch64-static is not installed (apt-get install qemu-user-static)")
-    reason = why_not_buildable("aarch64")
-    if reason:
-        pytest.skip(reason)
-    try:
-        runner = build_runner("aarch64")
-    except BuildError as exc:
-        pytest.fail(f"{exc.message} ({exc.hint})")
+    qemu, runner = aarch64_runner
     b = Builder(11)
     x = b.input((1, 12, 9, 11), scale=0.04, zp=0)
     for kind, names in (("unary", ekm.UNARY_FUNCS), ("binary", ekm.BINARY_FUNCS)):

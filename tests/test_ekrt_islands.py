@@ -20,32 +20,45 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+def _lowered(name: str):
+    """The catalogue model ``name``: its ekrt coverage, its QDQ model (native scheme, 16 real
+    calibration samples), that model lowered, and 8 held-out samples; a skip when its data is missing."""
+    m = real_model(name)
+    try:
+        calib, held = m.calib(16), m.eval(8)
+    except LookupError as exc:
+        pytest.skip(str(exc))
+    loaded = load_model(m.locate(), {k: v for k, v in m.inputs.items() if v})
+    qdq = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, "calib"), FeedSet(held.feeds, "held")).model
+    em, report = lower(qdq)
+    return coverage(loaded), qdq, em, report, held
+
+
+def _check_against_reference(qdq, em, held, feed_check=None) -> None:
+    """ekrt's output equals the golden interpreter's bit for bit and the Q/DQ reference's in cosine."""
+    model = ekrt.Model(ekm.to_bytes(em))
+    want = run_outputs(qdq.SerializeToString(), held.feeds)
+    (name,) = [n for _, n in em.outputs]
+    for feed, (w,) in zip(held.feeds, want):
+        if feed_check is not None:
+            feed_check(feed)
+        (got,) = model.run(feed)
+        assert _cos(got, w) >= 0.9999
+        np.testing.assert_array_equal(got, ekm_reference.run(em, feed)[name])
+
+
 @pytest.mark.realmodels
 def test_oww_embedding_keeps_its_batchnorm_leakyrelu_max_in_int8_tables():
     """openWakeWord's embedding CNN: its first BatchNormalization -> LeakyRelu -> Max(x, -0.4) is a
     function of one value per channel, so it is one LUT_CHANNEL (int8), not a float island (the
     math allows int8). Before: 19 Max nodes "cannot run", 45 not reached. Measured (calib 16,
     eval 8): ekrt's embeddings equal the Q/DQ reference's (cosine 1.000000, max abs diff 0)."""
-    m = real_model("oww-embedding")
-    try:
-        calib, held = m.calib(16), m.eval(8)
-    except LookupError as exc:
-        pytest.skip(str(exc))
-    loaded = load_model(m.locate(), {k: v for k, v in m.inputs.items() if v})
-    cov = coverage(loaded)
+    cov, qdq, em, report, held = _lowered("oww-embedding")
     assert cov["unsupported"] == {} and cov["blocked"] == 0 and cov["float"] == {}
     assert {"BatchNormalization", "LeakyRelu", "Max"} <= set(cov["tables"])
-    qdq = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, "calib"), FeedSet(held.feeds, "held")).model
-    em, report = lower(qdq)
     assert report.ops["LUT_CHANNEL"] >= 1 and report.ops["CONV2D"] >= 19
     assert not any(op.type in ekm.FLOAT_OPS for op in em.ops)
-    model = ekrt.Model(ekm.to_bytes(em))
-    want = run_outputs(qdq.SerializeToString(), held.feeds)
-    (name,) = [n for _, n in em.outputs]
-    for feed, (w,) in zip(held.feeds, want):
-        (got,) = model.run(feed)
-        assert _cos(got, w) >= 0.9999
-        np.testing.assert_array_equal(got, ekm_reference.run(em, feed)[name])
+    _check_against_reference(qdq, em, held)
 
 
 @pytest.mark.realmodels
@@ -54,22 +67,11 @@ def test_magika_runs_in_ekrt_from_its_int32_bytes_input():
     island read straight from the graph input, as float32) into an int8 MatMul over its 2048 rows;
     its LayerNorms and the final softmax run in float too. Measured (calib 16, eval 8): ekrt's
     logits equal the Q/DQ reference's (cosine 1.000000, max abs diff 8e-7), 2 s."""
-    m = real_model("magika")
-    try:
-        calib, held = m.calib(16), m.eval(8)
-    except LookupError as exc:
-        pytest.skip(str(exc))
-    loaded = load_model(m.locate(), {k: v for k, v in m.inputs.items() if v})
-    cov = coverage(loaded)
+    cov, qdq, em, report, held = _lowered("magika")
     assert cov["unsupported"] == {} and cov["blocked"] == 0 and {"Equal", "Expand", "ReduceSum"} <= set(cov["float"])
-    qdq = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, "calib"), FeedSet(held.feeds, "held")).model
-    em, report = lower(qdq)
     assert report.ops["FULLY_CONNECTED"] >= 1  # the one-hot x embedding MatMul stays int8
-    model = ekrt.Model(ekm.to_bytes(em))
-    want = run_outputs(qdq.SerializeToString(), held.feeds)
-    (name,) = [n for _, n in em.outputs]
-    for feed, (w,) in zip(held.feeds, want):
+
+    def int32_bytes(feed):
         assert feed["bytes"].dtype == np.int32
-        (got,) = model.run(feed)
-        assert _cos(got, w) >= 0.9999
-        np.testing.assert_array_equal(got, ekm_reference.run(em, feed)[name])
+
+    _check_against_reference(qdq, em, held, int32_bytes)
