@@ -411,15 +411,20 @@ def collect_ranges(
     absmax = {n: max(abs(ranges[n][0]), abs(ranges[n][1])) for n in names}
     abs_hist = {n: np.zeros(BINS, dtype=np.float64) for n in names}
     signed_hist = {n: np.zeros(BINS * 2, dtype=np.float64) for n in names}
+    # Only the histograms the method reads (each costs a pass over every value).
+    one_sided = {n: ranges[n][0] >= 0 or ranges[n][1] <= 0 for n in names}
+    need_abs = {n: method == "entropy" or symmetric or (method in ("mse", "auto") and one_sided[n]) for n in names}
+    need_signed = {n: not symmetric and (method in ("percentile", "auto") or not one_sided[n]) for n in names}
     zeros = dict.fromkeys(names, 0)
     for feed in feeds:
         for name, value in zip(names, session.run(names, feed)):
             if absmax[name] > 0:
-                abs_hist[name] += _histogram(np.abs(value), 0.0, absmax[name], BINS)
                 lo_, hi_ = ranges[name]
-                if hi_ > lo_:
+                if need_abs[name]:
+                    abs_hist[name] += _histogram(np.abs(value), 0.0, absmax[name], BINS)
+                if need_signed[name] and hi_ > lo_:
                     signed_hist[name] += _histogram(value, lo_, hi_, BINS * 2)
-                zeros[name] += int(np.count_nonzero(value == 0))
+                zeros[name] += int(np.count_nonzero(value == 0)) if lo_ <= 0 <= hi_ else 0
         if progress is not None:
             progress.advance()
     out = {}
@@ -438,8 +443,10 @@ def collect_ranges(
     return out
 
 
-# What ``auto`` chooses among, per tensor.
-AUTO_CANDIDATES = ("minmax", "percentile", "entropy", "mse")
+# What ``auto`` chooses among, per tensor, by each one's exact error over the histogram. Not
+# entropy: its KL search is the slowest step of calibration, and it won 5 of 319 tensors on
+# ppocr-rec, 5 of 40 on oww-embedding, 6 of 286 on ppocr-det (ties with mse included).
+AUTO_CANDIDATES = ("minmax", "percentile", "mse")
 
 
 def _range(method, rng, absmax, abs_hist, signed_hist, zeros, percentile, symmetric) -> tuple[float, float]:
@@ -484,9 +491,12 @@ CANDIDATES = 256  # clip thresholds tried per side
 
 
 def _histogram(value: np.ndarray, lo: float, hi: float, bins: int) -> np.ndarray:
-    """np.histogram with a fixed range, without its sort: bin index by one multiply."""
-    idx = ((value.ravel().astype(np.float64) - lo) * (bins / (hi - lo))).astype(np.int64)
-    return np.bincount(np.clip(idx, 0, bins - 1), minlength=bins).astype(np.float64)
+    """np.histogram with a fixed range, without its edge fix-ups: the bin index by one multiply,
+    in the tensor's float32 (the values are float32; 4096 bins need no more)."""
+    v = value.ravel().astype(np.float32, copy=False)
+    idx = ((v - np.float32(lo)) * np.float32(bins / (hi - lo))).astype(np.intp)
+    np.clip(idx, 0, bins - 1, out=idx)
+    return np.bincount(idx, minlength=bins)
 
 
 def _moments(hist: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
