@@ -400,3 +400,11 @@ def test_mse_ranges_lift_the_speech_embedding_on_a_vnni_less_x86_scheme():
         q = quantize_model(loaded, scheme, FeedSet(calib.feeds, "calib"), FeedSet(heldout.feeds[:1], "h"), method=method)
         score[method] = m.metric(fp32, run_outputs(q.model.SerializeToString(), heldout.feeds), heldout).value
     assert score["minmax"] < 0.9970 < score["mse"], score
+
+
+def test_api_refuses_a_bad_method_before_loading_anything(tmp_path):
+    from edgekit import api
+
+    with pytest.raises(UsageError, match="names two range methods"):
+        api.quantize(tmp_path / "missing.onnx", tmp_path / "q.onnx", method="mse+auto")
+    assert not (tmp_path / "q.onnx").exists()
