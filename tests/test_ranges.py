@@ -408,3 +408,11 @@ def test_api_refuses_a_bad_method_before_loading_anything(tmp_path):
     with pytest.raises(UsageError, match="names two range methods"):
         api.quantize(tmp_path / "missing.onnx", tmp_path / "q.onnx", method="mse+auto")
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_every_option_of_the_method_is_in_the_quantize_cache_key():
+    from edgekit.quantize import cache as qcache
+
+    feeds = FeedSet([{"x": np.zeros((1, 2), np.float32)}], "c")
+    keys = {m: qcache.key("sha", SCHEMES["onnxruntime"], m, (), feeds, feeds) for m in ("minmax", "mse", "mse+clip", "mse+bias", "mse+cle", "mse+clip+bias+cle")}
+    assert len(set(keys.values())) == len(keys)
