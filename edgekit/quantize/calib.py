@@ -414,7 +414,7 @@ def collect_ranges(
     # Only the histograms the method reads (each costs a pass over every value).
     one_sided = {n: ranges[n][0] >= 0 or ranges[n][1] <= 0 for n in names}
     need_abs = {n: method == "entropy" or symmetric or (method in ("mse", "auto") and one_sided[n]) for n in names}
-    need_signed = {n: not symmetric and (method in ("percentile", "auto") or not one_sided[n]) for n in names}
+    need_signed = {n: not symmetric and (method in ("percentile", "auto") or (method == "mse" and not one_sided[n])) for n in names}
     zeros = dict.fromkeys(names, 0)
     for feed in feeds:
         for name, value in zip(names, session.run(names, feed)):
