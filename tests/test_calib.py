@@ -437,9 +437,9 @@ def test_symmetric_percentile_and_entropy_stay_inside_minmax(outlier_case):
 
 
 def test_unknown_method():
-    with pytest.raises(UsageError, match="unknown calibration method 'mse'") as exc:
-        collect_ranges(elementwise_model(4), ["x"], [], method="mse")
-    assert "minmax, percentile, entropy" in exc.value.hint
+    with pytest.raises(UsageError, match="unknown calibration method 'kl'") as exc:
+        collect_ranges(elementwise_model(4), ["x"], [], method="kl")
+    assert "minmax, percentile, entropy, mse, auto" in exc.value.hint
 
 
 def test_ranges_with_progress_and_all_zero_tensor():

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # The calibration methods, spelled here so that `edgekit --help` and commands that never quantize
 # don't import the quantizer (onnx and numpy: ~0.3 s of every start); a test keeps it equal to
 # edgekit.quantize.calib.METHODS, the list that decides.
-METHODS = ("minmax", "percentile", "entropy")
+METHODS = ("minmax", "percentile", "entropy", "mse", "auto")
 
 Target = Annotated[str, typer.Option("--target", "-t", help="Target profile name or path to a profile TOML.")]
 Shape = Annotated[
@@ -30,7 +30,14 @@ Calib = Annotated[
 ]
 Eval = Annotated[Path | None, typer.Option("--eval", help="Held-out data for the fp32-vs-int8 report (same formats as --calib).")]
 Labels = Annotated[Path | None, typer.Option("--labels", help="Class labels (.npy of ints) for the --eval samples: reports accuracy.")]
-Method = Annotated[str, typer.Option("--method", help=f"Calibration method: {', '.join(METHODS)}.")]
+Method = Annotated[
+    str,
+    typer.Option(
+        "--method",
+        help=f"Calibration method: {', '.join(METHODS)}; add +clip (MSE weight clipping), +bias (bias correction), "
+        "+cle (cross-layer equalization), e.g. mse+clip+bias.",
+    ),
+]
 Exclude = Annotated[list[str] | None, typer.Option("--exclude", help="Keep this node in float (repeatable).", metavar="NODE")]
 PreprocessOpt = Annotated[
     str | None,
@@ -190,8 +197,12 @@ def preprocess(text: str | None) -> Preprocess | None:
 def check_method(method: str) -> str:
     from edgekit.errors import UsageError
 
-    if method not in METHODS:
+    if method.partition("+")[0] not in METHODS:
         raise UsageError(f"unknown calibration method '{method}'", f"choose one of: {', '.join(METHODS)}")
+    if "+" in method:  # only then is the quantizer needed to read the options
+        from edgekit.quantize.calib import parse_method
+
+        parse_method(method)
     return method
 
 

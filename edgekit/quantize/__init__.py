@@ -12,14 +12,16 @@ import onnx
 from edgekit.errors import ModelError
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel
+from edgekit.quantize import equalize, sensitivity
 from edgekit.quantize import mixed as mixed_precision
-from edgekit.quantize import sensitivity
 from edgekit.quantize.calib import (
+    ChannelMeans,
     ElementSample,
     FeedSet,
     Preprocess,
     collect_ranges,
     load_feeds,
+    parse_method,
     random_feeds,
 )
 from edgekit.quantize.prepare import prepare
@@ -103,8 +105,11 @@ def quantize_model(
     float until the held-out metric holds; ``result.mixed_precision`` says whether it did
     (when not, the model is all int8 and the caller refuses or falls back). ``events``: where
     its progress goes (an ``edgekit.events.Events``)."""
+    recipe = parse_method(method)
     t0 = time.perf_counter()
     prepared, analysis = analyze_model(loaded, scheme, exclude)
+    if recipe.equalize and equalize.cross_layer_equalize(prepared):
+        analysis = analyze(prepared, scheme, exclude)  # its constants are the equalized ones
     t1 = time.perf_counter()
     if not analysis.rules:
         raise ModelError(
@@ -112,15 +117,20 @@ def quantize_model(
             "deploy it in float with --no-quantize",
         )
     sample = ElementSample(len(calibration.feeds))
+    means = ChannelMeans(equalize.bias_inputs(prepared, analysis)) if recipe.bias_correction else None
     ranges = collect_ranges(
         prepared,
         analysis.calibrated,
         calibration.feeds,
-        method=method,
+        method=recipe.ranges,
         symmetric=scheme.activation_symmetric,
         progress=progress,
         sample=sample,
+        means=means,
     )
+    originals = equalize.clip_weights(prepared, analysis, scheme) if recipe.weight_clip else {}
+    if means is not None:
+        equalize.correct_biases(prepared, analysis, means, scheme, originals)
     t2 = time.perf_counter()
     float_wide_concats(prepared, analysis, ranges)
     params = tensor_params(analysis, ranges, scheme)

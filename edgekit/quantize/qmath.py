@@ -92,6 +92,26 @@ def weight_params(w: np.ndarray, axis: int | None, qmax: int = SYMMETRIC_QMAX) -
     return scale, zero_point
 
 
+def clip_weight(w: np.ndarray, axis: int | None, qmax: int = SYMMETRIC_QMAX, ratios: int = 26, lowest: float = 0.5) -> np.ndarray:
+    """``w`` clipped per channel along ``axis`` (or as a whole) to the fraction of its absmax, in
+    [lowest, 1], that minimises ||w - Q(w)||^2 under weight_params' symmetric rounding; a channel
+    keeps its absmax unless clipping lowers its error. weight_params of the result gives those
+    clipped scales, and quantizing the result equals quantizing ``w`` with them."""
+    moved = np.moveaxis(w, axis, 0) if axis is not None else w[None]
+    flat = moved.reshape(moved.shape[0], -1).astype(np.float64)
+    absmax = np.abs(flat).max(axis=1, initial=0.0)
+    best = absmax.copy()
+    best_err = np.full(absmax.shape, np.inf)
+    for r in np.linspace(1.0, lowest, ratios):  # 1.0 first: clipping must beat it strictly
+        t = absmax * r
+        scale = np.where(t > 0, t / qmax, 1.0)[:, None]
+        err = np.square(np.clip(np.rint(flat / scale), -qmax, qmax) * scale - flat).sum(axis=1)
+        better = err < best_err
+        best, best_err = np.where(better, t, best), np.where(better, err, best_err)
+    clipped = np.clip(flat, -best[:, None], best[:, None]).astype(w.dtype).reshape(moved.shape)
+    return np.moveaxis(clipped, 0, axis) if axis is not None else clipped[0]
+
+
 def quantize_bias(bias: np.ndarray, input_scale: float, weight_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """int32 bias with scale ``input_scale * weight_scale`` (per channel), zero point 0."""
     scale = (np.float64(input_scale) * weight_scale.astype(np.float64)).astype(np.float32)
