@@ -42,7 +42,7 @@ from edgekit.quantize import (
     save_model,
     with_dynamic_inputs,
 )
-from edgekit.quantize.calib import parse_method
+from edgekit.quantize.calib import DEFAULT_METHOD, parse_method
 from edgekit.quantize.mixed import check_metric
 
 MODEL_SUFFIXES = (".onnx", ".tflite")
@@ -90,7 +90,7 @@ def quantize(
     if metric is not None and max_drop is None:
         raise UsageError(f"metric {metric!r} is what mixed precision holds, and no max_drop was given", "add max_drop (--max-drop POINTS)")
     check_metric(metric)
-    parse_method(options.get("method", "minmax"))  # a bad --method fails before anything loads
+    parse_method(options.get("method", DEFAULT_METHOD))  # a bad --method fails before anything loads
     job = open_job(request(model, goal="quantize", **options))
     if job.model.format != "onnx":
         raise ModelError(

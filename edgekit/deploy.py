@@ -59,6 +59,7 @@ from edgekit.quantize import (
     save_model,
 )
 from edgekit.quantize import cache as qcache
+from edgekit.quantize.calib import DEFAULT_METHOD, parse_method
 from edgekit.quantize.report import AgreementReport, compare
 from edgekit.targets import get_backend
 from edgekit.transport.agentzip import agent_path
@@ -82,7 +83,7 @@ class DeployRequest:
     calib: Path | None = None
     eval: Path | None = None
     labels: Path | None = None
-    method: str = "minmax"
+    method: str = DEFAULT_METHOD
     exclude: tuple[str, ...] = ()
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     preprocess: Preprocess | None = None
@@ -464,7 +465,7 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
             layers=report.get("layers") or [], mixed_precision=report.get("mixed_precision"),
         )
     w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
-    passes = 1 if step.method == "minmax" else 2
+    passes = 1 if parse_method(step.method).ranges == "minmax" else 2
     with w.events.progress(f"calibrating on {len(calibration.feeds)} samples ({step.method})", total=passes * len(calibration.feeds)) as prog:
         result = quantize_model(
             job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog, max_drop=step.max_drop, metric=step.metric,

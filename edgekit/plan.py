@@ -20,6 +20,7 @@ from edgekit.errors import PlanError, UsageError
 from edgekit.modelio import IOSpec, LoadedModel
 from edgekit.profiles import CpuSpec, Profile, resolve
 from edgekit.quantize import analyze_model
+from edgekit.quantize.calib import DEFAULT_METHOD
 from edgekit.quantize.rewrite import NodeDecision
 from edgekit.quantize.scheme import QuantScheme
 from edgekit.targets import KNOWN_BACKENDS, available_backends, get_backend
@@ -191,7 +192,7 @@ class Options:
     device: str = "local"
     backend: str | None = None
     quantize: bool = True
-    method: str = "minmax"
+    method: str = DEFAULT_METHOD
     exclude: tuple[str, ...] = ()
     calibration: str = "random"  # where calibration data comes from ("random" when none was given)
     evaluation: str = ""

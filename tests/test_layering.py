@@ -264,9 +264,9 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_the_cli_spells_the_calibration_methods_as_the_quantizer_does():
     from edgekit.cli import common
-    from edgekit.quantize.calib import METHODS
+    from edgekit.quantize.calib import DEFAULT_METHOD, METHODS
 
-    assert common.METHODS == METHODS
+    assert common.METHODS == METHODS and common.DEFAULT_METHOD == DEFAULT_METHOD
 
 
 def test_the_cli_starts_without_the_quantizer():

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.errors import EdgekitError, InputError
+from edgekit.errors import EdgekitError, InputError, UsageError
 
 try:
     import tomllib
@@ -204,10 +204,12 @@ class _Reader:
             if key in m:
                 options[key] = self._file(m[key], f"{where}.{key}", section, key=key, folder=key != "labels")
         if "method" in m:
-            from edgekit.quantize.calib import METHODS
+            from edgekit.quantize.calib import parse_method
 
-            if m["method"] not in METHODS:
-                raise self.fail(f"{where}.method", f"unknown calibration method '{m['method']}'", f"choose one of: {', '.join(METHODS)}", section=section, key="method")
+            try:
+                parse_method(m["method"])  # e.g. mse+clip+bias
+            except UsageError as exc:
+                raise self.fail(f"{where}.method", exc.message, exc.hint, section=section, key="method") from None
         renamed = {"duration": "duration_s"}
         for key in ("iterations", "warmup", "duration", "threads", "layers", "quantize", "backend", "method"):
             if key in m:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 # don't import the quantizer (onnx and numpy: ~0.3 s of every start); a test keeps it equal to
 # edgekit.quantize.calib.METHODS, the list that decides.
 METHODS = ("minmax", "percentile", "entropy", "mse", "auto")
+DEFAULT_METHOD = "auto"  # == edgekit.quantize.calib.DEFAULT_METHOD (the same test keeps them equal)
 
 Target = Annotated[str, typer.Option("--target", "-t", help="Target profile name or path to a profile TOML.")]
 Shape = Annotated[
@@ -113,7 +114,7 @@ Baseline = Annotated[
 # Option groups several commands take: name -> (annotation, default). ``options`` adds them.
 GROUPS: dict[str, dict[str, tuple]] = {
     "quantize": {
-        "calib": (Calib, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, "minmax"),
+        "calib": (Calib, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, DEFAULT_METHOD),
         "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None),
     },
     "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "threads": (Threads, None), "layers": (Layers, True)},

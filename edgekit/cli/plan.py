@@ -21,7 +21,7 @@ def plan(
     backend: common.Backend = None,
     no_quantize: Annotated[bool, typer.Option("--no-quantize", help="Plan a float deploy.")] = False,
     calib: common.Calib = None,
-    method: common.Method = "minmax",
+    method: common.Method = common.DEFAULT_METHOD,
     exclude: common.Exclude = None,
     shape: common.Shape = None,
     json_out: common.Json = False,

@@ -15,6 +15,7 @@ from edgekit.modelio import LoadedModel
 from edgekit.quantize import equalize, sensitivity
 from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize.calib import (
+    DEFAULT_METHOD,
     ChannelMeans,
     ElementSample,
     FeedSet,
@@ -92,7 +93,7 @@ def quantize_model(
     calibration: FeedSet,
     heldout: FeedSet,
     *,
-    method: str = "minmax",
+    method: str = DEFAULT_METHOD,
     exclude: Sequence[str] = (),
     max_drop: float | None = None,
     metric: str | None = None,
