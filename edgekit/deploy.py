@@ -59,7 +59,7 @@ from edgekit.quantize import (
     save_model,
 )
 from edgekit.quantize import cache as qcache
-from edgekit.quantize.calib import DEFAULT_METHOD, parse_method
+from edgekit.quantize.calib import DEFAULT_METHOD, parse_method, spread
 from edgekit.quantize.report import AgreementReport, compare
 from edgekit.targets import get_backend
 from edgekit.transport.agentzip import agent_path
@@ -99,6 +99,7 @@ class DeployRequest:
     max_drop: float = 0.01  # the int8 gate: accuracy (a fraction) int8 may lose against labels
     require_int8: bool = False  # exit 5 when the int8 gate recommends float
     remeasure: bool = False  # bench and evaluate even when an identical earlier measurement exists
+    calib_samples: int | None = None  # calibrate on at most this many samples, spread over the data
     choose: str = "plan"  # "measure": int8 on every backend of the profile that can run it, the fastest wins
     trust_new_host: bool = False  # save the key of an SSH device not yet in known_hosts
     password: str | None = field(default=None, repr=False)  # SSH password login, only when given
@@ -667,14 +668,17 @@ def _load_feeds(job: Job, events: Events) -> tuple[FeedSet, FeedSet]:
             "(a .npz/.npy, a folder of .npz, or a folder of images with --preprocess)"
         )
         calibration = random_feeds(inputs, RANDOM_SAMPLES, seed=0)
-    else:
-        calibration = load_feeds(job.calib, inputs, preprocess=pre)
+    else:  # with held-out data of its own, only the samples calibration uses are read
+        calibration = load_feeds(job.calib, inputs, preprocess=pre, samples=job.request.calib_samples if job.eval is not None else None)
     if job.eval is not None:
         heldout = load_feeds(job.eval, inputs, preprocess=pre, labels=job.labels)
     elif not calibration.random and len(calibration.feeds) > 1:
         calibration, heldout = calibration.split(HELD_OUT_FRACTION)
     else:
         heldout = random_feeds(inputs, max(4, RANDOM_SAMPLES // 4), seed=1)
+    n = job.request.calib_samples
+    if n is not None and len(calibration.feeds) > n:
+        calibration = dataclasses.replace(calibration, feeds=spread(calibration.feeds, n))
     return calibration, heldout
 
 

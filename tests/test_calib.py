@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,30 @@ def test_folder_of_npz_one_sample_each_in_name_order(tmp_path):
     assert len(fs.feeds) == 4
     for f, s in zip(fs.feeds, samples):
         np.testing.assert_array_equal(f["input"], s)
+
+
+def test_calib_samples_spread_evenly_and_a_folder_reads_only_those(tmp_path):
+    data = np.load(DIGITS / "calib.npz")["input"]
+    fs = load_feeds(DIGITS / "calib.npz", IMG, samples=5)
+    picked = [0, 50, 100, 149, 199]  # evenly over 200, first and last included
+    assert [f["input"][0].tolist() for f in fs.feeds] == [data[i].tolist() for i in picked]
+    assert len(load_feeds(DIGITS / "calib.npz", IMG, samples=500).feeds) == 200  # more than there are: all
+    for i in range(7):
+        np.savez(tmp_path / f"s{i:02d}.npz", input=rand((1, 1, 8, 8), i))
+    for i in (1, 2, 4, 5):  # the files not picked are never read: damaged ones do not matter
+        (tmp_path / f"s{i:02d}.npz").write_bytes(b"damaged")
+    got = load_feeds(tmp_path, IMG, samples=3)
+    assert [f["input"].tolist() for f in got.feeds] == [rand((1, 1, 8, 8), i).tolist() for i in (0, 3, 6)]
+    with pytest.raises(UsageError, match="--calib-samples must be at least 1"):
+        load_feeds(DIGITS / "calib.npz", IMG, samples=0)
+
+
+def test_calib_samples_through_the_cli(cli, tmp_path):
+    r = cli("quantize", DIGITS / "digits_cnn.onnx", "-o", tmp_path / "q.onnx", "--calib-samples", "20", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["calibration"]["samples"] == 20  # of calib.npz's 200 (the sidecar names a held-out set of its own)
+    bad = cli("quantize", DIGITS / "digits_cnn.onnx", "-o", tmp_path / "q2.onnx", "--calib-samples", "0")
+    assert bad.returncode == 2 and "--calib-samples" in bad.stderr and not (tmp_path / "q2.onnx").exists()
 
 
 def test_no_source_means_random_data():

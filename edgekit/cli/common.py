@@ -29,6 +29,10 @@ Calib = Annotated[
     Path | None,
     typer.Option("--calib", help="Calibration data: .npz/.npy of stacked samples, a folder of .npz, or a folder of images."),
 ]
+CalibSamples = Annotated[
+    int | None,
+    typer.Option("--calib-samples", min=1, metavar="N", help="Calibrate on at most N samples, spread evenly over the --calib data (a folder: only those files are read)."),
+]
 Eval = Annotated[Path | None, typer.Option("--eval", help="Held-out data for the fp32-vs-int8 report (same formats as --calib).")]
 Labels = Annotated[Path | None, typer.Option("--labels", help="Class labels (.npy of ints) for the --eval samples: reports accuracy.")]
 Method = Annotated[
@@ -114,7 +118,7 @@ Baseline = Annotated[
 # Option groups several commands take: name -> (annotation, default). ``options`` adds them.
 GROUPS: dict[str, dict[str, tuple]] = {
     "quantize": {
-        "calib": (Calib, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, DEFAULT_METHOD),
+        "calib": (Calib, None), "calib_samples": (CalibSamples, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, DEFAULT_METHOD),
         "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None),
     },
     "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "threads": (Threads, None), "layers": (Layers, True)},
@@ -145,7 +149,7 @@ def options(*groups: str | dict) -> Callable:
 def quantize_args(opts: dict) -> dict:
     """The "quantize" group as the API's keyword arguments."""
     return dict(
-        calib=opts["calib"], eval=opts["eval_data"], labels=opts["labels"], method=check_method(opts["method"]),
+        calib=opts["calib"], calib_samples=opts["calib_samples"], eval=opts["eval_data"], labels=opts["labels"], method=check_method(opts["method"]),
         exclude=opts["exclude"], shapes=shapes(opts["shape"]), preprocess=preprocess(opts["preprocess"]),
     )  # fmt: skip
 

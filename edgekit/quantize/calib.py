@@ -104,8 +104,12 @@ def load_feeds(
     random_count: int = 32,
     seed: int = 0,
     labels: Path | None = None,
+    samples: int | None = None,
 ) -> FeedSet:
-    """Read calibration/evaluation samples and check each against the model's inputs."""
+    """Read calibration/evaluation samples and check each against the model's inputs. ``samples``:
+    read at most this many, spread evenly over the source (a folder: only their files are read)."""
+    if samples is not None and samples < 1:
+        raise UsageError(f"--calib-samples must be at least 1, got {samples}", "give the number of calibration samples to use, e.g. --calib-samples 64")
     if source is None:
         return random_feeds(inputs, random_count, seed)
     source = Path(source)
@@ -114,8 +118,8 @@ def load_feeds(
         raise CalibrationError(f"calibration data not found: {source}", "give a .npz/.npy file or a folder of .npz files or images")
     if source.is_dir():
         files = sorted(p for p in source.iterdir() if p.is_file() and not p.name.startswith("."))
-        npz = [p for p in files if p.suffix == ".npz"]
-        images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
+        npz = spread([p for p in files if p.suffix == ".npz"], samples)
+        images = spread([p for p in files if p.suffix.lower() in IMAGE_SUFFIXES], samples)
         if npz:
             feeds, per_file = [_check_feed(_read_npz(p), inputs, p) for p in npz], npz
         elif images:
@@ -123,7 +127,7 @@ def load_feeds(
         else:
             raise CalibrationError(f"no .npz files or images in {source}", "put one .npz per sample (keyed by input name) or image files there")
     elif source.suffix == ".npz":
-        feeds = _stacked(_read_npz(source), inputs, source)
+        feeds = _stacked(_read_npz(source), inputs, source, samples)
     elif source.suffix == ".npy":
         if len(inputs) != 1:
             raise CalibrationError(
@@ -134,7 +138,7 @@ def load_feeds(
             arr = np.load(source, allow_pickle=False)
         except Exception as exc:
             raise CalibrationError(f"cannot read {source}: {exc}", "write it with numpy.save") from exc
-        feeds = _stacked({inputs[0].name: arr}, inputs, source)
+        feeds = _stacked({inputs[0].name: arr}, inputs, source, samples)
     elif source.suffix.lower() in IMAGE_SUFFIXES:
         feeds = _image_feeds([source], inputs, preprocess or Preprocess())
     else:
@@ -146,6 +150,14 @@ def load_feeds(
     if labels is not None:
         lab = _read_labels(labels, len(feeds))
     return FeedSet(feeds, str(source), False, lab)
+
+
+def spread(items: Sequence, n: int | None) -> list:
+    """At most ``n`` of ``items``, evenly spaced and in order (all of them when ``n`` is None)."""
+    items = list(items)
+    if n is None or n >= len(items):
+        return items
+    return [items[int(i)] for i in np.linspace(0, len(items) - 1, n).round()]
 
 
 def random_feeds(inputs: Sequence[IOSpec], count: int, seed: int = 0) -> FeedSet:
@@ -234,7 +246,7 @@ def _check_feed(feed: Feed, inputs: Sequence[IOSpec], where: Path) -> Feed:
     return {s.name: _check_array(feed[s.name], s, where, s.shape) for s in inputs}
 
 
-def _stacked(arrays: dict[str, np.ndarray], inputs: Sequence[IOSpec], where: Path) -> list[Feed]:
+def _stacked(arrays: dict[str, np.ndarray], inputs: Sequence[IOSpec], where: Path, samples: int | None = None) -> list[Feed]:
     _require_inputs(arrays, inputs, where)
     counts = set()
     for spec in inputs:
@@ -252,7 +264,7 @@ def _stacked(arrays: dict[str, np.ndarray], inputs: Sequence[IOSpec], where: Pat
         raise CalibrationError(f"{where}: inputs have different sample counts {sorted(counts)}", "give every input the same number of samples")
     n = counts.pop()
     feeds = []
-    for i in range(n):
+    for i in spread(range(n), samples):
         feed = {}
         for spec in inputs:
             b = spec.shape[0] if spec.shape else 1
