@@ -29,7 +29,8 @@ def _lowered(name: str):
     except LookupError as exc:
         pytest.skip(str(exc))
     loaded = load_model(m.locate(), {k: v for k, v in m.inputs.items() if v})
-    qdq = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, "calib"), FeedSet(held.feeds, "held")).model
+    # minmax, as measured below (auto's ranges move float-vs-integer rounding ties: oww cosine 0.9997)
+    qdq = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, "calib"), FeedSet(held.feeds, "held"), method="minmax").model
     em, report = lower(qdq)
     return coverage(loaded), qdq, em, report, held
 
