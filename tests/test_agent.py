@@ -358,3 +358,21 @@ def test_cli_bench_bad_inputs(cli, tmp_path):
     assert_one_line_error(failed, EXIT_INPUT, "fp32/tiny.onnx")
     assert failed.stdout == ""
     assert json.loads(cli("results", "list", "--json").stdout) == []  # nothing was stored
+
+
+def test_installed_versions_read_the_dist_info_names_as_import_would(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    from edgekit.agent import facts, installed_versions
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d, v in ((first, "1.20.0"), (second, "1.9.0")):  # the first on sys.path wins, as for import
+        (d / f"onnxruntime_gpu-{v}.dist-info").mkdir(parents=True)
+    (second / "tflite_runtime-2.14.0-py3.11.egg-info").mkdir()
+    (second / "not-a-dist").mkdir()
+    monkeypatch.setattr(sys, "path", [str(first), str(second), str(tmp_path / "missing")])
+    assert installed_versions() == {"onnxruntime_gpu": "1.20.0", "tflite_runtime": "2.14.0"}
+    v = facts.runtime_versions()
+    assert v["onnxruntime"] == "1.20.0" and v["tflite_runtime"] == "2.14.0" and v["numpy"] is None
+    monkeypatch.undo()  # the real environment: the same answers as importlib.metadata (without its import)
+    assert facts.runtime_versions()["numpy"] == metadata.version("numpy")

@@ -577,3 +577,20 @@ def test_missing_python_on_the_device_is_one_clear_error(ssh_home, cli, tmp_path
     ssh_home.trust()
     result = cli("deploy", DIGITS, "--target", profile, "--device", "lab", env=ssh_home.env())
     assert_one_line_error(result, 4, "Python was not found on the device")
+
+
+def test_paramiko_loads_invoke_only_for_a_match_exec_line(tmp_path):
+    # paramiko imports invoke (50-90 ms of every SSH command) for `Match exec` alone: edgekit
+    # imports paramiko without it and hands it over when a config uses one. A fresh interpreter,
+    # so what is imported is this test's own.
+    (tmp_path / "plain").write_text("Host box\n  HostName 10.9.9.8\n")
+    (tmp_path / "exec").write_text('Match exec "true"\n  HostName 10.9.9.9\n  Port 2222\n')
+    code = (
+        "import sys; from pathlib import Path; from edgekit.transport.sshconfig import load_config, resolve_target\n"
+        "t = resolve_target('box', load_config(Path(sys.argv[1])))\n"
+        "print(t.hostname, t.port, sys.modules.get('invoke') is not None)\n"
+    )
+    runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / name)], capture_output=True, text=True, timeout=60) for name in ("plain", "exec")]
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr for r in runs]
+    assert runs[0].stdout.split() == ["10.9.9.8", "22", "False"]
+    assert runs[1].stdout.split() == ["10.9.9.9", "2222", "True"]

@@ -48,6 +48,34 @@ def bundle_hash(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def installed_versions() -> dict:
+    """Every installed distribution's version by normalized name (``onnxruntime_gpu``), read from
+    the ``*.dist-info`` / ``*.egg-info`` names on ``sys.path``, first found wins (as import does).
+    Where importlib.metadata exists it reads the same directories, and takes ~40 ms to import;
+    on Python 3.7 it does not exist at all."""
+    import os
+    import sys
+
+    found: dict = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            parts = name.rsplit(".", 1)[0].split("-")
+            if len(parts) >= 2:
+                found.setdefault(normalize_dist(parts[0]), parts[1])
+    return found
+
+
+def normalize_dist(name: str) -> str:
+    """PEP 503 name normalization, with the underscores dist-info directory names use."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
 def version_tuple(version: str) -> tuple:
     """``"8.5.2.2"`` -> ``(8, 5, 2, 2)``; anything after the numeric prefix is ignored; ValueError
     when there is no leading number. The one parser of runtime versions, host and device."""

@@ -14,6 +14,7 @@ import re
 import shutil
 import socket
 
+from . import installed_versions, normalize_dist
 from .backends.tensorrt.probe import _command, find_trtexec, tensorrt_version
 
 # The ISA features edgekit dispatches on, one name each, as Linux's /proc/cpuinfo spells them
@@ -119,20 +120,8 @@ def parse_cpuinfo(text: str, machine: str) -> tuple[str | None, list[str]]:
 
 def runtime_versions() -> dict:
     """Installed runtime versions from package metadata (no runtime is imported)."""
-    try:
-        from importlib import metadata
-    except ImportError:  # Python 3.7
-        return {key: None for key in _RUNTIMES}
-    versions = {}
-    for key, dists in _RUNTIMES.items():
-        versions[key] = None
-        for dist in dists:
-            try:
-                versions[key] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return versions
+    installed = installed_versions()
+    return {key: next((installed[d] for d in map(normalize_dist, dists) if d in installed), None) for key, dists in _RUNTIMES.items()}
 
 
 def device_facts() -> dict:

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import os
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,9 +96,37 @@ def parse_device(device: str, where: str = "--device", error: type[EdgekitError]
     return m["user"], check_host(m["v6"] or m["host"], where, error), port
 
 
+def import_paramiko():
+    """paramiko, imported without ``invoke``: paramiko.config imports it at once (50-90 ms of every
+    SSH command here) for ``Match exec`` lines only; ``resolve_target`` loads it when one is met."""
+    if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+        sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` fails: paramiko keeps invoke = None
+        try:
+            import paramiko  # noqa: F401
+        finally:
+            del sys.modules["invoke"]
+    import paramiko
+
+    return paramiko
+
+
+def _load_invoke() -> bool:
+    """Give paramiko's config the ``invoke`` it was imported without; False when it is not installed."""
+    import paramiko.config
+
+    if paramiko.config.invoke is not None:
+        return False
+    try:
+        import invoke
+    except ImportError:
+        return False
+    paramiko.config.invoke = invoke
+    return True
+
+
 def load_config(path: Path | None = None):
     """paramiko's SSHConfig for ``path`` (default ~/.ssh/config); an empty one when absent."""
-    import paramiko
+    paramiko = import_paramiko()
 
     path = path or ssh_config_path()
     if not path.is_file():
@@ -115,7 +144,12 @@ def resolve_target(device: str, config=None, *, _hop: bool = False) -> SshTarget
     user, host, port = parse_device(device)
     config = config if config is not None else load_config()
     try:
-        opts = config.lookup(host)
+        try:
+            opts = config.lookup(host)
+        except ImportError:  # `Match exec`: it runs its command through invoke
+            if not _load_invoke():
+                raise
+            opts = config.lookup(host)
     except Exception as exc:  # e.g. `Match exec` needs the optional `invoke` package
         raise TransportError(
             f"cannot apply ~/.ssh/config to '{host}': {exc}",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 
+from ... import installed_versions, normalize_dist
 from .trtexec import banner_version
 
 TRTEXEC_JETPACK = "/usr/src/tensorrt/bin/trtexec"  # where JetPack installs trtexec (not on PATH)
@@ -31,15 +32,10 @@ def find_trtexec():
 
 def tensorrt_version(ask_trtexec: bool = True) -> tuple:
     """``(version, source)``: the first of Python metadata, libnvinfer SONAME, dpkg, trtexec's banner."""
-    try:
-        from importlib import metadata
-    except ImportError:  # Python 3.7
-        metadata = None
-    for dist in _TRT_DISTS if metadata else ():
-        try:
-            return metadata.version(dist), "python:" + dist
-        except metadata.PackageNotFoundError:
-            continue
+    installed = installed_versions()
+    for dist in _TRT_DISTS:
+        if normalize_dist(dist) in installed:
+            return installed[normalize_dist(dist)], "python:" + dist
     names = []
     for directory in _NVINFER_DIRS:
         try:
