@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -176,16 +177,27 @@ class ResultsStore:
             conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         except sqlite3.Error as exc:
             raise self._db_error(exc) from None
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version <= DB_SCHEMA_VERSION:  # never touch a database from a newer edgekit
-                conn.execute("PRAGMA journal_mode = WAL")
-            if version == 0:
-                version = self._create_schema(conn)
-        except sqlite3.Error as exc:
-            conn.close()
-            raise self._db_error(exc) from None
+        deadline = time.monotonic() + _BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                # never touch a database from a newer edgekit; switching to WAL takes a lock that
+                # SQLite does not wait for (no busy handler): two processes opening a new store at
+                # once see "database is locked" here, so it is retried as the busy timeout would
+                if version <= DB_SCHEMA_VERSION and conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                if version == 0:
+                    version = self._create_schema(conn)
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    conn.close()
+                    raise self._db_error(exc) from None
+                time.sleep(0.01)
+            except sqlite3.Error as exc:
+                conn.close()
+                raise self._db_error(exc) from None
         if version > DB_SCHEMA_VERSION:
             conn.close()
             raise ResultsError(
