@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             files = [work / "bundle" / f["path"] for f in first["bundle"]["files"]] + [work / "bundle" / "manifest.json"]
             rows, remeasure, per_step = [], [], []
             for i in range(args.repeats):
-                per_step.append(deploy({**env, "EDGEKIT_AGENT_SERVE": "0"}, work / "bundle", "--remeasure")[0])
-                again_wall, again = deploy(env, work / "bundle", "--remeasure")
+                # the peers write their own bundle directories: a bundle's manifest records the plan
+                # (--remeasure is part of it), so sharing one would make each redeploy a changed bundle
+                per_step.append(deploy({**env, "EDGEKIT_AGENT_SERVE": "0"}, work / "bundle-per-step", "--remeasure")[0])
+                again_wall, again = deploy(env, work / "bundle-remeasure", "--remeasure")
                 remeasure.append({"wall_s": again_wall, "measuring_s": _measuring(again)})
                 wall, doc = deploy(env, work / "bundle")
                 dest = server.home / f"scp-{i}"
