@@ -742,3 +742,18 @@ def real_model(name: str) -> RealModel:
 
         pytest.skip(f"real model {name} unavailable: {exc}")
     return m
+
+
+def real_model_data(name: str, calib: int = 16, held: int = 8):
+    """(the catalogue model loaded at its static shapes, ``calib`` calibration and ``held`` held-out
+    samples); skips the calling test when the model or its data is not there."""
+    from edgekit.modelio import load_model
+
+    m = real_model(name)
+    try:
+        c, h = m.calib(calib), m.eval(held)
+    except LookupError as exc:
+        import pytest
+
+        pytest.skip(str(exc))
+    return load_model(m.locate(), {k: v for k, v in m.inputs.items() if v}), c, h

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from realmodels import real_model, run_outputs
+from realmodels import real_model_data, run_outputs
 
-from edgekit.modelio import load_model
 from edgekit.quantize import SCHEMES, FeedSet, quantize_model
 from edgekit.targets.native import ekm, ekm_reference
 from edgekit.targets.native.lower import coverage, lower
@@ -23,12 +22,7 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
 def _lowered(name: str):
     """The catalogue model ``name``: its ekrt coverage, its QDQ model (native scheme, 16 real
     calibration samples), that model lowered, and 8 held-out samples; a skip when its data is missing."""
-    m = real_model(name)
-    try:
-        calib, held = m.calib(16), m.eval(8)
-    except LookupError as exc:
-        pytest.skip(str(exc))
-    loaded = load_model(m.locate(), {k: v for k, v in m.inputs.items() if v})
+    loaded, calib, held = real_model_data(name)
     # minmax, as measured below (auto's ranges move float-vs-integer rounding ties: oww cosine 0.9997)
     qdq = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, "calib"), FeedSet(held.feeds, "held"), method="minmax").model
     em, report = lower(qdq)

@@ -237,14 +237,10 @@ def test_max_drop_rescues_the_speech_embedding_plain_minmax_breaks():
     # openWakeWord's embedding model (catalogue: goal mean cosine >= 0.999): all int8 misses it;
     # --max-drop 0.1 --metric cosine keeps a couple of layers float and holds it. Measured
     # 2026-11-24: 99.63 -> 99.91 with 2 layers float, 89 % of MACs int8, 2.4 s.
-    from realmodels import CATALOGUE, run_outputs
+    from realmodels import CATALOGUE, real_model_data, run_outputs
 
     m = CATALOGUE["oww-embedding"]
-    try:
-        calib, heldout = m.calib(16), m.eval(8)
-    except LookupError as exc:
-        pytest.skip(str(exc))
-    loaded = load_model(m.locate(), {k: v for k, v in m.inputs.items() if v})
+    loaded, calib, heldout = real_model_data("oww-embedding")
     result = quantize_model(loaded, SCHEMES["native"], FeedSet(calib.feeds, "calib"), FeedSet(heldout.feeds, "held-out"), max_drop=0.1, metric="cosine")
     mp = result.mixed_precision
     assert mp["before"] < 99.9 <= mp["after"] and mp["holds"], mp

@@ -376,16 +376,20 @@ class Lowerer:
 
     # -- float tensors become int8 on demand ---------------------------------------------------
 
+    def _not_failed(self, name: str) -> None:
+        """A tensor whose producer could not be lowered blocks every reader (coverage: "not reached")."""
+        if name in self.failed:
+            exc = LoweringError(f"tensor '{name}' could not be lowered", "see the node that produces it")
+            exc.blocked = True
+            raise exc
+
     def materialize(self, name: str, want: QParams | None, act: tuple[float, float] | None = None) -> QT:
         """The int8 tensor holding float tensor ``name`` quantized with ``want`` (None: the op's
         natural params), clamped to the real range ``act``."""
         key = (name, want, act)
         if key in self.memo:
             return self.memo[key]
-        if name in self.failed:
-            exc = LoweringError(f"tensor '{name}' could not be lowered", "see the node that produces it")
-            exc.blocked = True
-            raise exc
+        self._not_failed(name)
         if name in self.alias:
             qt = self.requant(self.alias[name], want, act, name)
         elif name in self.graph_inputs and want is not None:  # e.g. input -> Pad -> Q: quantize first
@@ -435,10 +439,7 @@ class Lowerer:
         graph input or a constant as is, else its producer run as a float op (part of an island)."""
         if name in self.floats:
             return self.floats[name]
-        if name in self.failed:
-            exc = LoweringError(f"tensor '{name}' could not be lowered", "see the node that produces it")
-            exc.blocked = True
-            raise exc
+        self._not_failed(name)
         if name in self.alias:
             ft = self.dequantize_value(self.alias[name], name)
         elif name in self.graph_inputs:
