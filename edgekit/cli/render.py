@@ -199,6 +199,9 @@ def print_quantize_report(o: Output, doc: dict) -> None:
         f"scheme {doc['scheme']['name']}, {doc['method']} calibration on {cal['samples']} samples from {cal['source']}"
         + (" (RANDOM: not representative)" if cal["random"] else "")
     )
+    if doc.get("smoothed"):
+        sm = doc["smoothed"]
+        o.line(f"smoothed {sm['inputs']} MatMul/Gemm inputs (alpha {sm['alpha']:g}; {len(sm['skipped'])} candidate inputs left alone)")
     nodes = doc["nodes"]
     o.line(
         f"nodes: {nodes.get('int8', 0)} int8, {nodes.get('fused', 0)} fused activations, "

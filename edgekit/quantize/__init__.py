@@ -12,7 +12,7 @@ import onnx
 from edgekit.errors import ModelError
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel
-from edgekit.quantize import equalize, sensitivity
+from edgekit.quantize import equalize, sensitivity, smooth
 from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize.calib import (
     DEFAULT_METHOD,
@@ -58,6 +58,7 @@ class QuantizeResult:
     cached: bool = False  # taken from the quantize cache (quantize.cache), not calibrated again
     layers: list[dict] = field(default_factory=list)  # per int8 node: name, op, snr_db (its local error)
     mixed_precision: dict | None = None  # --max-drop: the decision (mixed.decide), None when not asked
+    smoothing: smooth.Smoothing | None = None  # +smooth: the MatMul/Gemm inputs smoothed, None when not asked
 
     def quantization_record(self) -> dict:
         """What a results-store record keeps of the quantization: the per-layer error."""
@@ -79,6 +80,7 @@ class QuantizeResult:
             "cached": self.cached,
             "layers": self.layers,
             "mixed_precision": self.mixed_precision,
+            "smoothed": self.smoothing.to_dict() if self.smoothing else None,
         }
 
 
@@ -111,6 +113,9 @@ def quantize_model(
     prepared, analysis = analyze_model(loaded, scheme, exclude)
     if recipe.equalize and equalize.cross_layer_equalize(prepared):
         analysis = analyze(prepared, scheme, exclude)  # its constants are the equalized ones
+    smoothing = smooth.smooth_model(prepared, calibration.feeds, recipe.smooth) if recipe.smooth is not None else None
+    if smoothing and smoothing.smoothed:
+        analysis = analyze(prepared, scheme, exclude)  # ranges are calibrated on the smoothed activations
     t1 = time.perf_counter()
     if not analysis.rules:
         raise ModelError(
@@ -171,6 +176,7 @@ def quantize_model(
         seconds={**seconds, "evaluate": t4 - t3},
         layers=layers,
         mixed_precision=decision,
+        smoothing=smoothing,
     )
 
 

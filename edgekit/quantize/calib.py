@@ -8,7 +8,7 @@ images with the model's preprocessing, or random data (with a loud warning).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -347,28 +347,45 @@ class Recipe:
     weight_clip: bool = False
     bias_correction: bool = False
     equalize: bool = False
+    smooth: float | None = None  # +smooth[=alpha]: SmoothQuant's migration strength (quantize.smooth)
 
 
 # The ``+`` options of a --method, and the Recipe field each one sets.
-OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize"}
+OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize", "smooth": "smooth"}
+SMOOTH_ALPHA = 0.5  # +smooth without a value: SmoothQuant's default, activations and weights share the difficulty
 
 
 def parse_method(text: str) -> Recipe:
     """``"mse+clip+bias"`` -> Recipe; UsageError naming the choices for anything else."""
-    hint = f"choose one of: {', '.join(METHODS)}, optionally followed by +{', +'.join(OPTIONS)} (e.g. mse+clip+bias)"
+    hint = f"choose one of: {', '.join(METHODS)}, optionally followed by +{', +'.join(OPTIONS)} (e.g. mse+clip+bias, auto+smooth=0.7)"
     base, *opts = [p.strip() for p in str(text).split("+")]
     if base not in METHODS:
         raise UsageError(f"unknown calibration method '{text}'", hint)
-    flags: dict[str, bool] = {}
-    for opt in opts:
+    flags: dict[str, bool | float] = {}
+    for item in opts:
+        opt, eq, value = item.partition("=")
         if opt in METHODS:
             raise UsageError(f"--method '{text}' names two range methods ({base} and {opt})", hint)
         if opt not in OPTIONS:
             raise UsageError(f"unknown calibration option '+{opt}' in --method '{text}'", hint)
         if OPTIONS[opt] in flags:
             raise UsageError(f"--method '{text}' repeats +{opt}", hint)
-        flags[OPTIONS[opt]] = True
+        flags[OPTIONS[opt]] = _smooth_alpha(value, text) if opt == "smooth" else True
+        if eq and opt != "smooth":
+            raise UsageError(f"+{opt} takes no value, got '+{item}' in --method '{text}'", hint)
     return Recipe(base, **flags)
+
+
+def _smooth_alpha(value: str, text: str) -> float:
+    if not value:
+        return SMOOTH_ALPHA
+    try:
+        alpha = float(value)
+    except ValueError:
+        alpha = float("nan")
+    if not 0.0 < alpha < 1.0:
+        raise UsageError(f"+smooth={value} in --method '{text}': alpha must be a number between 0 and 1", "e.g. auto+smooth=0.5 (the default) or auto+smooth=0.8")
+    return alpha
 
 
 class ChannelMeans:
@@ -388,6 +405,37 @@ class ChannelMeans:
 
     def get(self, name: str) -> np.ndarray | None:
         return self.sums[name] / self.counts[name] if self.counts.get(name) else None
+
+
+class ChannelAbsMax(ChannelMeans):
+    """Running max of |x| of chosen tensors per channel (along one axis): what smoothing needs of a
+    MatMul/Gemm input. Memory: one float per channel."""
+
+    def add(self, name: str, value: np.ndarray) -> None:
+        axis = self.axes[name] % max(value.ndim, 1)
+        seen = np.abs(np.moveaxis(value, axis, 0).reshape(value.shape[axis], -1)).max(axis=1).astype(np.float64)
+        self.sums[name] = np.maximum(self.sums[name], seen) if name in self.sums else seen
+        self.counts[name] = 1
+
+    def get(self, name: str) -> np.ndarray | None:
+        return self.sums.get(name)
+
+
+def observe(model: onnx.ModelProto, tensors: Sequence[str], feeds: Sequence[Feed]) -> Iterator[dict[str, np.ndarray]]:
+    """The float values of ``tensors`` (float ones) on each of ``feeds``, one dict per feed."""
+    if not tensors:
+        return
+    session, names = _observer_session(model, tensors)
+    for feed in feeds:
+        yield dict(zip(names, session.run(names, feed)))
+
+
+def observe_channels(model: onnx.ModelProto, stats: ChannelMeans, feeds: Sequence[Feed]) -> None:
+    """One float pass over ``feeds`` adding each of ``stats``' tensors to it."""
+    for values in observe(model, list(stats.axes), feeds):
+        for name, value in values.items():
+            if value.size:
+                stats.add(name, value)
 
 
 BINS = 2048
