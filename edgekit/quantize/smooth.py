@@ -14,7 +14,7 @@ MatMul/Gemm with a constant weight (they all get the same s); otherwise X is lef
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,8 +23,24 @@ from onnx import numpy_helper
 
 from edgekit.quantize.calib import ChannelAbsMax, Feed, observe, observe_channels
 
-# A constant to change: (node, input index, axis along which the channels lie).
-Fold = tuple[onnx.NodeProto, int, int]
+Scale = Callable[[np.ndarray], np.ndarray]
+
+
+def _same(scale: np.ndarray) -> np.ndarray:
+    return scale
+
+
+@dataclass
+class Fold:
+    """A constant that takes the scale: ``node.input[index]`` along ``axis`` (a weight's or a
+    LayerNorm's channel axis), or divided by the broadcast scale when ``axis`` is None (a Mul/Add
+    constant). ``to`` turns the scale of the smoothed tensor into the scale where the constant is
+    (through the Reshape/Transpose/MatMul between them)."""
+
+    node: onnx.NodeProto
+    index: int
+    axis: int | None
+    to: Scale = _same
 
 
 @dataclass
@@ -34,7 +50,7 @@ class Site:
     tensor: str
     channels: int
     readers: list[Fold]  # the weights multiplied by s
-    folds: list[Fold]  # the producer's constants divided by s
+    folds: list[Fold]  # the constants divided by s
 
 
 @dataclass
@@ -61,36 +77,51 @@ def _attr(node: onnx.NodeProto, name: str, default):
     return default
 
 
-def _last_dims(model: onnx.ModelProto, feed: Feed | None = None) -> dict[str, int]:
-    """The size of each float tensor's last axis: from shape inference, else (reshapes computed
-    from Shape) as seen on ``feed``."""
+def _shapes(model: onnx.ModelProto, feed: Feed | None = None) -> dict[str, tuple[int, ...]]:
+    """Each float tensor's static shape: from shape inference, else (reshapes computed from
+    Shape) as seen on ``feed``."""
     inferred = onnx.shape_inference.infer_shapes(model)
-    dims, unknown = {}, []
+    shapes, unknown = {}, []
     for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
         t = vi.type.tensor_type
         if t.elem_type != onnx.TensorProto.FLOAT:
             continue
-        if t.shape.dim and t.shape.dim[-1].HasField("dim_value"):
-            dims[vi.name] = t.shape.dim[-1].dim_value
+        if t.HasField("shape") and all(d.HasField("dim_value") for d in t.shape.dim):
+            shapes[vi.name] = tuple(d.dim_value for d in t.shape.dim)
         else:
             unknown.append(vi.name)
     if unknown and feed is not None:
         for values in observe(model, unknown, [feed]):
-            dims.update((n, v.shape[-1]) for n, v in values.items() if v.ndim)
-    return dims
+            shapes.update((n, tuple(v.shape)) for n, v in values.items())
+    return shapes
+
+
+def _reshape_scale(out_shape: tuple[int, ...], in_shape: tuple[int, ...], probe: np.ndarray) -> Scale | None:
+    """The scale of a reshape's input from its output's: the axes the scale varies on must form a
+    trailing block that the input also has (same element count), so flat order keeps them."""
+    varies = [i for i, d in enumerate(probe.shape) if d != 1]
+    k = varies[0] if varies else len(out_shape)
+    block = out_shape[k:]
+    size = int(np.prod(block, dtype=np.int64))
+    j = next((j for j in range(len(in_shape), -1, -1) if int(np.prod(in_shape[j:], dtype=np.int64)) == size), None)
+    if j is None:
+        return None
+    tail = in_shape[j:]
+    return lambda scale: np.broadcast_to(scale.reshape(scale.shape[k:]), block).reshape((1,) * j + tail)
 
 
 def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[Site], dict[str, str]]:
     """The activations that can be smoothed, and the MatMul/Gemm inputs that cannot (-> why);
-    ``feed``: a sample that tells the channel counts shape inference cannot."""
+    ``feed``: a sample that tells the shapes shape inference cannot."""
     inits = {t.name: t for t in model.graph.initializer}
     uses: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         for i in node.input:
-            uses.setdefault(i, []).append(node)
+            if node.op_type != "Shape":  # a Shape reads no values
+                uses.setdefault(i, []).append(node)
     producer = {o: n for n in model.graph.node for o in n.output}
     outputs = {o.name for o in model.graph.output}
-    last = _last_dims(model, feed)
+    shapes = _shapes(model, feed)
 
     def const(name: str, ndim: tuple[int, ...] = (0, 1, 2, 3, 4)) -> bool:
         t = inits.get(name)
@@ -101,38 +132,65 @@ def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[S
             return f"read by {node.op_type} {node.name}, not as a MatMul/Gemm input"
         if not const(node.input[1], (2,)) or (node.op_type == "Gemm" and _attr(node, "transA", 0)):
             return f"{node.op_type} {node.name} has no constant 2-D weight"
-        return (node, 1, 1 if node.op_type == "Gemm" and _attr(node, "transB", 0) else 0)
+        return Fold(node, 1, 1 if node.op_type == "Gemm" and _attr(node, "transB", 0) else 0)
 
-    def fold(x: str, channels: int) -> list[Fold] | str:
-        """The constants that divide ``x`` by s when divided by it along their last axis."""
-        node = producer.get(x)
+    def only(t: str, reader: onnx.NodeProto) -> bool:
+        return t not in outputs and [n.name for n in uses.get(t, [])] == [reader.name] and t in shapes
+
+    def fold(t: str, probe: np.ndarray, to: Scale) -> list[Fold] | str:
+        """The constants that divide ``t`` by ``to(s)``; ``probe``: a scale of that shape."""
+        node = producer.get(t)
         if node is None:
             return "a graph input"
-        op = node.op_type
-        if op == "LayerNormalization":
+        op, per_channel = node.op_type, probe.size == probe.shape[-1]
+        if op == "LayerNormalization" and per_channel:
             gamma_beta = [i for i in (1, 2) if len(node.input) > i and node.input[i]]
-            if not all(const(node.input[i]) and inits[node.input[i]].dims[-1:] == [channels] for i in gamma_beta):
+            if not all(const(node.input[i]) and inits[node.input[i]].dims[-1:] == [probe.size] for i in gamma_beta):
                 return f"LayerNormalization {node.name} has a non-constant scale or bias"
-            return [(node, i, -1) for i in gamma_beta]
-        if op == "MatMul" and const(node.input[1], (2,)):
-            return [(node, 1, -1)]
-        if op == "Gemm" and const(node.input[1], (2,)) and all(const(i) for i in node.input[2:] if i):
-            return [(node, 1, 0 if _attr(node, "transB", 0) else -1), *[(node, 2, -1) for i in node.input[2:3] if i]]
+            return [Fold(node, i, -1, to) for i in gamma_beta]
+        if op in ("MatMul", "Gemm") and const(node.input[1], (2,)) and all(const(i) for i in node.input[2:] if i):
+            if not per_channel or (op == "Gemm" and len(node.input) > 2 and node.input[2] and inits[node.input[2]].dims[-1:] not in ([], [1], [probe.size])):
+                return f"{op} {node.name}'s outputs are scaled across more than their channels"
+            axis = 0 if op == "Gemm" and _attr(node, "transB", 0) else -1
+            return [Fold(node, 1, axis, to), *[Fold(node, 2, -1, to) for i in node.input[2:3] if i]]
+        if op == "MatMul" and not const(node.input[1]) and only(node.input[1], node):
+            # A @ Y: scaling Y's columns scales the product's columns (the same per batch)
+            y = node.input[1]
+            if probe.ndim < 2 or probe.shape[-2] != 1 or shapes[y][:-2] != shapes[t][:-2]:
+                return f"MatMul {node.name} mixes the scaled channels"
+            return fold(y, probe, to)
+        if op == "Transpose" and only(node.input[0], node):
+            inverse = tuple(int(i) for i in np.argsort(_attr(node, "perm", list(range(probe.ndim))[::-1])))
+            return fold(node.input[0], probe.transpose(inverse), lambda scale: to(scale).transpose(inverse))
+        if op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity") and only(node.input[0], node):
+            back = _reshape_scale(shapes[t], shapes[node.input[0]], probe)
+            if back is None:
+                return f"{op} {node.name} splits the scaled channels"
+            return fold(node.input[0], back(probe), lambda scale: back(to(scale)))
         if op in ("Mul", "Add", "Sub") and len(node.input) == 2:
             k = next((i for i in (1, 0) if const(node.input[i]) and not const(node.input[1 - i])), None)
             if k is None:
                 return f"made by {op} {node.name} without one constant input"
-            c, other = inits[node.input[k]], node.input[1 - k]
-            if c.dims and c.dims[-1] not in (1, channels):
+            other = node.input[1 - k]
+            try:
+                widened = np.broadcast_shapes(tuple(inits[node.input[k]].dims), probe.shape)
+                fits = other in shapes and np.broadcast_shapes(shapes[other], widened) == shapes[t]
+            except ValueError:
+                fits = False
+            if not fits:
                 return f"{op} {node.name}'s constant does not lie along the channels"
             if op == "Mul":
-                return [(node, k, -1)]
+                return [Fold(node, k, None, to)]
             if op == "Sub" and k == 0:
                 return f"made by Sub {node.name} of a constant minus the activation"
-            if other in outputs or len(uses.get(other, [])) != 1 or last.get(other) != channels:
-                return f"{op} {node.name}'s other input is read elsewhere or not per channel"
-            rest = fold(other, channels)
-            return rest if isinstance(rest, str) else [(node, k, -1), *rest]
+            if not only(other, node) or shapes[other] != shapes[t]:
+                return f"{op} {node.name}'s other input is read elsewhere or broadcast"
+            rest = fold(other, probe, to)
+            return rest if isinstance(rest, str) else [Fold(node, k, None, to), *rest]
+        if op in ("MatMul", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Add", "Sub"):
+            y = node.input[1 if op == "MatMul" else 0]
+            also = sorted({n.op_type for n in uses.get(y, []) if n.name != node.name})
+            return f"{op} {node.name}'s input is " + (f"read by {'/'.join(also)} too" if also else "a graph output or of unknown shape")
         return f"made by {op} {node.name}, which has no constant to take the scale"
 
     sites, skipped = [], {}
@@ -142,19 +200,20 @@ def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[S
             continue
         x = node.input[0]
         seen.add(x)
-        readers = [weight(r, x) for r in uses.get(x, []) if r.op_type != "Shape"]  # a Shape reads no values
-        channels = last.get(x)
+        readers = [weight(r, x) for r in uses.get(x, [])]
         why = next((r for r in readers if isinstance(r, str)), None)
         if why is None and x in outputs:
             why = "a graph output"
-        if why is None and not channels:
-            why = "its channel count is not known"
+        if why is None and not shapes.get(x):
+            why = "its shape is not known"
         if why is None:
-            folds = fold(x, channels)
+            shape = shapes[x]
+            probe = np.ones((1,) * (len(shape) - 1) + shape[-1:])
+            folds = fold(x, probe, lambda scale, shape=shape: scale.reshape((1,) * (len(shape) - 1) + (-1,)))
             if isinstance(folds, str):
                 why = folds
             else:
-                sites.append(Site(x, channels, readers, folds))
+                sites.append(Site(x, shape[-1], readers, folds))
                 continue
         skipped[x] = why
     return sites, skipped
@@ -187,20 +246,27 @@ def smooth_model(model: onnx.ModelProto, feeds: Sequence[Feed], alpha: float) ->
             result.skipped[site.tensor] = "not seen in calibration"
             continue
         w = np.zeros(site.channels)
-        for node, i, axis in site.readers:
-            arr = np.abs(numpy_helper.to_array(inits[node.input[i]]))
-            w = np.maximum(w, arr.max(axis=1 - axis))
+        for r in site.readers:
+            w = np.maximum(w, np.abs(numpy_helper.to_array(inits[r.node.input[r.index]])).max(axis=1 - r.axis))
         ok = (a > 0) & (w > 0)
         s = np.where(ok, np.power(np.where(ok, a, 1.0), alpha) / np.power(np.where(ok, w, 1.0), 1 - alpha), 1.0)
-        for (node, i, axis), vec in [*((f, s) for f in site.readers), *((f, 1.0 / s) for f in site.folds)]:
-            name = node.input[i]
-            new = _along(numpy_helper.to_array(inits[name]).astype(np.float64), vec, axis).astype(np.float32)
+        for f in [*site.readers, *site.folds]:
+            name = f.node.input[f.index]
+            old = numpy_helper.to_array(inits[name]).astype(np.float64)
+            if f in site.readers:
+                new = _along(old, s, f.axis)
+            elif f.axis is not None:
+                new = _along(old, 1.0 / f.to(s).ravel(), f.axis)
+            else:
+                new = old / f.to(s)
+                while new.ndim > old.ndim and new.shape[0] == 1:  # the constant keeps its rank where it can
+                    new = new[0]
             if refs[name] > 1:  # shared with another reader: this node gets a copy of its own
                 refs[name] -= 1
-                name = f"{name}__smooth_{node.name or len(inits)}_{i}"
-                node.input[i] = name
+                name = f"{name}__smooth_{f.node.name or len(inits)}_{f.index}"
+                f.node.input[f.index] = name
                 refs[name] = 1
                 inits[name] = model.graph.initializer.add()
-            inits[name].CopyFrom(numpy_helper.from_array(new, name))
-        result.smoothed[site.tensor] = [node.name for node, _, _ in site.readers]
+            inits[name].CopyFrom(numpy_helper.from_array(new.astype(np.float32), name))
+        result.smoothed[site.tensor] = [r.node.name for r in site.readers]
     return result
