@@ -1,13 +1,14 @@
 """Activation ranges and weight treatments on the real-model catalogue, by task metric.
 
 One column per ``--method`` (``minmax``, ``percentile``, ``entropy``, ``mse``, ``auto`` and
-recipes with ``+clip`` / ``+bias`` / ``+cle``), next to ONNX Runtime's ``quantize_static``
+recipes with ``+clip`` / ``+bias`` / ``+cle`` / ``+smooth[=alpha]``), next to ONNX Runtime's ``quantize_static``
 defaults, each quantizing the same float model with the same calibration samples and judged on
 held-out samples by the model's own task metric (``quantize_vs_ort.py`` does the work: the same
 models, data, metric and timing; s = quantize wall time without edgekit's own held-out report).
 
     python benchmarks/ranges.py
     python benchmarks/ranges.py --models ppocr-cls,oww-embedding --methods minmax,mse,mse+bias
+    python benchmarks/ranges.py --models minilm-l3,ppocr-rec --methods auto,auto+smooth,auto+smooth=0.8 --no-ort
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def edgekit_method(method: str):
         t0 = time.perf_counter()
         result = quantize_model(loaded, qvo.host_scheme(), calib, heldout, method=method)
         save_model(result.model, out)
-        return qvo.Column(out, time.perf_counter() - t0 - result.seconds.get("evaluate", 0.0), method)
+        smoothed = f"; smoothed {result.smoothing.inputs} MatMul/Gemm inputs" if result.smoothing else ""  # 0 says there was nothing to smooth
+        return qvo.Column(out, time.perf_counter() - t0 - result.seconds.get("evaluate", 0.0), method + smoothed)
 
     return tool
 

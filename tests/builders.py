@@ -200,3 +200,40 @@ def bench_record(model: str = "resnet18", target: str = "rpi5", device: str = "p
     from edgekit.bench.record import make_record
 
     return make_record(bench_doc(samples, **overrides), model_name=model, target=target, device=device)
+
+
+def smooth_model(producer: str = "layernorm", readers: tuple[str, ...] = ("gemm",), channels: int = 16, outlier: float = 40.0) -> onnx.ModelProto:
+    """x [32, C] -> ``producer`` -> h, whose channel 3 carries outliers (scale 3 is ``outlier``),
+    read by each of ``readers`` -> outputs y0, y1, ...
+
+    producer: "layernorm" (LayerNormalization), "mul_add" (a decomposed LayerNorm's tail: Mul by a
+    constant, then Add of one), "relu" (Mul by a constant, then Relu: nothing to fold into).
+    readers: "gemm" (Gemm, transB=1, with bias), "matmul" (MatMul by a constant), "relu" (Relu)."""
+    rng = np.random.default_rng(7)
+    gamma = (1.0 + 0.2 * rng.standard_normal(channels)).astype(np.float32)
+    gamma[3] = outlier
+    beta = (0.1 * rng.standard_normal(channels)).astype(np.float32)
+    inits = [numpy_helper.from_array(gamma, "gamma"), numpy_helper.from_array(beta, "beta")]
+    nodes = {
+        "layernorm": [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], axis=-1)],
+        "mul_add": [helper.make_node("Mul", ["x", "gamma"], ["m"]), helper.make_node("Add", ["m", "beta"], ["h"])],
+        "relu": [helper.make_node("Mul", ["x", "gamma"], ["m"]), helper.make_node("Relu", ["m"], ["h"])],
+    }[producer]
+    outputs = []
+    small = np.ones(channels, np.float32)
+    small[3] = 1.0 / outlier  # as in a transformer, the outlier channel does not dominate the output
+    for i, kind in enumerate(readers):
+        y = f"y{i}"
+        if kind == "gemm":
+            inits += [numpy_helper.from_array((rng.standard_normal((8, channels)) * 0.3 * small).astype(np.float32), f"w{i}"),
+                      numpy_helper.from_array((rng.standard_normal(8) * 0.1).astype(np.float32), f"b{i}")]
+            nodes.append(helper.make_node("Gemm", ["h", f"w{i}", f"b{i}"], [y], transB=1))
+        elif kind == "matmul":
+            inits.append(numpy_helper.from_array((rng.standard_normal((channels, 8)) * 0.3 * small[:, None]).astype(np.float32), f"w{i}"))
+            nodes.append(helper.make_node("MatMul", ["h", f"w{i}"], [y]))
+        else:
+            nodes.append(helper.make_node("Relu", ["h"], [y]))
+        outputs.append(float_io(y, [32, channels if kind == "relu" else 8]))
+    model = onnx_model(nodes, [float_io("x", [32, channels])], outputs, inits)
+    onnx.checker.check_model(model)
+    return model
