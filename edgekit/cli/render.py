@@ -201,7 +201,7 @@ def print_quantize_report(o: Output, doc: dict) -> None:
     )
     if doc.get("smoothed"):
         sm = doc["smoothed"]
-        o.line(f"smoothed {sm['inputs']} MatMul/Gemm inputs (alpha {sm['alpha']:g}; {len(sm['skipped'])} candidate inputs left alone)")
+        o.line(f"smoothed {sm['inputs']} MatMul/Gemm inputs (alpha {sm['alpha']}; {len(sm['skipped'])} candidate inputs left alone)")
     nodes = doc["nodes"]
     o.line(
         f"nodes: {nodes.get('int8', 0)} int8, {nodes.get('fused', 0)} fused activations, "

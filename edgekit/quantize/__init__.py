@@ -113,7 +113,7 @@ def quantize_model(
     prepared, analysis = analyze_model(loaded, scheme, exclude)
     if recipe.equalize and equalize.cross_layer_equalize(prepared):
         analysis = analyze(prepared, scheme, exclude)  # its constants are the equalized ones
-    smoothing = smooth.smooth_model(prepared, calibration.feeds, recipe.smooth) if recipe.smooth is not None else None
+    smoothing = smooth.smooth_model(prepared, calibration.feeds, recipe.smooth, scheme) if recipe.smooth is not None else None
     if smoothing and smoothing.smoothed:
         analysis = analyze(prepared, scheme, exclude)  # ranges are calibrated on the smoothed activations
     t1 = time.perf_counter()

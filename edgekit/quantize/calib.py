@@ -347,12 +347,12 @@ class Recipe:
     weight_clip: bool = False
     bias_correction: bool = False
     equalize: bool = False
-    smooth: float | None = None  # +smooth[=alpha]: SmoothQuant's migration strength (quantize.smooth)
+    smooth: float | str | None = None  # +smooth[=alpha]: SmoothQuant's migration strength, or "auto" (quantize.smooth)
 
 
 # The ``+`` options of a --method, and the Recipe field each one sets.
 OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize", "smooth": "smooth"}
-SMOOTH_ALPHA = 0.5  # +smooth without a value: SmoothQuant's default, activations and weights share the difficulty
+SMOOTH_ALPHA = "auto"  # +smooth without a value: per tensor, the alpha with the least simulated int8 error, or none
 
 
 def parse_method(text: str) -> Recipe:
@@ -376,15 +376,18 @@ def parse_method(text: str) -> Recipe:
     return Recipe(base, **flags)
 
 
-def _smooth_alpha(value: str, text: str) -> float:
-    if not value:
+def _smooth_alpha(value: str, text: str) -> float | str:
+    if value in ("", SMOOTH_ALPHA):
         return SMOOTH_ALPHA
     try:
         alpha = float(value)
     except ValueError:
         alpha = float("nan")
     if not 0.0 < alpha < 1.0:
-        raise UsageError(f"+smooth={value} in --method '{text}': alpha must be a number between 0 and 1", "e.g. auto+smooth=0.5 (the default) or auto+smooth=0.8")
+        raise UsageError(
+            f"+smooth={value} in --method '{text}': alpha must be a number between 0 and 1, or auto",
+            "e.g. auto+smooth (alpha chosen per tensor) or auto+smooth=0.5 (SmoothQuant's)",
+        )
     return alpha
 
 
