@@ -40,7 +40,7 @@ Method = Annotated[
     typer.Option(
         "--method",
         help=f"Calibration method: {', '.join(METHODS)}; add +clip (MSE weight clipping), +bias (bias correction), "
-        "+cle (cross-layer equalization), e.g. mse+clip+bias.",
+        "+cle (cross-layer equalization), +smooth[=alpha] (SmoothQuant scales into LayerNorm/MatMul constants), e.g. mse+clip+bias.",
     ),
 ]
 Exclude = Annotated[list[str] | None, typer.Option("--exclude", help="Keep this node in float (repeatable).", metavar="NODE")]

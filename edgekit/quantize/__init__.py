@@ -113,15 +113,15 @@ def quantize_model(
     prepared, analysis = analyze_model(loaded, scheme, exclude)
     if recipe.equalize and equalize.cross_layer_equalize(prepared):
         analysis = analyze(prepared, scheme, exclude)  # its constants are the equalized ones
-    smoothing = smooth.smooth_model(prepared, calibration.feeds, recipe.smooth, scheme) if recipe.smooth is not None else None
-    if smoothing and smoothing.smoothed:
-        analysis = analyze(prepared, scheme, exclude)  # ranges are calibrated on the smoothed activations
     t1 = time.perf_counter()
     if not analysis.rules:
         raise ModelError(
             "nothing in this model can be quantized with the " + scheme.name + " scheme",
             "deploy it in float with --no-quantize",
         )
+    smoothing = smooth.smooth_model(prepared, calibration.feeds, recipe.smooth, scheme) if recipe.smooth is not None else None
+    if smoothing and smoothing.smoothed:
+        analysis = analyze(prepared, scheme, exclude)  # ranges are calibrated on the smoothed activations
     sample = ElementSample(len(calibration.feeds))
     means = ChannelMeans(equalize.bias_inputs(prepared, analysis)) if recipe.bias_correction else None
     ranges = collect_ranges(

@@ -5,11 +5,16 @@ scale spends the int8 grid on them. Channel j of such an input X is divided by
 s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) and row j of the (per-channel quantized) weight
 multiplied by it: X W = (X diag(1/s)) (diag(s) W), exact in float.
 
-The 1/s goes into the constants of the node that makes X, never into a new Mul (that would be a
-float island at run time): a LayerNormalization's scale and bias, a MatMul/Gemm's weight columns
-and bias, a Mul by a constant, or an Add/Sub of a constant whose other input is folded the same
-way (a decomposed LayerNorm ends in Mul(gamma) -> Add(beta)). Every reader of X must be a
-MatMul/Gemm with a constant weight (they all get the same s); otherwise X is left alone.
+The 1/s goes into constants upstream of X, never into a new Mul (that would be a float island at
+run time): a LayerNormalization's scale and bias, a MatMul/Gemm's weight columns and bias, a Mul
+by a constant, an Add/Sub of a constant (then on up its other input), one factor of a product of
+activations (GELU's 0.5 * x), and back through Reshape/Transpose and the V side of softmax @ V
+(the attention output projection's input comes from the V projection). Every reader of X must be
+a MatMul/Gemm with a constant weight (they all get the same s); otherwise X is left alone. So is
+a post-LayerNorm transformer's LayerNorm output: the residual Add reads it too.
+
+alpha "auto" (plain ``+smooth``): per tensor, the alpha of ALPHAS whose simulated int8 error of
+the readers' products is least, or no smoothing when none beats it. A fixed alpha can hurt.
 """
 
 from __future__ import annotations
@@ -121,12 +126,13 @@ def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[S
     """The activations that can be smoothed, and the MatMul/Gemm inputs that cannot (-> why);
     ``feed``: a sample that tells the shapes shape inference cannot."""
     inits = {t.name: t for t in model.graph.initializer}
+    nodes = list(model.graph.node)  # one wrapper per node, so ``is`` tells nodes apart
     uses: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
+    for node in nodes:
         for i in node.input:
             if node.op_type != "Shape":  # a Shape reads no values
                 uses.setdefault(i, []).append(node)
-    producer = {o: n for n in model.graph.node for o in n.output}
+    producer = {o: n for n in nodes for o in n.output}
     outputs = {o.name for o in model.graph.output}
     shapes = _shapes(model, feed)
 
@@ -142,7 +148,8 @@ def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[S
         return Fold(node, 1, 1 if node.op_type == "Gemm" and _attr(node, "transB", 0) else 0)
 
     def only(t: str, reader: onnx.NodeProto) -> bool:
-        return t not in outputs and [n.name for n in uses.get(t, [])] == [reader.name] and t in shapes
+        readers = uses.get(t, [])
+        return t not in outputs and len(readers) == 1 and readers[0] is reader and t in shapes
 
     def fold(t: str, probe: np.ndarray, to: Scale, chain: list[tuple[str, Scale]]) -> list[Fold] | str:
         """The constants that divide ``t`` by ``to(s)``; ``probe``: a scale of that shape; ``chain``
@@ -210,13 +217,13 @@ def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[S
             return rest if isinstance(rest, str) else [Fold(node, k, None, to), *rest]
         if op in ("MatMul", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Add", "Sub"):
             y = node.input[1 if op == "MatMul" else 0]
-            also = sorted({n.op_type for n in uses.get(y, []) if n.name != node.name})
+            also = sorted({n.op_type for n in uses.get(y, []) if n is not node})
             return f"{op} {node.name}'s input is " + (f"read by {'/'.join(also)} too" if also else "a graph output or of unknown shape")
         return f"made by {op} {node.name}, which has no constant to take the scale"
 
     sites, skipped = [], {}
     seen = set()
-    for node in model.graph.node:
+    for node in nodes:
         if node.op_type not in ("MatMul", "Gemm") or not node.input or node.input[0] in seen:
             continue
         x = node.input[0]
@@ -334,10 +341,10 @@ def smooth_model(model: onnx.ModelProto, feeds: Sequence[Feed], alpha: float | s
             result.skipped[site.tensor] = f"no alpha of {', '.join(map(str, ALPHAS))} lowers its readers' simulated int8 error"
             continue
         s = tried[best]
-        for f in [*site.readers, *site.folds]:
+        for f, reader in [*((r, True) for r in site.readers), *((f, False) for f in site.folds)]:
             name = f.node.input[f.index]
             old = numpy_helper.to_array(inits[name]).astype(np.float64)
-            if f in site.readers:
+            if reader:
                 new = _along(old, s, f.axis)
             elif f.axis is not None:
                 new = _along(old, 1.0 / f.to(s).ravel(), f.axis)
