@@ -434,18 +434,24 @@ def collect_ranges(
     one_sided = {n: ranges[n][0] >= 0 or ranges[n][1] <= 0 for n in names}
     need_abs = {n: method == "entropy" or symmetric or (method in ("mse", "auto") and one_sided[n]) for n in names}
     need_signed = {n: not symmetric and (method in ("percentile", "auto") or (method == "mse" and not one_sided[n])) for n in names}
+    # A tensor that starts at 0 (after a Relu): its |x| histogram is the signed one with bin pairs
+    # merged, bit for bit (the bin index is the same multiply, by a scale twice as large).
+    from_signed = {n: need_abs[n] and need_signed[n] and ranges[n][0] == 0.0 for n in names}
     zeros = dict.fromkeys(names, 0)
     for feed in feeds:
         for name, value in zip(names, session.run(names, feed)):
             if absmax[name] > 0:
                 lo_, hi_ = ranges[name]
-                if need_abs[name]:
+                if need_abs[name] and not from_signed[name]:
                     abs_hist[name] += _histogram(np.abs(value), 0.0, absmax[name], BINS)
                 if need_signed[name] and hi_ > lo_:
                     signed_hist[name] += _histogram(value, lo_, hi_, BINS * 2)
                 zeros[name] += int(np.count_nonzero(value == 0)) if lo_ <= 0 <= hi_ else 0
         if progress is not None:
             progress.advance()
+    for name in names:
+        if from_signed[name]:
+            abs_hist[name] = signed_hist[name].reshape(BINS, 2).sum(1)
     out = {}
     for name in names:
         lo_, hi_ = ranges[name]
