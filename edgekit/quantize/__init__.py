@@ -12,10 +12,11 @@ import onnx
 from edgekit.errors import ModelError
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel
-from edgekit.quantize import equalize, sensitivity
+from edgekit.quantize import dynamic, equalize, sensitivity
 from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize.calib import (
     DEFAULT_METHOD,
+    DYNAMIC,
     ChannelMeans,
     ElementSample,
     FeedSet,
@@ -82,9 +83,21 @@ class QuantizeResult:
         }
 
 
-def analyze_model(loaded: LoadedModel, scheme: QuantScheme, exclude: Sequence[str] = ()) -> tuple[onnx.ModelProto, Analysis]:
+def analyze_model(loaded: LoadedModel, scheme: QuantScheme, exclude: Sequence[str] = (), method: str = DEFAULT_METHOD) -> tuple[onnx.ModelProto, Analysis]:
+    if parse_method(method).ranges == DYNAMIC:
+        prepared = _prepare_shape_free(loaded, scheme)
+        return prepared, dynamic.analyze(prepared, exclude)
     prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset)
     return prepared, analyze(prepared, scheme, exclude)
+
+
+def _prepare_shape_free(loaded: LoadedModel, scheme: QuantScheme) -> onnx.ModelProto:
+    """The float model prepared with its dynamic input dimensions kept (dynamic quantization needs
+    no shapes), or at the fixed ones when its graph cannot be prepared without them."""
+    try:
+        return prepare(loaded.model, loaded.inputs, scheme.min_opset, fix_inputs=False)
+    except ModelError:
+        return prepare(loaded.model, loaded.inputs, scheme.min_opset)
 
 
 def quantize_model(
@@ -107,6 +120,8 @@ def quantize_model(
     (when not, the model is all int8 and the caller refuses or falls back). ``events``: where
     its progress goes (an ``edgekit.events.Events``)."""
     recipe = parse_method(method)
+    if recipe.ranges == DYNAMIC:
+        return _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
     t0 = time.perf_counter()
     prepared, analysis = analyze_model(loaded, scheme, exclude)
     if recipe.equalize and equalize.cross_layer_equalize(prepared):
@@ -174,6 +189,40 @@ def quantize_model(
     )
 
 
+def _quantize_dynamic(
+    loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, *, exclude: Sequence[str], max_drop: float | None, metric: str | None
+) -> QuantizeResult:
+    """``--method dynamic``: int8 weights, activations quantized at run time; no calibration pass.
+    No per-layer table (its local error is a calibrated activation range's); ``max_drop`` checks
+    the held-out metric and holds or refuses (no layer search)."""
+    t0 = time.perf_counter()
+    prepared, analysis = analyze_model(loaded, scheme, exclude, DYNAMIC)
+    if not dynamic.int8_nodes(analysis):
+        raise ModelError(
+            "--method dynamic found no MatMul, Gemm or Conv with a constant float weight to make int8",
+            "use a static method (e.g. --method auto), or deploy it in float with --no-quantize",
+        )
+    t1 = time.perf_counter()
+    qmodel = dynamic.rewrite(prepared, analysis, scheme)
+    try:
+        onnx.checker.check_model(qmodel)
+    except onnx.checker.ValidationError as exc:  # pragma: no cover - a rewrite bug
+        raise ModelError(f"the quantized model failed onnx.checker: {exc}", "rerun with --exclude on the node named, and report it") from exc
+    t2 = time.perf_counter()
+    seconds = {"prepare": t1 - t0, "calibrate": 0.0, "rewrite": t2 - t1}
+    decision = None
+    if max_drop is not None:
+        decision = mixed_precision.check_dynamic(prepared, qmodel, heldout, max_drop=max_drop, metric=metric)
+        seconds["mixed_precision"] = time.perf_counter() - t2
+        t2 = time.perf_counter()
+    agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
+    return QuantizeResult(
+        model=qmodel, scheme=scheme, method=DYNAMIC, analysis=analysis, calibration_source="none (activations quantized at run time)",
+        calibration_samples=0, calibration_random=calibration.random, agreement=agreement,
+        seconds={**seconds, "evaluate": time.perf_counter() - t2}, mixed_precision=decision,
+    )
+
+
 def dynamic_dims(model: onnx.ModelProto) -> dict[str, list[str | int]]:
     """The graph inputs with a dimension that is not a number: name -> dims (names or "?" for those)."""
     found = {}
@@ -194,6 +243,8 @@ def with_dynamic_inputs(qmodel: onnx.ModelProto, loaded: LoadedModel, scheme: Qu
     tensor name; the result must compute what qmodel computes on a sample of the fixed shape."""
     if not dynamic_dims(loaded.model):
         return None
+    if dynamic.is_dynamic(qmodel):  # prepared shape-free already, unless its graph needed the fixed shapes
+        return qmodel if dynamic_dims(qmodel) else None
     try:
         prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset, fix_inputs=False)
     except ModelError:
