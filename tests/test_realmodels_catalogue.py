@@ -144,3 +144,17 @@ def test_a_model_whose_if_branches_read_a_quantized_constant_quantizes():
     found = sensitivity.units(prepared, analysis)
     board = sensitivity.Switchboard(result.model, prepared, found)
     assert len(board.run([found[0].name], heldout.feeds[:1])) == 1
+
+
+@pytest.mark.realmodels
+def test_minilm_tokens_are_bert_uncased_wordpieces():
+    from realmodels import _minilm_vocab, wordpiece
+
+    real_model("minilm-l3")
+    vocab = _minilm_vocab()
+    inv = {i: t for t, i in vocab.items()}
+    assert (vocab["[PAD]"], vocab["[UNK]"], vocab["[CLS]"], vocab["[SEP]"]) == (0, 100, 101, 102)  # bert-base-uncased ids
+    assert [inv[i] for i in wordpiece("The Petal-Widths, naïve!", vocab)] == ["the", "pet", "##al", "-", "width", "##s", ",", "naive", "!"]
+    assert wordpiece("x" * 101, vocab) == [vocab["[UNK]"]]
+    held, calib = real_model("minilm-l3").eval(8), real_model("minilm-l3").calib(8)
+    assert not set(held.texts) & set(calib.texts)

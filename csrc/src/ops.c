@@ -705,7 +705,7 @@ static int check_lut(struct ek_check* o) {
 }
 
 /* ---- SOFTMAX over the last axis, in double (docs/ekrt.md): v = (x - zx) * scale,
- * e = exp(v - max v), sum in index order, y = nearbyint(e / sum * 256) - 128 ---- */
+ * e = exp(v - max v), sum in index order, y = rint(e / sum * 256) - 128 (ties to even) ---- */
 
 static void softmax_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
   const double* v = op->state; /* v[x + 128] = (x - zx) * scale */
@@ -713,19 +713,22 @@ static void softmax_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size
   size_t n = x->dims[x->rank - 1];
   const int8_t* src = x->data;
   int8_t* dst = OUTT->data;
-  double e[256];
+  double e[256]; /* exp per distinct value of a row, computed once; -1: not yet */
+  for (int q = 0; q < 256; q++) e[q] = -1.0;
   for (size_t r = r0; r < r1; r++) {
     const int8_t* row = src + r * n;
     int mx = -128;
     for (size_t i = 0; i < n; i++) mx = row[i] > mx ? row[i] : mx;
-    for (int q = -128; q < 128; q++) e[q + 128] = -1.0; /* exp per distinct value, computed once */
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
       double* ei = &e[row[i] + 128];
       if (*ei < 0) *ei = exp(v[row[i] + 128] - v[mx + 128]);
       sum += *ei;
     }
-    for (size_t i = 0; i < n; i++) dst[r * n + i] = clamp8((int32_t)nearbyint(e[row[i] + 128] / sum * 256.0) - 128);
+    /* rint rounds like nearbyint in the default mode, without nearbyint's fenv save/restore
+     * (a libm call per element in musl, which the static runner links) */
+    for (size_t i = 0; i < n; i++) dst[r * n + i] = clamp8((int32_t)rint(e[row[i] + 128] / sum * 256.0) - 128);
+    for (size_t i = 0; i < n; i++) e[row[i] + 128] = -1.0; /* n resets, not 256: rows may be short */
   }
 }
 
