@@ -126,7 +126,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme) -> 
         scaled = f"{p}__scaled" if bias else node.output[0]
         nodes.append(helper.make_node("Mul", [f"{p}__float", f"{p}__scale"], [scaled], f"{p}__out_mul"))
         if bias:
-            # ORT folds an Add of a constant 1-D bias in input 1 into the fused kernel
+            # ORT folds an Add of a constant 1-D bias into the fused kernel (either input order: measured)
             b = consts[bias].reshape(-1)
             shaped = b.reshape(-1, *[1] * (w.ndim - 2)) if conv else b
             nodes.append(helper.make_node("Add", [scaled, init(f"{bias}__bias", shaped.astype(np.float32))], [node.output[0]], f"{p}__bias"))
