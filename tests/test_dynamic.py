@@ -277,3 +277,37 @@ def test_minilm_dynamic_embeddings_hold_where_static_drifts(tmp_path):
     # theirs, so those stay MatMulIntegerToFloat); the MatMuls left are attention's, activation x activation
     int8 = fused["DynamicQuantizeMatMul"] + fused["MatMulIntegerToFloat"]
     assert int8 == dyn.analysis.summary()["int8"] and fused["MatMulInteger"] == 0, fused
+
+
+def _chain(path, layers: int = 4):
+    """x[1, 16] -> layers x (MatMul 16x16): every layer int8 in both forms."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32) / 4, f"W{i}") for i in range(layers)]
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", f"W{i}"], [f"h{i + 1}" if i < layers - 1 else "y"], f"mm{i}") for i in range(layers)]
+    onnx.save(onnx_model(nodes, [float_io("x", [1, 16])], [float_io("y", [1, 16])], inits), path)
+    return load_model(path)
+
+
+def test_max_drop_falls_back_to_dynamic_when_static_cannot_hold(tmp_path):
+    # calibrated on values 10^4 times larger than the held-out ones: every static range is far too
+    # wide (the held-out activations round to a few steps), and keeping half the layers float cannot
+    # fix the rest; run-time ranges fit each input
+    loaded = _chain(tmp_path / "c.onnx")
+    rng = np.random.default_rng(0)
+    calib = FeedSet([{"x": rng.standard_normal((1, 16)).astype(np.float32) * 100} for _ in range(8)], "calib")
+    held = FeedSet([{"x": rng.standard_normal((1, 16)).astype(np.float32) * 0.01} for _ in range(8)], "held")
+    static = quantize_model(loaded, SCHEME, calib, held, method="minmax", max_drop=1.0, metric="cosine")
+    assert static.mixed_precision["holds"] is False and static.method == "minmax"
+    r = quantize_model(loaded, SCHEME, calib, held, method="minmax", max_drop=1.0, metric="cosine", dynamic_fallback=True)
+    mp = r.mixed_precision
+    assert r.method == DYNAMIC and mp["holds"] and mp["before"] >= mp["goal"]
+    assert mp["fallback_from"]["method"] == "minmax" and mp["fallback_from"]["after"] < mp["goal"]
+    assert Counter(n.op_type for n in r.model.graph.node)["MatMulInteger"] == 4
+
+
+def test_the_per_layer_report_is_refused_for_dynamic(cli, tmp_path):
+    _tiny(tmp_path / "t.onnx")
+    out = tmp_path / "t.dyn.onnx"
+    r = cli("quantize", tmp_path / "t.onnx", "-o", out, "--shape", "x:4,16", "--method", "dynamic", "--report")
+    assert_one_line_error(r, 2, "--method dynamic quantizes activations at run time")
+    assert not out.exists()

@@ -112,13 +112,16 @@ def quantize_model(
     metric: str | None = None,
     progress=None,
     events=None,
+    dynamic_fallback: bool = False,
 ) -> QuantizeResult:
     """Quantize ``loaded`` with ``scheme``, calibrated on ``calibration``, checked on ``heldout``.
 
     ``max_drop`` (points of ``metric``, see ``mixed``): keep the int8 nodes that cost most in
     float until the held-out metric holds; ``result.mixed_precision`` says whether it did
     (when not, the model is all int8 and the caller refuses or falls back). ``events``: where
-    its progress goes (an ``edgekit.events.Events``)."""
+    its progress goes (an ``edgekit.events.Events``). ``dynamic_fallback`` (the backend runs
+    ``--method dynamic`` models): when ``max_drop`` cannot hold, try the dynamic model, and
+    return it if it holds (``mixed_precision["fallback_from"]`` says what static scored)."""
     recipe = parse_method(method)
     if recipe.ranges == DYNAMIC:
         return _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
@@ -164,6 +167,10 @@ def quantize_model(
     if max_drop is not None:
         all_int8 = qmodel
         qmodel, decision = mixed_precision.decide(prepared, qmodel, analysis, heldout, snr, max_drop=max_drop, metric=metric, events=events)
+        if not decision["holds"] and dynamic_fallback:
+            fallback = _dynamic_fallback(loaded, scheme, calibration, heldout, exclude, max_drop, metric, method, decision, events)
+            if fallback is not None:
+                return fallback
         floats = {x["name"] for x in decision["float_layers"]}
         layers = [x for x in layers if x["name"] not in floats]
         if floats:
@@ -221,6 +228,35 @@ def _quantize_dynamic(
         calibration_samples=0, calibration_random=calibration.random, agreement=agreement,
         seconds={**seconds, "evaluate": time.perf_counter() - t2}, mixed_precision=decision,
     )
+
+
+def _dynamic_fallback(
+    loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, exclude: Sequence[str], max_drop: float,
+    metric: str | None, method: str, static: dict, events,
+) -> QuantizeResult | None:
+    """The ``--method dynamic`` model when static int8 cannot hold ``max_drop`` and it can (None:
+    it cannot either, or it has no MatMul/Gemm, the ops static int8 breaks; ``static`` notes why)."""
+    from edgekit.events import Events
+
+    events = events or Events()
+    try:
+        result = _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
+    except ModelError:
+        return None
+    ops = {d.op_type for d in result.analysis.decisions if d.kind == "int8"}
+    mp = result.mixed_precision
+    if not ops & {"MatMul", "Gemm"}:
+        return None
+    static["dynamic_tried"] = {"before": mp["before"], "holds": mp["holds"]}
+    if not mp["holds"]:
+        return None
+    mp["fallback_from"] = {k: static[k] for k in ("before", "after", "tried_float_layers")} | {"method": method}
+    events.warn(
+        f"--max-drop {max_drop:g} ({mp['metric']}): static int8 ({method}) cannot hold it ({static['after']} with "
+        f"{static['tried_float_layers']} layers float, needs >= {mp['goal']}); --method {DYNAMIC} does ({mp['before']}): using it"
+    )
+    result.seconds["static_mixed_precision"] = static["seconds"]
+    return result
 
 
 def dynamic_dims(model: onnx.ModelProto) -> dict[str, list[str | int]]:
