@@ -206,7 +206,7 @@ def _quantize_dynamic(
     prepared, analysis = analyze_model(loaded, scheme, exclude, DYNAMIC)
     if not dynamic.int8_nodes(analysis):
         raise ModelError(
-            "--method dynamic found no MatMul, Gemm or Conv with a constant float weight to make int8",
+            "--method dynamic found no MatMul or Gemm with a constant 2-D float weight to make int8",
             "use a static method (e.g. --method auto), or deploy it in float with --no-quantize",
         )
     t1 = time.perf_counter()
