@@ -276,6 +276,8 @@ def test_magika_dynamic_keeps_the_classes_static_collapses(tmp_path):
 
 @pytest.mark.realmodels
 def test_minilm_dynamic_embeddings_hold_where_static_drifts(tmp_path):
+    from realmodels import real_model
+
     dyn, score = _agreement("minilm-l3", DYNAMIC)
     _, static = _agreement("minilm-l3", "auto")
     assert score.value >= 0.99, score
@@ -284,7 +286,10 @@ def test_minilm_dynamic_embeddings_hold_where_static_drifts(tmp_path):
     # every weight MatMul is an int8 kernel (Q, K, V share one DynamicQuantizeLinear once ORT merges
     # theirs, so those stay MatMulIntegerToFloat); the MatMuls left are attention's, activation x activation
     int8 = fused["DynamicQuantizeMatMul"] + fused["MatMulIntegerToFloat"]
-    assert int8 == dyn.analysis.summary()["int8"] and fused["MatMulInteger"] == 0, fused
+    kinds = Counter(d.op_type for d in dyn.analysis.decisions if d.kind == "int8")
+    assert int8 == kinds["MatMul"] + kinds["Gemm"] > 0 and fused["MatMulInteger"] == 0, fused
+    # the token embeddings (30522 x 384, 45 MiB in float) are stored int8
+    assert kinds["Gather"] == 1 and dyn.model.ByteSize() < 0.3 * onnx.load(real_model("minilm-l3").locate()).ByteSize()
 
 
 def _chain(path, layers: int = 4):
@@ -319,3 +324,26 @@ def test_the_per_layer_report_is_refused_for_dynamic(cli, tmp_path):
     r = cli("quantize", tmp_path / "t.onnx", "-o", out, "--shape", "x:4,16", "--method", "dynamic", "--report")
     assert_one_line_error(r, 2, "--method dynamic quantizes activations at run time")
     assert not out.exists()
+
+
+def test_an_embedding_table_is_stored_int8_per_row(tmp_path):
+    rng = np.random.default_rng(6)
+    table = (rng.standard_normal((500, 16)) * np.linspace(0.01, 5, 500)[:, None]).astype(np.float32)  # rows of very different sizes
+    model = onnx_model([helper.make_node("Gather", ["E", "ids"], ["e"], "embed"), helper.make_node("MatMul", ["e", "W"], ["y"], "proj")],
+                       [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 7])], [float_io("y", [1, 7, 4])],
+                       [numpy_helper.from_array(table, "E"), numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "W")])
+    onnx.save(model, tmp_path / "e.onnx")
+    loaded = load_model(tmp_path / "e.onnx")
+    feeds = FeedSet([{"ids": rng.integers(0, 500, (1, 7))} for _ in range(4)], "t")
+    r = quantize_model(loaded, SCHEME, feeds, feeds, method=DYNAMIC)
+    inits = {t.name: numpy_helper.to_array(t) for t in r.model.graph.initializer}
+    assert inits["E__rows"].dtype == np.int8 and "E" not in inits
+    assert np.abs(inits["E__rows"]).max(axis=1).tolist() == [127] * 500  # per row: small rows keep their resolution
+    ids = np.array([[0, 1, 499, 250, 3, 3, 2]])
+    m = onnx.ModelProto()
+    m.CopyFrom(r.model)
+    m.graph.output.append(float_io("e", None))  # the looked-up rows, dequantized
+    rows = session(m.SerializeToString(), reference=True).run(["e"], {"ids": ids})[0][0]
+    step = np.abs(table[ids[0]]).max(axis=1, keepdims=True) / 127
+    assert np.all(np.abs(rows - table[ids[0]]) <= step / 2 * 1.0001)
+    assert r.agreement.outputs[0].cosine > 0.999

@@ -204,7 +204,7 @@ def _quantize_dynamic(
     the held-out metric and holds or refuses (no layer search)."""
     t0 = time.perf_counter()
     prepared, analysis = analyze_model(loaded, scheme, exclude, DYNAMIC)
-    if not dynamic.int8_nodes(analysis):
+    if not any(d.kind == "int8" and d.op_type in dynamic.OPS for d in analysis.decisions):
         raise ModelError(
             "--method dynamic found no MatMul or Gemm with a constant 2-D float weight to make int8",
             "use a static method (e.g. --method auto), or deploy it in float with --no-quantize",

@@ -13,6 +13,10 @@ ConvInteger (it has no fused dynamic Conv) ran magika 2.6x slower than float Con
 ``weight_qmax`` (63 where the host's u8s8 kernels sum pairs in a saturating int16), zero point 0,
 so one scalar zero point serves every channel and the per-channel scale lives in the float Mul.
 
+A Gather from a constant table (a text model's token embeddings, most of MiniLM's bytes) keeps the
+table in int8, one scale per row: the rows it looks up are dequantized after the lookup (its
+output is float, like the float model's), so the model shrinks without any int8 kernel.
+
 Nothing is calibrated: the activation range is each run's own min/max, so the graph is shape-free.
 """
 
@@ -32,6 +36,7 @@ from edgekit.quantize.scheme import QuantScheme
 OPS = ("MatMul", "Gemm")
 INTEGER_OPS = ("MatMulInteger", "ConvInteger")  # what a reference session computes in float
 FLOAT_REASON = "float between the int8 kernels (dynamic: only MatMul/Gemm weights are int8)"
+TABLE_MIN = 4096  # elements: smaller tables are not worth three more nodes
 CONV_REASON = "float: ONNX Runtime's run-time-quantized ConvInteger is slower than its float Conv (dynamic quantizes MatMul/Gemm)"
 
 
@@ -58,6 +63,12 @@ def _why_float(node: onnx.NodeProto, consts: dict[str, np.ndarray], elem: dict[s
     return None
 
 
+def _table(node: onnx.NodeProto, consts: dict[str, np.ndarray]) -> bool:
+    """A Gather of rows of a constant float table (an embedding), worth storing in int8?"""
+    t = consts.get(node.input[0])
+    return t is not None and t.dtype == np.float32 and t.ndim >= 2 and t.size >= TABLE_MIN and _attr(node, "axis", 0) == 0
+
+
 def analyze(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> Analysis:
     """Which nodes of a prepared float model get int8 weights (kind "int8"), and why the others not."""
     name_nodes(model)
@@ -71,6 +82,8 @@ def analyze(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> Analysis:
     for node in model.graph.node:
         if node.name in exclude:
             decisions.append(NodeDecision(node.name, node.op_type, "float", "excluded by --exclude"))
+        elif node.op_type == "Gather" and _table(node, consts):
+            decisions.append(NodeDecision(node.name, node.op_type, "int8", "int8 table, one scale per row; the rows looked up are dequantized"))
         elif node.op_type in OPS:
             why = _why_float(node, consts, elem)
             decisions.append(NodeDecision(node.name, node.op_type, "float" if why else "int8", why or "int8 weights, input quantized at run time"))
@@ -80,6 +93,7 @@ def analyze(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> Analysis:
 
 
 def int8_nodes(analysis: Analysis) -> list[str]:
+    """The nodes ``rewrite`` changes: int8 kernels, and int8 tables."""
     return [d.name for d in analysis.decisions if d.kind == "int8"]
 
 
@@ -103,6 +117,17 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme) -> 
             nodes.append(node)
             continue
         p = node.name
+        if node.op_type == "Gather":
+            t = consts[node.input[0]]
+            scale, zp = qmath.weight_params(t, 0)
+            q = qmath.quantize(t, scale, zp, "int8", 0)
+            rows = scale.reshape(-1, *[1] * (t.ndim - 1))
+            names = init(f"{node.input[0]}__rows", q), init(f"{node.input[0]}__rowscale", rows.astype(np.float32))
+            nodes.append(helper.make_node("Gather", [names[0], node.input[1]], [f"{p}__q"], f"{p}__gather"))
+            nodes.append(helper.make_node("Gather", [names[1], node.input[1]], [f"{p}__s"], f"{p}__gather_scale"))
+            nodes.append(helper.make_node("Cast", [f"{p}__q"], [f"{p}__f"], f"{p}__cast", to=TensorProto.FLOAT))
+            nodes.append(helper.make_node("Mul", [f"{p}__f", f"{p}__s"], [node.output[0]], f"{p}__dequant"))
+            continue
         trans = node.op_type == "Gemm" and _attr(node, "transB", 0)
         w = consts[node.input[1]].T if trans else consts[node.input[1]]
         axis = 1 if scheme.per_channel else None  # the output column: one scale each
