@@ -347,3 +347,19 @@ def test_an_embedding_table_is_stored_int8_per_row(tmp_path):
     step = np.abs(table[ids[0]]).max(axis=1, keepdims=True) / 127
     assert np.all(np.abs(rows - table[ids[0]]) <= step / 2 * 1.0001)
     assert r.agreement.outputs[0].cosine > 0.999
+
+
+def test_cli_max_drop_falls_back_only_where_the_backend_runs_dynamic(cli, tmp_path):
+    _chain(tmp_path / "c.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((8, 16)).astype(np.float32) * 100)
+    np.savez(tmp_path / "held.npz", x=rng.standard_normal((8, 16)).astype(np.float32) * 0.01)
+    args = ("quantize", tmp_path / "c.onnx", "-o", tmp_path / "q.onnx", "--calib", tmp_path / "calib.npz", "--eval", tmp_path / "held.npz",
+            "--method", "minmax", "--max-drop", "1", "--metric", "cosine")
+    ort_run = cli(*args, "--backend", "onnxruntime", "--json")
+    assert ort_run.returncode == 0, ort_run.stderr
+    doc = json.loads(ort_run.stdout)
+    assert doc["method"] == "dynamic" and doc["mixed_precision"]["fallback_from"]["method"] == "minmax"
+    assert "--method dynamic does" in ort_run.stderr
+    native = cli(*args, "--backend", "native")  # ekrt runs no dynamic int8: static refuses as before
+    assert native.returncode == 5 and "cannot hold" in native.stderr, native.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 
 from edgekit.errors import ModelError
+from edgekit.events import Events
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel
 from edgekit.quantize import dynamic, equalize, sensitivity
@@ -235,23 +236,17 @@ def _dynamic_fallback(
     metric: str | None, method: str, static: dict, events,
 ) -> QuantizeResult | None:
     """The ``--method dynamic`` model when static int8 cannot hold ``max_drop`` and it can (None:
-    it cannot either, or it has no MatMul/Gemm, the ops static int8 breaks; ``static`` notes why)."""
-    from edgekit.events import Events
-
-    events = events or Events()
+    it cannot either, or the model has no MatMul/Gemm weights; ``static`` notes what it scored)."""
     try:
         result = _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
     except ModelError:
         return None
-    ops = {d.op_type for d in result.analysis.decisions if d.kind == "int8"}
     mp = result.mixed_precision
-    if not ops & {"MatMul", "Gemm"}:
-        return None
     static["dynamic_tried"] = {"before": mp["before"], "holds": mp["holds"]}
     if not mp["holds"]:
         return None
     mp["fallback_from"] = {k: static[k] for k in ("before", "after", "tried_float_layers")} | {"method": method}
-    events.warn(
+    (events or Events()).warn(
         f"--max-drop {max_drop:g} ({mp['metric']}): static int8 ({method}) cannot hold it ({static['after']} with "
         f"{static['tried_float_layers']} layers float, needs >= {mp['goal']}); --method {DYNAMIC} does ({mp['before']}): using it"
     )
