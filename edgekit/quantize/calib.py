@@ -25,6 +25,8 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".p
 # threshold, TensorRT's), mse (the clip minimising the expected quantization error, from the
 # histogram), auto (per tensor, whichever of minmax / percentile / mse errs least on its histogram).
 METHODS = ("minmax", "percentile", "entropy", "mse", "auto")
+# Not a range method: int8 weights, activations quantized at run time (quantize.dynamic); no calibration.
+DYNAMIC = "dynamic"
 # auto: per tensor the least quantize-dequantize error of minmax / percentile / mse; on the 10-model
 # catalogue never below minmax beyond the noise, and far above it on OCR recognition, layout detection
 # and YOLO (README "Better ranges")
@@ -355,8 +357,15 @@ OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize"}
 
 def parse_method(text: str) -> Recipe:
     """``"mse+clip+bias"`` -> Recipe; UsageError naming the choices for anything else."""
-    hint = f"choose one of: {', '.join(METHODS)}, optionally followed by +{', +'.join(OPTIONS)} (e.g. mse+clip+bias)"
+    hint = f"choose one of: {', '.join(METHODS)}, optionally followed by +{', +'.join(OPTIONS)} (e.g. mse+clip+bias), or {DYNAMIC}"
     base, *opts = [p.strip() for p in str(text).split("+")]
+    if base == DYNAMIC:
+        if opts:
+            raise UsageError(
+                f"--method '{text}': {DYNAMIC} takes no + options (it calibrates nothing, and its weights are quantized as they are)",
+                f"use --method {DYNAMIC}, or a range method with options (e.g. mse+clip+bias)",
+            )
+        return Recipe(DYNAMIC)
     if base not in METHODS:
         raise UsageError(f"unknown calibration method '{text}'", hint)
     flags: dict[str, bool] = {}
