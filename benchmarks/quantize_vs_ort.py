@@ -8,13 +8,17 @@ increase, detection F1, cosine, speech-probability error) against the fp32 model
 
 * ``edgekit``: ``quantize_model`` with the scheme edgekit picks for ONNX Runtime on this host
   (``OnnxRuntimeBackend.quant_scheme``: on x86 uint8 activations; 7-bit weights without VNNI),
-  MinMax. Time: graph preparation, calibration, rewrite, checker and the file write (not its own
-  held-out evaluation).
+  its default ``--method`` (``auto``; ``--edgekit-method`` to change). Time: graph preparation,
+  calibration, rewrite, checker and the file write (not its own held-out evaluation).
+* ``edgekit --max-drop`` (``--with-max-drop``): ``edgekit.api.quantize`` with ``max_drop`` and
+  ``metric`` set to the model's task goal (``benchmarks/task_metrics.py`` GOAL_AS_MAX_DROP: top-1
+  1 point, cosine 0.1, IoU 5, CER 0.2, ...). The search runs on a third sample set of its own
+  (seed 2), so the held-out samples that judge it were never tuned on. When it refuses, the row
+  says so and names how many layers it tried in float.
 * ``ORT default``: ``quant_pre_process`` + ``quantize_static`` with its defaults (QDQ, S8S8,
   per-tensor, MinMax).
 * ``ORT best``: ``quantize_static`` with per_channel + reduce_range and each of MinMax /
   Percentile / Entropy; the setting with the best task metric is shown (with its own time).
-* more columns (``edgekit --max-drop 1``) are one entry in COLUMNS.
 
 Every metric runs the int8 model with Q/DQ reference semantics (ORT, graph optimizations off),
 never ORT's optimised int8 kernels (which saturate on x86 without VNNI). Latency is ORT's own
@@ -48,6 +52,9 @@ from realdata import Skip, catalogue  # benchmarks/realdata.py (this script's fo
 from edgekit.bench.stats import Stats
 from edgekit.modelio import load_model, onnx_opset, with_static_inputs
 from edgekit.quantize import FeedSet, quantize_model, save_model
+from edgekit.quantize.calib import DEFAULT_METHOD
+
+SEARCH_SEED = 2  # the --max-drop search's own samples (realmodels: calibration 0, held-out 1)
 
 SCHEMA = 2
 LATENCY_WARMUP = 5
@@ -97,35 +104,50 @@ def host_scheme():
     return BACKEND.quant_scheme(resolve(load_profile("local")))
 
 
+EDGEKIT_METHOD = DEFAULT_METHOD  # --edgekit-method
+
+
 def edgekit_default(case: Case, out: Path) -> Column:
     loaded = load_model(case.src)
     calib = FeedSet(case.calib.feeds, f"{case.name} calib")
     heldout = FeedSet(case.heldout.feeds[:1], f"{case.name} held-out")  # its own report: not timed
     t0 = time.perf_counter()
-    result = quantize_model(loaded, host_scheme(), calib, heldout, method="minmax")
+    result = quantize_model(loaded, host_scheme(), calib, heldout, method=EDGEKIT_METHOD)
     save_model(result.model, out)
     seconds = time.perf_counter() - t0 - result.seconds.get("evaluate", 0.0)
-    return Column(out, seconds, "minmax, " + host_scheme().activation_dtype + " activations")
+    return Column(out, seconds, f"{EDGEKIT_METHOD}, {host_scheme().activation_dtype} activations")
 
 
 def edgekit_max_drop(case: Case, out: Path) -> Column:
-    """``edgekit quantize --max-drop 1``: accuracy-driven mixed precision, through the public API
-    with the samples written as folders of one .npz per sample (what ``--calib``/``--eval`` read).
-    Enabled by --with-max-drop: until edgekit.api.quantize keeps layers in float for max_drop,
-    this column only repeats the default."""
-    from edgekit import api
+    """``edgekit quantize --max-drop X --metric M`` at the model's task goal, through the public API
+    with the samples written as folders of one .npz per sample (what ``--calib``/``--eval`` read);
+    the search's samples are a set of their own (seed 2), not the held-out ones that judge it."""
+    from task_metrics import GOAL_AS_MAX_DROP
 
-    def folder(which: str) -> Path:
+    from edgekit import api
+    from edgekit.errors import GateError
+
+    def folder(which: str, samples) -> Path:
         d = out.parent / which
         d.mkdir(exist_ok=True)
-        for i, feed in enumerate(getattr(case, which).feeds):
+        for i, feed in enumerate(samples.feeds):
             np.savez(d / f"{i:04d}.npz", **feed)
         return d
 
-    calib, heldout = folder("calib"), folder("heldout")
+    metric, points = GOAL_AS_MAX_DROP[case.name]
+    search = case.model.build(case.model, len(case.heldout.feeds), SEARCH_SEED)
+    calib, tune = folder("calib", case.calib), folder("search", search)
+    setting = f"--max-drop {points:g} --metric {Path(metric.split(':')[0]).name + ':' + metric.split(':')[1] if ':' in metric else metric}"
     t0 = time.perf_counter()
-    api.quantize(case.src, out, target="local", backend="onnxruntime", calib=calib, eval=heldout, max_drop=0.01)
-    return Column(out, time.perf_counter() - t0, "max_drop=0.01 (1 point)")
+    try:
+        result = api.quantize(case.src, out, target="local", backend="onnxruntime", method=EDGEKIT_METHOD, calib=calib, eval=tune,
+                              max_drop=points / 100, metric=metric)
+    except GateError as exc:
+        return Column(None, time.perf_counter() - t0, setting, error=f"refused: {_first_line(exc).split(': ', 1)[-1]}")
+    mp = result.mixed_precision or {}
+    floats = len(mp.get("float_layers") or ())
+    share = mp.get("int8_mac_share")
+    return Column(out, time.perf_counter() - t0, setting + f"; {floats} layers float" + (f", {share:.0%} of MACs int8" if share is not None else ""))
 
 
 class _Reader:
@@ -350,6 +372,8 @@ def notes(results: list[dict]) -> list[str]:
             out.append(f"{r['model']}: ORT best = {best['setting']}; tried " +
                        ", ".join(f"{k} {v if isinstance(v, str) else format(v, '.4f')}" for k, v in best["tried"].items()))
         for k, col in r["columns"].items():
+            if k == "edgekit --max-drop":
+                out.append(f"{r['model']} {k}: {col['setting']}" + (f" ({col['error']})" if col["error"] else ""))
             d = col.get("detail") or {}
             if d:
                 out.append(f"{r['model']} {k}: " + ", ".join(f"{a} {b:.4g}" if isinstance(b, float) else f"{a} {b}" for a, b in d.items()))
@@ -388,8 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval", type=int, default=8, help="held-out samples for the metric (default 8)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated, from: {', '.join(COLUMNS)} (default: all)")
-    ap.add_argument("--with-max-drop", action="store_true", help="add the column 'edgekit --max-drop 1' (edgekit.api.quantize)")
+    ap.add_argument("--with-max-drop", action="store_true", help="add the column 'edgekit --max-drop' at each model's task goal")
+    ap.add_argument("--edgekit-method", default=DEFAULT_METHOD, help=f"edgekit's --method (default {DEFAULT_METHOD})")
     args = ap.parse_args(argv)
+    global EDGEKIT_METHOD
+    EDGEKIT_METHOD = args.edgekit_method
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in names if m not in names_all]
     if unknown or not names:
@@ -404,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     onnxruntime.set_default_logger_severity(3)
     columns = {c: COLUMNS[c] for c in (x.strip() for x in args.columns.split(",")) if c in COLUMNS}
     if args.with_max_drop:
-        columns["edgekit --max-drop 1"] = edgekit_max_drop
+        columns["edgekit --max-drop"] = edgekit_max_drop
 
     def log(msg: str) -> None:
         print(f"[quantize_vs_ort] {msg}", file=sys.stderr, flush=True)

@@ -470,7 +470,7 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
     with w.events.progress(f"calibrating on {len(calibration.feeds)} samples ({step.method})", total=passes * len(calibration.feeds)) as prog:
         result = quantize_model(
             job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog, max_drop=step.max_drop, metric=step.metric,
-            events=w.events,
+            events=w.events, dynamic_fallback=not get_backend(w.plan.backend if step.variant == "int8" else w.plan.variant(step.variant).backend).no_dynamic,
         )
     path = w.tmp / f"quantized-{k[:12]}.onnx"
     save_model(result.model, path)

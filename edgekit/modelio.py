@@ -141,6 +141,25 @@ def read_sidecar(model_path: Path) -> Sidecar:
     )
 
 
+PROTO_LIMIT = 2**31  # bytes: protobuf cannot serialize a message this large, and edgekit hands models around whole
+
+
+def _external_bytes(model: onnx.ModelProto, folder: Path) -> int:
+    """The bytes the external-data initializers will take once read, from their ``length`` fields
+    (or the rest of the file from ``offset``), without reading them."""
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        if "length" in info:
+            total += int(info["length"])
+        else:
+            f = folder / info.get("location", "")
+            total += max(0, f.stat().st_size - int(info.get("offset", 0))) if f.is_file() else 0
+    return total
+
+
 def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
     """Read, check and resolve an ONNX model. Every failure is a ModelError with a hint.
 
@@ -167,6 +186,12 @@ def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = Non
     if not model.graph.node:
         raise ModelError(f"not an ONNX model (no graph nodes): {path}", "export the model to ONNX and try again")
     if any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
+        total = len(raw) + _external_bytes(model, path.parent)
+        if total >= PROTO_LIMIT:
+            raise ModelError(
+                f"{path} holds {total / 2**30:.1f} GiB with its external data; edgekit handles models below 2 GiB (protobuf's limit)",
+                "models this size are beyond an edge device's int8 path here: export a smaller model, or split it",
+            )
         try:
             onnx.load_external_data_for_model(model, str(path.parent))
         except Exception as exc:

@@ -20,7 +20,7 @@ from edgekit.errors import PlanError, UsageError
 from edgekit.modelio import IOSpec, LoadedModel
 from edgekit.profiles import CpuSpec, Profile, resolve
 from edgekit.quantize import analyze_model
-from edgekit.quantize.calib import DEFAULT_METHOD
+from edgekit.quantize.calib import DEFAULT_METHOD, DYNAMIC, parse_method
 from edgekit.quantize.rewrite import NodeDecision
 from edgekit.quantize.scheme import QuantScheme
 from edgekit.targets import KNOWN_BACKENDS, available_backends, get_backend
@@ -64,6 +64,9 @@ class Quantize:
     def detail(self) -> str:
         mixed = f"; layers kept float while the held-out {self.metric or 'metric'} drops more than {self.max_drop:g} points" if self.max_drop is not None else ""
         which = f"{self.variant}: " if self.variant != "int8" else ""
+        if is_dynamic(self.method):
+            mixed = f"; refused if the held-out {self.metric or 'metric'} drops more than {self.max_drop:g} points" if self.max_drop is not None else ""
+            return f"{which}int8 weights, activations quantized at run time ({self.scheme.name} scheme, --method dynamic: nothing calibrated); agreement on {self.evaluation or 'held-out samples'}{mixed}"
         return (
             f"{which}QDQ int8 ({self.scheme.name} scheme, {self.method} calibration on {self.calibration}); "
             f"agreement on {self.evaluation or 'held-out samples'}{mixed}"
@@ -274,8 +277,19 @@ class Plan:
         }
 
 
+def is_dynamic(method: str) -> bool:
+    """Does ``method`` quantize activations at run time (``--method dynamic``)?"""
+    return parse_method(method).ranges == DYNAMIC
+
+
+def _no_dynamic(name: str, quantize: bool, method: str) -> str:
+    """Why backend ``name`` cannot run the model ``method`` makes ("" when it can, or runs float only)."""
+    impl = get_backend(name)
+    return impl.no_dynamic if quantize and impl.scheme is not None and is_dynamic(method) else ""
+
+
 def choose_backend(
-    model: LoadedModel, profile: Profile, forced: str | None, facts: dict | None = None, quantize: bool = True
+    model: LoadedModel, profile: Profile, forced: str | None, facts: dict | None = None, quantize: bool = True, method: str = DEFAULT_METHOD
 ) -> tuple[str, list[tuple[str, str]], list[str]]:
     """The backend that runs ``model`` on ``profile``'s device, the ones skipped (and why), notes."""
     skipped: list[tuple[str, str]] = []
@@ -283,6 +297,9 @@ def choose_backend(
     if forced:
         if forced not in KNOWN_BACKENDS:
             raise UsageError(f"unknown backend '{forced}'", f"choose one of: {', '.join(KNOWN_BACKENDS)}")
+        why = _no_dynamic(forced, quantize, method)
+        if why:
+            raise PlanError(f"--backend {forced} cannot run --method {DYNAMIC}: {why}", f"drop --backend, or quantize {forced} with a static --method (e.g. auto)")
         verdict = get_backend(forced).supports(model, profile, facts)
         if not verdict.ok:
             raise PlanError(
@@ -296,6 +313,11 @@ def choose_backend(
     for spec in profile.backends:
         if not quantize and spec.precisions and set(spec.precisions) == {"int8"}:
             skipped.append((spec.name, "it runs int8 only, and quantization is off"))
+            continue
+        why = _no_dynamic(spec.name, quantize, method)
+        if why:
+            skipped.append((spec.name, f"--method {DYNAMIC}: {why}"))
+            notes.append(f"not {spec.name}: --method {DYNAMIC}: {why}")
             continue
         verdict = get_backend(spec.name).supports(model, profile, facts)
         if verdict.ok:
@@ -341,7 +363,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         raise UsageError(f"unknown --choose '{options.choose}'", f"choose one of: {', '.join(CHOICES)}")
     if options.choose == "measure" and options.backend:
         raise UsageError("--choose measure weighs the profile's backends, and --backend forces one", "drop one of them")
-    name, skipped, notes = choose_backend(model, profile, options.backend, facts, options.quantize)
+    name, skipped, notes = choose_backend(model, profile, options.backend, facts, options.quantize, options.method)
     impl = get_backend(name)
     spec = profile.backend(name)
     precisions = spec.precisions if spec else (("int8", "fp32") if impl.scheme else ("fp32",))
@@ -369,11 +391,11 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
             if cov is not None:
                 coverage[b] = cov
     if scheme is not None:
-        prepared, analysis = analyze_model(model, scheme, options.exclude)
+        prepared, analysis = analyze_model(model, scheme, options.exclude, options.method)
         counts = analysis.summary()
         float_nodes = tuple(analysis.float_nodes)
         notes.extend(impl.check_plan(prepared, analysis))
-        if options.calibration == "random":
+        if options.calibration == "random" and not is_dynamic(options.method):
             notes.append("no calibration data: int8 ranges will come from random inputs (give --calib)")
 
     # Unquantized, the model is one variant named after the precision the device runs it at
@@ -393,7 +415,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
 
     rivals: list[tuple[VariantPlan, QuantScheme]] = []  # --choose measure: int8 on the profile's other backends
     if options.choose == "measure" and scheme is not None and options.goal == "deploy":
-        rivals, why_not = _rivals(model, profile, name, facts)
+        rivals, why_not = _rivals(model, profile, name, facts, options.method)
         notes.extend(why_not)
         variants += [v for v, _ in rivals]
         if not rivals:
@@ -452,13 +474,18 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
     )
 
 
-def _rivals(model: LoadedModel, profile: Profile, chosen: str, facts: dict | None) -> tuple[list[tuple[VariantPlan, QuantScheme]], list[str]]:
+def _rivals(
+    model: LoadedModel, profile: Profile, chosen: str, facts: dict | None, method: str = DEFAULT_METHOD
+) -> tuple[list[tuple[VariantPlan, QuantScheme]], list[str]]:
     """The int8 variants (``int8-<backend>``) of the profile's other backends that can run ``model``
     on the device, each with its own scheme; and why the others cannot."""
     found, notes = [], []
     for spec in profile.backends:
         impl = get_backend(spec.name)
         if spec.name == chosen or impl.scheme is None or (spec.precisions and "int8" not in spec.precisions):
+            continue
+        if _no_dynamic(spec.name, True, method):
+            notes.append(f"--choose measure: not {spec.name}: {impl.no_dynamic}")
             continue
         verdict = impl.supports(model, profile, facts)
         if not verdict.ok:

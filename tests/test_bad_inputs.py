@@ -44,6 +44,7 @@ CASES = [
     ("quantize-checker-rejects", "quantize {bad}/nograph_output.onnx -o out.onnx", INPUT),
     ("quantize-no-nodes", "quantize {bad}/nonodes.onnx -o out.onnx", INPUT),
     ("quantize-external-data-missing", "quantize {bad}/external.onnx -o out.onnx", INPUT),
+    ("quantize-over-2gib", "quantize {bad}/huge.onnx -o out.onnx", INPUT),
     ("quantize-dynamic-no-shape", "quantize {bad}/dynamic.onnx -o out.onnx", INPUT),
     ("plan-missing-model", "plan {bad}/nope.onnx", INPUT),
     ("plan-corrupt-model", "plan {bad}/corrupt.onnx", INPUT),
@@ -162,6 +163,16 @@ def bad(tmp_path_factory) -> Path:
     ext = onnx_model(mm, [vi("x", TensorProto.FLOAT, [1, 5])], [vi("y", TensorProto.FLOAT, [1, 3])], [w])
     onnx.save(ext, d / "external.onnx", save_as_external_data=True, all_tensors_to_one_file=True, location="w.data", size_threshold=0)
     (d / "w.data").unlink()
+    # 3 GiB of external weights, as a sparse file: refused from the sizes, never read
+    huge = onnx_model(mm, [vi("x", TensorProto.FLOAT, [1, 5])], [vi("y", TensorProto.FLOAT, [1, 3])], [w])
+    onnx.save(huge, d / "huge.onnx", save_as_external_data=True, all_tensors_to_one_file=True, location="huge.data", size_threshold=0)
+    with open(d / "huge.data", "r+b") as fh:
+        fh.truncate(3 * 2**30)
+    m = onnx.load(str(d / "huge.onnx"), load_external_data=False)
+    for e in m.graph.initializer[0].external_data:
+        if e.key == "length":
+            e.value = str(3 * 2**30)
+    onnx.save(m, d / "huge.onnx")
 
     (d / "syntax.toml").write_text('schema = 1\nname = "x\n')
     rpi4 = (Path(__file__).resolve().parents[1] / "edgekit" / "profiles" / "rpi4.toml").read_text()

@@ -352,6 +352,12 @@ struct pool_state {
   int32_t* shift;
 };
 
+/* dst = max(dst, src), lane by lane: restrict (input and output never overlap) lets the
+ * compiler vectorize it (NEON smax; SSE2/AVX2 compare and blend) instead of a byte loop */
+static void max_into(int8_t* restrict dst, const int8_t* restrict src, size_t c) {
+  for (size_t i = 0; i < c; i++) dst[i] = src[i] > dst[i] ? src[i] : dst[i];
+}
+
 static void pool_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
   const struct pool_state* s = op->state;
   const int8_t* x = IN(0)->data;
@@ -366,13 +372,11 @@ static void pool_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t 
       int64_t x0 = (int64_t)(ox * s->sw) - (int64_t)s->pl, x1 = x0 + (int64_t)s->kw;
       int64_t xa = x0 < 0 ? 0 : x0, xb = x1 < (int64_t)s->w ? x1 : (int64_t)s->w;
       int8_t* dst = y + ((n * s->oh + oy) * s->ow + ox) * s->c;
-      if (!avg) {
-        memset(dst, 0x80, s->c); /* -128 */
+      if (!avg) { /* every window touches the input (check_pool): start from its first pixel */
+        memcpy(dst, x + ((n * s->h + (size_t)ya) * s->w + (size_t)xa) * s->c, s->c);
         for (int64_t iy = ya; iy < yb; iy++)
-          for (int64_t ix = xa; ix < xb; ix++) {
-            const int8_t* src = x + ((n * s->h + (size_t)iy) * s->w + (size_t)ix) * s->c;
-            for (size_t c = 0; c < s->c; c++) dst[c] = src[c] > dst[c] ? src[c] : dst[c];
-          }
+          for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ix++)
+            max_into(dst, x + ((n * s->h + (size_t)iy) * s->w + (size_t)ix) * s->c, s->c);
         continue;
       }
       size_t count = s->include_pad ? s->kh * s->kw : (size_t)((yb - ya) * (xb - xa));
@@ -705,7 +709,7 @@ static int check_lut(struct ek_check* o) {
 }
 
 /* ---- SOFTMAX over the last axis, in double (docs/ekrt.md): v = (x - zx) * scale,
- * e = exp(v - max v), sum in index order, y = nearbyint(e / sum * 256) - 128 ---- */
+ * e = exp(v - max v), sum in index order, y = rint(e / sum * 256) - 128 (ties to even) ---- */
 
 static void softmax_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
   const double* v = op->state; /* v[x + 128] = (x - zx) * scale */
@@ -713,19 +717,22 @@ static void softmax_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size
   size_t n = x->dims[x->rank - 1];
   const int8_t* src = x->data;
   int8_t* dst = OUTT->data;
-  double e[256];
+  double e[256]; /* exp per distinct value of a row, computed once; -1: not yet */
+  for (int q = 0; q < 256; q++) e[q] = -1.0;
   for (size_t r = r0; r < r1; r++) {
     const int8_t* row = src + r * n;
     int mx = -128;
     for (size_t i = 0; i < n; i++) mx = row[i] > mx ? row[i] : mx;
-    for (int q = -128; q < 128; q++) e[q + 128] = -1.0; /* exp per distinct value, computed once */
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
       double* ei = &e[row[i] + 128];
       if (*ei < 0) *ei = exp(v[row[i] + 128] - v[mx + 128]);
       sum += *ei;
     }
-    for (size_t i = 0; i < n; i++) dst[r * n + i] = clamp8((int32_t)nearbyint(e[row[i] + 128] / sum * 256.0) - 128);
+    /* rint rounds like nearbyint in the default mode, without nearbyint's fenv save/restore
+     * (a libm call per element in musl, which the static runner links) */
+    for (size_t i = 0; i < n; i++) dst[r * n + i] = clamp8((int32_t)rint(e[row[i] + 128] / sum * 256.0) - 128);
+    for (size_t i = 0; i < n; i++) e[row[i] + 128] = -1.0; /* n resets, not 256: rows may be short */
   }
 }
 

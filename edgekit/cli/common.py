@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 # edgekit.quantize.calib.METHODS, the list that decides.
 METHODS = ("minmax", "percentile", "entropy", "mse", "auto")
 DEFAULT_METHOD = "auto"  # == edgekit.quantize.calib.DEFAULT_METHOD (the same test keeps them equal)
+DYNAMIC = "dynamic"  # == edgekit.quantize.calib.DYNAMIC (tests/test_dynamic.py keeps them equal)
 
 Target = Annotated[str, typer.Option("--target", "-t", help="Target profile name or path to a profile TOML.")]
 Shape = Annotated[
@@ -40,7 +41,8 @@ Method = Annotated[
     typer.Option(
         "--method",
         help=f"Calibration method: {', '.join(METHODS)}; add +clip (MSE weight clipping), +bias (bias correction), "
-        "+cle (cross-layer equalization), +smooth[=alpha] (SmoothQuant scales into LayerNorm/MatMul constants), e.g. mse+clip+bias.",
+        "+cle (cross-layer equalization), +smooth[=alpha] (SmoothQuant scales into LayerNorm/MatMul constants), e.g. mse+clip+bias; "
+        "or dynamic: int8 weights, activations quantized at run time (no calibration; onnxruntime).",
     ),
 ]
 Exclude = Annotated[list[str] | None, typer.Option("--exclude", help="Keep this node in float (repeatable).", metavar="NODE")]
@@ -202,8 +204,8 @@ def preprocess(text: str | None) -> Preprocess | None:
 def check_method(method: str) -> str:
     from edgekit.errors import UsageError
 
-    if method.partition("+")[0] not in METHODS:
-        raise UsageError(f"unknown calibration method '{method}'", f"choose one of: {', '.join(METHODS)}")
+    if method.partition("+")[0] not in (*METHODS, DYNAMIC):
+        raise UsageError(f"unknown calibration method '{method}'", f"choose one of: {', '.join(METHODS)}, or {DYNAMIC}")
     if "+" in method:  # only then is the quantizer needed to read the options
         from edgekit.quantize.calib import parse_method
 

@@ -60,6 +60,10 @@ def quantize(
     from edgekit.errors import GateError, UsageError
 
     o = common.output(json_out)
+    if (report or report_full) and opts["method"] == common.DYNAMIC:
+        from edgekit.quantize.sensitivity import no_dynamic_report
+
+        raise no_dynamic_report()
     if metric is not None and max_drop is None:
         raise UsageError("--metric is what --max-drop holds, and no --max-drop was given", "add --max-drop POINTS, e.g. --max-drop 1")
     try:

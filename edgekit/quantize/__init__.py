@@ -10,12 +10,14 @@ from pathlib import Path
 import onnx
 
 from edgekit.errors import ModelError
+from edgekit.events import Events
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel
-from edgekit.quantize import equalize, sensitivity, smooth
+from edgekit.quantize import dynamic, equalize, sensitivity, smooth
 from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize.calib import (
     DEFAULT_METHOD,
+    DYNAMIC,
     ChannelMeans,
     ElementSample,
     FeedSet,
@@ -84,9 +86,21 @@ class QuantizeResult:
         }
 
 
-def analyze_model(loaded: LoadedModel, scheme: QuantScheme, exclude: Sequence[str] = ()) -> tuple[onnx.ModelProto, Analysis]:
+def analyze_model(loaded: LoadedModel, scheme: QuantScheme, exclude: Sequence[str] = (), method: str = DEFAULT_METHOD) -> tuple[onnx.ModelProto, Analysis]:
+    if parse_method(method).ranges == DYNAMIC:
+        prepared = _prepare_shape_free(loaded, scheme)
+        return prepared, dynamic.analyze(prepared, exclude)
     prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset)
     return prepared, analyze(prepared, scheme, exclude)
+
+
+def _prepare_shape_free(loaded: LoadedModel, scheme: QuantScheme) -> onnx.ModelProto:
+    """The float model prepared with its dynamic input dimensions kept (dynamic quantization needs
+    no shapes), or at the fixed ones when its graph cannot be prepared without them."""
+    try:
+        return prepare(loaded.model, loaded.inputs, scheme.min_opset, fix_inputs=False)
+    except ModelError:
+        return prepare(loaded.model, loaded.inputs, scheme.min_opset)
 
 
 def quantize_model(
@@ -101,14 +115,19 @@ def quantize_model(
     metric: str | None = None,
     progress=None,
     events=None,
+    dynamic_fallback: bool = False,
 ) -> QuantizeResult:
     """Quantize ``loaded`` with ``scheme``, calibrated on ``calibration``, checked on ``heldout``.
 
     ``max_drop`` (points of ``metric``, see ``mixed``): keep the int8 nodes that cost most in
     float until the held-out metric holds; ``result.mixed_precision`` says whether it did
     (when not, the model is all int8 and the caller refuses or falls back). ``events``: where
-    its progress goes (an ``edgekit.events.Events``)."""
+    its progress goes (an ``edgekit.events.Events``). ``dynamic_fallback`` (the backend runs
+    ``--method dynamic`` models): when ``max_drop`` cannot hold, try the dynamic model, and
+    return it if it holds (``mixed_precision["fallback_from"]`` says what static scored)."""
     recipe = parse_method(method)
+    if recipe.ranges == DYNAMIC:
+        return _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
     t0 = time.perf_counter()
     prepared, analysis = analyze_model(loaded, scheme, exclude)
     if recipe.equalize and equalize.cross_layer_equalize(prepared):
@@ -154,6 +173,10 @@ def quantize_model(
     if max_drop is not None:
         all_int8 = qmodel
         qmodel, decision = mixed_precision.decide(prepared, qmodel, analysis, heldout, snr, max_drop=max_drop, metric=metric, events=events)
+        if not decision["holds"] and dynamic_fallback:
+            fallback = _dynamic_fallback(loaded, scheme, calibration, heldout, exclude, max_drop, metric, method, decision, events)
+            if fallback is not None:
+                return fallback
         floats = {x["name"] for x in decision["float_layers"]}
         layers = [x for x in layers if x["name"] not in floats]
         if floats:
@@ -180,6 +203,63 @@ def quantize_model(
     )
 
 
+def _quantize_dynamic(
+    loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, *, exclude: Sequence[str], max_drop: float | None, metric: str | None
+) -> QuantizeResult:
+    """``--method dynamic``: int8 weights, activations quantized at run time; no calibration pass.
+    No per-layer table (its local error is a calibrated activation range's); ``max_drop`` checks
+    the held-out metric and holds or refuses (no layer search)."""
+    t0 = time.perf_counter()
+    prepared, analysis = analyze_model(loaded, scheme, exclude, DYNAMIC)
+    if not any(d.kind == "int8" and d.op_type in dynamic.OPS for d in analysis.decisions):
+        raise ModelError(
+            "--method dynamic found no MatMul or Gemm with a constant 2-D float weight to make int8",
+            "use a static method (e.g. --method auto), or deploy it in float with --no-quantize",
+        )
+    t1 = time.perf_counter()
+    qmodel = dynamic.rewrite(prepared, analysis, scheme)
+    try:
+        onnx.checker.check_model(qmodel)
+    except onnx.checker.ValidationError as exc:  # pragma: no cover - a rewrite bug
+        raise ModelError(f"the quantized model failed onnx.checker: {exc}", "rerun with --exclude on the node named, and report it") from exc
+    t2 = time.perf_counter()
+    seconds = {"prepare": t1 - t0, "calibrate": 0.0, "rewrite": t2 - t1}
+    decision = None
+    if max_drop is not None:
+        decision = mixed_precision.check_dynamic(prepared, qmodel, heldout, max_drop=max_drop, metric=metric)
+        seconds["mixed_precision"] = time.perf_counter() - t2
+        t2 = time.perf_counter()
+    agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
+    return QuantizeResult(
+        model=qmodel, scheme=scheme, method=DYNAMIC, analysis=analysis, calibration_source="none (activations quantized at run time)",
+        calibration_samples=0, calibration_random=calibration.random, agreement=agreement,
+        seconds={**seconds, "evaluate": time.perf_counter() - t2}, mixed_precision=decision,
+    )
+
+
+def _dynamic_fallback(
+    loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, exclude: Sequence[str], max_drop: float,
+    metric: str | None, method: str, static: dict, events,
+) -> QuantizeResult | None:
+    """The ``--method dynamic`` model when static int8 cannot hold ``max_drop`` and it can (None:
+    it cannot either, or the model has no MatMul/Gemm weights; ``static`` notes what it scored)."""
+    try:
+        result = _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
+    except ModelError:
+        return None
+    mp = result.mixed_precision
+    static["dynamic_tried"] = {"before": mp["before"], "holds": mp["holds"]}
+    if not mp["holds"]:
+        return None
+    mp["fallback_from"] = {k: static[k] for k in ("before", "after", "tried_float_layers")} | {"method": method}
+    (events or Events()).warn(
+        f"--max-drop {max_drop:g} ({mp['metric']}): static int8 ({method}) cannot hold it ({static['after']} with "
+        f"{static['tried_float_layers']} layers float, needs >= {mp['goal']}); --method {DYNAMIC} does ({mp['before']}): using it"
+    )
+    result.seconds["static_mixed_precision"] = static["seconds"]
+    return result
+
+
 def dynamic_dims(model: onnx.ModelProto) -> dict[str, list[str | int]]:
     """The graph inputs with a dimension that is not a number: name -> dims (names or "?" for those)."""
     found = {}
@@ -200,6 +280,8 @@ def with_dynamic_inputs(qmodel: onnx.ModelProto, loaded: LoadedModel, scheme: Qu
     tensor name; the result must compute what qmodel computes on a sample of the fixed shape."""
     if not dynamic_dims(loaded.model):
         return None
+    if dynamic.is_dynamic(qmodel):  # prepared shape-free already, unless its graph needed the fixed shapes
+        return qmodel if dynamic_dims(qmodel) else None
     try:
         prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset, fix_inputs=False)
     except ModelError:

@@ -25,6 +25,8 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".p
 # threshold, TensorRT's), mse (the clip minimising the expected quantization error, from the
 # histogram), auto (per tensor, whichever of minmax / percentile / mse errs least on its histogram).
 METHODS = ("minmax", "percentile", "entropy", "mse", "auto")
+# Not a range method: int8 weights, activations quantized at run time (quantize.dynamic); no calibration.
+DYNAMIC = "dynamic"
 # auto: per tensor the least quantize-dequantize error of minmax / percentile / mse; on the 10-model
 # catalogue never below minmax beyond the noise, and far above it on OCR recognition, layout detection
 # and YOLO (README "Better ranges")
@@ -357,11 +359,18 @@ SMOOTH_ALPHA = "auto"  # +smooth without a value: per tensor, the alpha with the
 
 def parse_method(text: str) -> Recipe:
     """``"mse+clip+bias"`` -> Recipe; UsageError naming the choices for anything else."""
-    hint = f"choose one of: {', '.join(METHODS)}, optionally followed by +{', +'.join(OPTIONS)} (e.g. mse+clip+bias, auto+smooth=0.7)"
+    hint = f"choose one of: {', '.join(METHODS)}, optionally followed by +{', +'.join(OPTIONS)} (e.g. mse+clip+bias, auto+smooth=0.7), or {DYNAMIC}"
     base, *opts = [p.strip() for p in str(text).split("+")]
+    if base == DYNAMIC:
+        if opts:
+            raise UsageError(
+                f"--method '{text}': {DYNAMIC} takes no + options (it calibrates nothing, and its weights are quantized as they are)",
+                f"use --method {DYNAMIC}, or a range method with options (e.g. mse+clip+bias)",
+            )
+        return Recipe(DYNAMIC)
     if base not in METHODS:
         raise UsageError(f"unknown calibration method '{text}'", hint)
-    flags: dict[str, bool | float] = {}
+    flags: dict[str, bool | float | str] = {}
     for item in opts:
         opt, eq, value = item.partition("=")
         if opt in METHODS:
@@ -485,18 +494,24 @@ def collect_ranges(
     one_sided = {n: ranges[n][0] >= 0 or ranges[n][1] <= 0 for n in names}
     need_abs = {n: method == "entropy" or symmetric or (method in ("mse", "auto") and one_sided[n]) for n in names}
     need_signed = {n: not symmetric and (method in ("percentile", "auto") or (method == "mse" and not one_sided[n])) for n in names}
+    # A tensor that starts at 0 (after a Relu): its |x| histogram is the signed one with bin pairs
+    # merged, bit for bit (the bin index is the same multiply, by a scale twice as large).
+    from_signed = {n: need_abs[n] and need_signed[n] and ranges[n][0] == 0.0 for n in names}
     zeros = dict.fromkeys(names, 0)
     for feed in feeds:
         for name, value in zip(names, session.run(names, feed)):
             if absmax[name] > 0:
                 lo_, hi_ = ranges[name]
-                if need_abs[name]:
+                if need_abs[name] and not from_signed[name]:
                     abs_hist[name] += _histogram(np.abs(value), 0.0, absmax[name], BINS)
                 if need_signed[name] and hi_ > lo_:
                     signed_hist[name] += _histogram(value, lo_, hi_, BINS * 2)
                 zeros[name] += int(np.count_nonzero(value == 0)) if lo_ <= 0 <= hi_ else 0
         if progress is not None:
             progress.advance()
+    for name in names:
+        if from_signed[name]:
+            abs_hist[name] = signed_hist[name].reshape(BINS, 2).sum(1)
     out = {}
     for name in names:
         lo_, hi_ = ranges[name]

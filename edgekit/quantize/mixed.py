@@ -253,6 +253,33 @@ def decide(
     return mixed, doc
 
 
+def check_dynamic(
+    float_model: onnx.ModelProto, dyn_model: onnx.ModelProto, heldout: FeedSet, *, max_drop: float, metric: str | None = None
+) -> dict:
+    """Does the ``--method dynamic`` model (quantize.dynamic) hold the held-out ``metric`` within
+    ``max_drop`` of ``float_model``'s? Its decision, shaped as ``decide``'s: it keeps no layer in
+    float (the dynamic model is the one answer), so ``holds`` is the whole verdict."""
+    from edgekit.quantize.report import session
+
+    t0 = time.perf_counter()
+
+    def outs(model: onnx.ModelProto) -> Outputs:
+        sess = session(model.SerializeToString(), reference=True)
+        return _stack([sess.run(None, feed) for feed in heldout.feeds])
+
+    ref = outs(float_model)
+    m = metric_for(metric, ref, heldout.labels)
+    reference = m.score(ref, ref)
+    goal = m.goal(reference, max_drop)
+    before = m.score(ref, outs(dyn_model))
+    return {
+        "metric": m.name, "metric_why": m.why, "unit": m.unit, "max_drop": max_drop, "samples": len(heldout.feeds), "method": "dynamic",
+        "reference": _r(reference), "goal": _r(goal), "before": _r(before), "after": _r(before), "holds": before >= goal,
+        "float_layers": [], "tried_float_layers": 0, "rank_samples": 0, "sensitivity": {"layers": []}, "evaluations": 1,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }  # fmt: skip
+
+
 def search(order: Sequence[str], holds: Callable[[list[str]], bool], bound: int) -> list[str] | None:
     """The nodes to keep float: of ``order`` (most harmful first), the shortest prefix that
     ``holds``, found in doubling batches then bisected, pruned by trying each back in int8
@@ -304,4 +331,4 @@ def host_latency(models: dict[str, bytes], feed: dict[str, np.ndarray]) -> dict:
     return {**out, "rounds": LATENCY_ROUNDS, "measured_on": "host estimate: ONNX Runtime CPU, 1 thread (not the target's backend)"}
 
 
-__all__ = ["METRICS", "Metric", "check_metric", "ctc_greedy", "decide", "edit_distance", "host_latency", "metric_for", "search"]
+__all__ = ["METRICS", "Metric", "check_dynamic", "check_metric", "ctc_greedy", "decide", "edit_distance", "host_latency", "metric_for", "search"]

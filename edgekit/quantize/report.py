@@ -56,7 +56,8 @@ def session(model: bytes | str | Path, *, reference: bool):
     on the host CPU: on x86 without VNNI the u8s8 path (VPMADDUBSW) saturates its 16-bit
     intermediate and differs from the model's meaning by many steps. ORT_DISABLE_ALL executes the
     Q/DQ nodes as written (float math between them): the model's meaning, whatever the CPU's int8
-    instructions.
+    instructions. MatMulInteger / ConvInteger (``--method dynamic``) run the int8 kernels even
+    then, so a reference session computes them in float instead (``dynamic.reference_form``).
     """
     import onnxruntime as ort
 
@@ -64,7 +65,23 @@ def session(model: bytes | str | Path, *, reference: bool):
     opts.log_severity_level = 3
     if reference:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        model = _reference_model(model)
     return ort.InferenceSession(model if isinstance(model, bytes) else str(model), opts, providers=["CPUExecutionProvider"])
+
+
+def _reference_model(model: bytes | str | Path) -> bytes | str | Path:
+    """``model`` with its integer matmuls and convolutions computed in float (see ``session``)."""
+    import onnx
+
+    from edgekit.quantize import dynamic
+
+    blob = model if isinstance(model, bytes) else Path(model).read_bytes()
+    if not any(op.encode() in blob for op in dynamic.INTEGER_OPS):
+        return model
+    proto = onnx.load_from_string(blob)
+    if not any(n.op_type in dynamic.INTEGER_OPS for n in proto.graph.node):
+        return model
+    return dynamic.reference_form(proto).SerializeToString()
 
 
 def _stack(arrays: Sequence[np.ndarray]) -> np.ndarray:

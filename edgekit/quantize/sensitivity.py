@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from edgekit.errors import UsageError
 from edgekit.quantize import qmath
 from edgekit.quantize.calib import ElementSample, Feed
 from edgekit.quantize.prepare import reads
@@ -38,6 +39,16 @@ if TYPE_CHECKING:
 
 SAMPLES = 8  # held-out samples the output effects run on (two inference passes per node each)
 NODE_BUDGET = 150  # above this many int8 nodes, output effects only when asked for in full
+
+
+def no_dynamic_report() -> UsageError:
+    """Per-layer figures are of calibrated activation ranges: --method dynamic has none to measure."""
+    return UsageError(
+        "the per-layer report measures each int8 node's calibrated Q/DQ, and --method dynamic quantizes activations at run time",
+        "drop --report (the fp32-vs-int8 agreement is measured all the same), or use a static --method",
+    )
+
+
 LOCAL_METHOD = "local SNR: each int8 node's output activation, fake-quantized vs float, over the calibration samples"
 
 
@@ -305,7 +316,11 @@ def measure_result(
 ) -> Sensitivity:
     """``measure`` for a ``QuantizeResult`` of ``loaded`` (a ``LoadedModel``), quantized with ``exclude``:
     the float model is prepared again (the same steps, the same node names) for the float side."""
+    from edgekit.quantize.calib import DYNAMIC
     from edgekit.quantize.prepare import prepare
+
+    if result.method == DYNAMIC:
+        raise no_dynamic_report()
     from edgekit.quantize.rewrite import analyze
 
     prepared = prepare(loaded.model, loaded.inputs, result.scheme.min_opset)

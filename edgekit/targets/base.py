@@ -60,6 +60,9 @@ class Backend:
     runtimes: tuple[str, ...] = ()  # facts["device"]["runtimes"] keys; any one present will do
     missing: str = ""  # why, when none of ``runtimes`` is on the device (default: their names)
     evaluates: bool = True  # the agent can run held-out samples through it one by one (Eval steps)
+    # Why it cannot run a --method dynamic model (int8 weights, activations quantized at run time:
+    # DynamicQuantizeLinear + MatMulInteger/ConvInteger) in int8; "" when it can. The planner skips it.
+    no_dynamic: str = "it has no run-time-quantized int8 path"
 
     def quant_scheme(self, profile: Profile) -> QuantScheme | None:
         """The scheme this backend wants on ``profile``'s CPU (resolved with the device's facts once probed)."""

@@ -24,6 +24,7 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     scheme = ONNXRUNTIME
     runtimes = ("onnxruntime",)
+    no_dynamic = ""  # fuses them into DynamicQuantizeMatMul (ConvInteger as it is)
 
     def quant_scheme(self, profile: Profile) -> QuantScheme:
         cpu = profile.cpu

@@ -288,6 +288,7 @@ def _dla_core(spec: BackendSpec | None) -> int | None:
 class TensorRTBackend(Backend):
     name = "tensorrt"
     scheme = TENSORRT
+    no_dynamic = "TensorRT's ONNX parser has no MatMulInteger or ConvInteger (onnx-tensorrt docs/operators.md); onnxruntime runs it"
     archs = ("aarch64", "x86_64")
     runtimes = ("tensorrt",)
     evaluates = False  # trtexec times engines; it gives no per-sample outputs to compare

@@ -25,6 +25,7 @@ RUNNER = "bin/ekrt"
 class NativeBackend(Backend):
     name = "native"
     scheme = NATIVE
+    no_dynamic = "ekrt has no run-time-quantized int8; onnxruntime runs it"
     archs = ("x86_64", "aarch64")
     formats = ("onnx",)
     runtimes = ()  # the runner is static and travels in the bundle
