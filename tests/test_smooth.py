@@ -16,6 +16,7 @@ from edgekit.quantize.calib import Recipe, parse_method
 from edgekit.quantize.scheme import SCHEMES
 from edgekit.quantize.smooth import ALPHAS, find_sites, smooth_model
 from tests.builders import smooth_model as built
+from tests.conftest import EXAMPLES
 
 SCHEME = SCHEMES["onnxruntime"]
 
@@ -164,3 +165,15 @@ def test_cli_says_what_it_smoothed(cli, tmp_path):
     assert doc["smoothed"]["inputs"] == 2 and doc["smoothed"]["tensors"]["h"]["alpha"] == 0.5
     r = cli("quantize", model, "-o", tmp_path / "q2.onnx", "--method", "minmax+smooth=2")
     assert r.returncode == 2 and "alpha must be a number between 0 and 1" in r.stderr and "hint:" in r.stderr
+
+
+def test_a_cnn_has_nothing_to_smooth():
+    """Its classifier Gemm reads Flatten(Relu(conv)): nothing to fold into, so +smooth changes
+    nothing (so on ppocr-cls in benchmarks/ranges.py: 0 inputs smoothed, the same top-1)."""
+    model = onnx.load(str(EXAMPLES / "digits" / "digits_cnn.onnx"))
+    (x,) = model.graph.input
+    shape = [d.dim_value or 1 for d in x.type.tensor_type.shape.dim]
+    before = model.SerializeToString()
+    done = smooth_model(model, [{x.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}], "auto")
+    assert done.inputs == 0 and [why.split(" ")[:2] for why in done.skipped.values()] == [["made", "by"]]
+    assert "Relu" in next(iter(done.skipped.values())) and model.SerializeToString() == before

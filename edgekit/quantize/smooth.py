@@ -127,6 +127,8 @@ def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[S
     ``feed``: a sample that tells the shapes shape inference cannot."""
     inits = {t.name: t for t in model.graph.initializer}
     nodes = list(model.graph.node)  # one wrapper per node, so ``is`` tells nodes apart
+    if not any(n.op_type in ("MatMul", "Gemm") for n in nodes):
+        return [], {}  # a CNN: nothing to smooth, and no shapes to work out
     uses: dict[str, list[onnx.NodeProto]] = {}
     for node in nodes:
         for i in node.input:
