@@ -59,7 +59,7 @@ from edgekit.quantize import (
     save_model,
 )
 from edgekit.quantize import cache as qcache
-from edgekit.quantize.calib import DEFAULT_METHOD, parse_method, spread
+from edgekit.quantize.calib import DEFAULT_METHOD, DYNAMIC, parse_method, spread
 from edgekit.quantize.report import AgreementReport, compare
 from edgekit.targets import get_backend
 from edgekit.transport.agentzip import agent_path
@@ -459,15 +459,18 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
     if hit is not None:
         model, report, agreement = hit
         w.events.info(f"int8 model of {job.model.path.name} unchanged: reusing the cached quantization ({k[:12]})")
-        _, analysis = analyze_model(job.model, step.scheme, job.request.exclude)
+        method = report.get("method", step.method)  # a --max-drop search may have fallen back to dynamic
+        _, analysis = analyze_model(job.model, step.scheme, job.request.exclude, method)
         cal = report["calibration"]
         return QuantizeResult(
-            model, step.scheme, step.method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True,
+            model, step.scheme, method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True,
             layers=report.get("layers") or [], mixed_precision=report.get("mixed_precision"),
         )
     w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
-    passes = 1 if parse_method(step.method).ranges == "minmax" else 2
-    with w.events.progress(f"calibrating on {len(calibration.feeds)} samples ({step.method})", total=passes * len(calibration.feeds)) as prog:
+    ranges = parse_method(step.method).ranges
+    passes = {"minmax": 1, DYNAMIC: 0}.get(ranges, 2)
+    what = "quantizing weights (dynamic: activations quantized at run time, nothing calibrated)" if not passes else f"calibrating on {len(calibration.feeds)} samples ({step.method})"
+    with w.events.progress(what, total=passes * len(calibration.feeds) or None) as prog:
         result = quantize_model(
             job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog, max_drop=step.max_drop, metric=step.metric,
             events=w.events, dynamic_fallback=not get_backend(w.plan.backend if step.variant == "int8" else w.plan.variant(step.variant).backend).no_dynamic,

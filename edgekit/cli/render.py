@@ -42,7 +42,7 @@ def print_plan(o: Output, doc: dict) -> None:
         o.line(
             f"scheme    {s['name']}: activations {s['activation_dtype']} "
             f"{'symmetric' if s['activation_symmetric'] else 'asymmetric'}, weights int8 symmetric "
-            f"{'per-channel' if s['per_channel'] else 'per-tensor'}; {doc['method']} calibration on {doc['calibration']}"
+            f"{'per-channel' if s['per_channel'] else 'per-tensor'}; {_ranges(doc['method'], doc['calibration'])}"
         )
         n = doc["nodes"]
         o.line(
@@ -193,11 +193,22 @@ def print_backend_details(o: Output, runs: list[dict]) -> None:
             )
 
 
+def _is_dynamic(method: str) -> bool:
+    from edgekit.quantize.calib import DYNAMIC  # here: the CLI starts without the quantizer
+
+    return method == DYNAMIC
+
+
+def _ranges(method: str, calibration: str) -> str:
+    """How the activation ranges come about, for a scheme line."""
+    return "activations quantized at run time (--method dynamic: nothing calibrated)" if _is_dynamic(method) else f"{method} calibration on {calibration}"
+
+
 def print_quantize_report(o: Output, doc: dict) -> None:
     cal = doc["calibration"]
     o.line(
-        f"scheme {doc['scheme']['name']}, {doc['method']} calibration on {cal['samples']} samples from {cal['source']}"
-        + (" (RANDOM: not representative)" if cal["random"] else "")
+        f"scheme {doc['scheme']['name']}, " + _ranges(doc["method"], f"{cal['samples']} samples from {cal['source']}")
+        + (" (RANDOM: not representative)" if cal["random"] and not _is_dynamic(doc["method"]) else "")
     )
     if doc.get("smoothed"):
         sm = doc["smoothed"]
