@@ -61,6 +61,7 @@ from edgekit.quantize import (
 from edgekit.quantize import cache as qcache
 from edgekit.quantize.calib import DEFAULT_METHOD, DYNAMIC, parse_method, spread
 from edgekit.quantize.report import AgreementReport, compare
+from edgekit.quantize.smooth import Smoothing
 from edgekit.targets import get_backend
 from edgekit.transport.agentzip import agent_path
 from edgekit.transport.base import Transport
@@ -465,10 +466,11 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
         return QuantizeResult(
             model, step.scheme, method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True,
             layers=report.get("layers") or [], mixed_precision=report.get("mixed_precision"),
+            smoothing=Smoothing.from_dict(report["smoothed"]) if report.get("smoothed") else None,
         )
     w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
-    ranges = parse_method(step.method).ranges
-    passes = {"minmax": 1, DYNAMIC: 0}.get(ranges, 2)
+    recipe = parse_method(step.method)
+    passes = {"minmax": 1, DYNAMIC: 0}.get(recipe.ranges, 2) + (recipe.smooth is not None)
     what = "quantizing weights (dynamic: activations quantized at run time, nothing calibrated)" if not passes else f"calibrating on {len(calibration.feeds)} samples ({step.method})"
     with w.events.progress(what, total=passes * len(calibration.feeds) or None) as prog:
         result = quantize_model(

@@ -138,7 +138,7 @@ def quantize_model(
             "nothing in this model can be quantized with the " + scheme.name + " scheme",
             "deploy it in float with --no-quantize",
         )
-    smoothing = smooth.smooth_model(prepared, calibration.feeds, recipe.smooth, scheme) if recipe.smooth is not None else None
+    smoothing = smooth.smooth_model(prepared, calibration.feeds, recipe.smooth, scheme, progress) if recipe.smooth is not None else None
     if smoothing and smoothing.smoothed:
         analysis = analyze(prepared, scheme, exclude)  # ranges are calibrated on the smoothed activations
     sample = ElementSample(len(calibration.feeds))

@@ -81,6 +81,12 @@ class Smoothing:
             "tensors": {t: {"readers": r, "alpha": self.alphas[t]} for t, r in self.smoothed.items()},
         }
 
+    @classmethod
+    def from_dict(cls, doc: dict) -> Smoothing:
+        """The inverse of ``to_dict`` (a cached quantization's report)."""
+        tensors = doc.get("tensors") or {}
+        return cls(doc["alpha"], {t: list(v["readers"]) for t, v in tensors.items()}, {t: v["alpha"] for t, v in tensors.items()}, dict(doc.get("skipped") or {}))
+
 
 def _attr(node: onnx.NodeProto, name: str, default):
     for a in node.attribute:
@@ -286,11 +292,13 @@ def _int8_error(rows: np.ndarray, weights: list[np.ndarray], s: np.ndarray, sche
     return err
 
 
-def smooth_model(model: onnx.ModelProto, feeds: Sequence[Feed], alpha: float | str = "auto", scheme: QuantScheme | None = None) -> Smoothing:
+def smooth_model(
+    model: onnx.ModelProto, feeds: Sequence[Feed], alpha: float | str = "auto", scheme: QuantScheme | None = None, progress=None
+) -> Smoothing:
     """Smooth ``model`` in place (its float outputs unchanged); one float pass over ``feeds``
     measures each candidate's per-channel max|x| (and keeps some of its rows). ``alpha``: a
     fixed migration strength, or "auto" (per tensor, see ALPHAS); ``scheme``: the int8 it is
-    simulated in."""
+    simulated in. ``progress`` advances once per feed."""
     scheme = scheme or QuantScheme("int8")
     sites, skipped = find_sites(model, feeds[0] if feeds else None)
     result = Smoothing(alpha, skipped=skipped)
@@ -307,6 +315,10 @@ def smooth_model(model: onnx.ModelProto, feeds: Sequence[Feed], alpha: float | s
                 rows.setdefault(name, []).append(flat[rng.choice(len(flat), min(len(flat), -(-ROWS // len(feeds))), replace=False)])
             if name in between:
                 peaks[name] = np.maximum(peaks[name], np.abs(value)) if name in peaks else np.abs(value)
+        if progress is not None:
+            progress.advance()
+    if progress is not None and not sites:
+        progress.advance(len(feeds))  # nothing to observe: no pass
     inits = {t.name: t for t in model.graph.initializer}
     refs: dict[str, int] = {}
     for node in model.graph.node:
