@@ -37,6 +37,7 @@ import contextlib
 import importlib.metadata
 import json
 import logging
+import os
 import platform
 import sys
 import tempfile
@@ -138,6 +139,7 @@ def edgekit_max_drop(case: Case, out: Path) -> Column:
     search = case.model.build(case.model, len(case.heldout.feeds), SEARCH_SEED)
     calib, tune = folder("calib", case.calib), folder("search", search)
     setting = f"--max-drop {points:g} --metric {Path(metric.split(':')[0]).name + ':' + metric.split(':')[1] if ':' in metric else metric}"
+    os.environ["EDGEKIT_CACHE_DIR"] = str(out.parent / "cache")  # quantized here, never an earlier run's cached model
     t0 = time.perf_counter()
     try:
         result = api.quantize(case.src, out, target="local", backend="onnxruntime", method=EDGEKIT_METHOD, calib=calib, eval=tune,
@@ -147,7 +149,8 @@ def edgekit_max_drop(case: Case, out: Path) -> Column:
     mp = result.mixed_precision or {}
     floats = len(mp.get("float_layers") or ())
     share = mp.get("int8_mac_share")
-    return Column(out, time.perf_counter() - t0, setting + f"; {floats} layers float" + (f", {share:.0%} of MACs int8" if share is not None else ""))
+    how = f"; {floats} layers float" if "fallback_from" not in mp else f"; static refused ({mp['fallback_from']['after']}), --method dynamic held"
+    return Column(out, time.perf_counter() - t0, setting + how + (f", {share:.0%} of MACs int8" if share is not None else ""))
 
 
 class _Reader:
@@ -303,7 +306,7 @@ def bench_model(name: str, n_calib: int, n_eval: int, columns: dict, log: Callab
             sub.mkdir()
             try:
                 c = tool(case, sub / "int8.onnx")
-                if c.score is None:
+                if c.score is None and c.error is None:
                     c.score = model.metric(case.fp32_out, rm.run_outputs(c.path, heldout.feeds), heldout)
             except Exception as exc:  # one tool failing on one model doesn't stop the others
                 c = Column(error=_first_line(exc))

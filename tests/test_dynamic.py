@@ -316,6 +316,7 @@ def test_max_drop_falls_back_to_dynamic_when_static_cannot_hold(tmp_path):
     assert r.method == DYNAMIC and mp["holds"] and mp["before"] >= mp["goal"]
     assert mp["fallback_from"]["method"] == "minmax" and mp["fallback_from"]["after"] < mp["goal"]
     assert Counter(n.op_type for n in r.model.graph.node)["MatMulInteger"] == 4
+    assert mp["int8_mac_share"] == 1.0  # every MAC is a MatMul's, all int8 at run time
 
 
 def test_the_per_layer_report_is_refused_for_dynamic(cli, tmp_path):

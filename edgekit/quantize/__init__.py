@@ -227,6 +227,7 @@ def _quantize_dynamic(
     decision = None
     if max_drop is not None:
         decision = mixed_precision.check_dynamic(prepared, qmodel, heldout, max_drop=max_drop, metric=metric)
+        decision["int8_mac_share"] = _dynamic_mac_share(prepared, analysis, loaded)
         seconds["mixed_precision"] = time.perf_counter() - t2
         t2 = time.perf_counter()
     agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
@@ -235,6 +236,17 @@ def _quantize_dynamic(
         calibration_samples=0, calibration_random=calibration.random, agreement=agreement,
         seconds={**seconds, "evaluate": time.perf_counter() - t2}, mixed_precision=decision,
     )
+
+
+def _dynamic_mac_share(prepared: onnx.ModelProto, analysis: Analysis, loaded: LoadedModel) -> float | None:
+    """The share of the model's MACs (Conv/Gemm/MatMul) that run int8 in the dynamic model: a
+    fallback that holds by leaving the convolutions float must say how little it quantized."""
+    from edgekit.modelio import with_static_inputs
+
+    node_macs = sensitivity.macs(with_static_inputs(prepared, loaded.inputs))
+    total = sum(node_macs.values())
+    int8 = sum(node_macs.get(d.name, 0) for d in analysis.decisions if d.kind == "int8" and d.op_type in dynamic.OPS)
+    return round(int8 / total, 4) if total else None
 
 
 def _dynamic_fallback(
@@ -255,6 +267,7 @@ def _dynamic_fallback(
     (events or Events()).warn(
         f"--max-drop {max_drop:g} ({mp['metric']}): static int8 ({method}) cannot hold it ({static['after']} with "
         f"{static['tried_float_layers']} layers float, needs >= {mp['goal']}); --method {DYNAMIC} does ({mp['before']}): using it"
+        + (f", with {mp['int8_mac_share']:.0%} of the MACs int8" if mp.get("int8_mac_share") is not None else "")
     )
     result.seconds["static_mixed_precision"] = static["seconds"]
     return result

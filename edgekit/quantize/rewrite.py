@@ -359,24 +359,28 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
 
 
 def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
-    produced_by = {}
-    for n in nodes:
-        for o in n.output:
-            produced_by[o] = n
-    ready = set(available)
+    """Kahn's algorithm, the lowest original index first among the ready nodes: an already sorted
+    list comes back as it was, and each node's reads are looked at once."""
+    import heapq
+
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output}
+    readers: dict[int, list[int]] = {}
+    waits = [0] * len(nodes)
+    for k, n in enumerate(nodes):
+        deps = {producer[i] for i in reads(n) if i in producer and i not in available}  # reads: If branches' outer names too
+        waits[k] = len(deps)
+        for d in deps:
+            readers.setdefault(d, []).append(k)
+    ready = [k for k, w in enumerate(waits) if w == 0]
+    heapq.heapify(ready)
     out: list[onnx.NodeProto] = []
-    pending = list(nodes)
-    while pending:
-        progressed = False
-        rest = []
-        for n in pending:
-            if all(i in ready or i not in produced_by for i in reads(n)):  # reads: If branches' outer names too
-                out.append(n)
-                ready.update(n.output)
-                progressed = True
-            else:
-                rest.append(n)
-        if not progressed:  # pragma: no cover - a cycle means a bug in rewrite
-            raise RuntimeError("QDQ rewrite produced a cyclic graph")
-        pending = rest
+    while ready:
+        k = heapq.heappop(ready)
+        out.append(nodes[k])
+        for r in readers.get(k, ()):
+            waits[r] -= 1
+            if waits[r] == 0:
+                heapq.heappush(ready, r)
+    if len(out) != len(nodes):  # pragma: no cover - a cycle means a bug in rewrite
+        raise RuntimeError("QDQ rewrite produced a cyclic graph")
     return out
