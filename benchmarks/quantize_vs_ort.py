@@ -138,7 +138,7 @@ def edgekit_max_drop(case: Case, out: Path) -> Column:
     metric, points = GOAL_AS_MAX_DROP[case.name]
     search = case.model.build(case.model, len(case.heldout.feeds), SEARCH_SEED)
     calib, tune = folder("calib", case.calib), folder("search", search)
-    setting = f"--max-drop {points:g} --metric {Path(metric.split(':')[0]).name + ':' + metric.split(':')[1] if ':' in metric else metric}"
+    setting = f"--max-drop {points:g} --metric {metric.rsplit('/', 1)[-1]}"  # a module metric: its file name
     os.environ["EDGEKIT_CACHE_DIR"] = str(out.parent / "cache")  # quantized here, never an earlier run's cached model
     t0 = time.perf_counter()
     try:

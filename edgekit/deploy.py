@@ -59,7 +59,7 @@ from edgekit.quantize import (
     save_model,
 )
 from edgekit.quantize import cache as qcache
-from edgekit.quantize.calib import DEFAULT_METHOD, DYNAMIC, parse_method, spread
+from edgekit.quantize.calib import DEFAULT_METHOD, parse_method, spread
 from edgekit.quantize.report import AgreementReport, compare
 from edgekit.quantize.smooth import Smoothing
 from edgekit.targets import get_backend
@@ -469,8 +469,7 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
             smoothing=Smoothing.from_dict(report["smoothed"]) if report.get("smoothed") else None,
         )
     w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
-    recipe = parse_method(step.method)
-    passes = {"minmax": 1, DYNAMIC: 0}.get(recipe.ranges, 2) + (recipe.smooth is not None)
+    passes = parse_method(step.method).passes
     what = "quantizing weights (dynamic: activations quantized at run time, nothing calibrated)" if not passes else f"calibrating on {len(calibration.feeds)} samples ({step.method})"
     with w.events.progress(what, total=passes * len(calibration.feeds) or None) as prog:
         result = quantize_model(

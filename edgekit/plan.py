@@ -20,7 +20,7 @@ from edgekit.errors import PlanError, UsageError
 from edgekit.modelio import IOSpec, LoadedModel
 from edgekit.profiles import CpuSpec, Profile, resolve
 from edgekit.quantize import analyze_model
-from edgekit.quantize.calib import DEFAULT_METHOD, DYNAMIC, parse_method
+from edgekit.quantize.calib import DEFAULT_METHOD, DYNAMIC, is_dynamic
 from edgekit.quantize.rewrite import NodeDecision
 from edgekit.quantize.scheme import QuantScheme
 from edgekit.targets import KNOWN_BACKENDS, available_backends, get_backend
@@ -275,11 +275,6 @@ class Plan:
             "probed": self.probed,
             "coverage": self.coverage,
         }
-
-
-def is_dynamic(method: str) -> bool:
-    """Does ``method`` quantize activations at run time (``--method dynamic``)?"""
-    return parse_method(method).ranges == DYNAMIC
 
 
 def _no_dynamic(name: str, quantize: bool, method: str) -> str:

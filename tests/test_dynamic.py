@@ -364,3 +364,28 @@ def test_cli_max_drop_falls_back_only_where_the_backend_runs_dynamic(cli, tmp_pa
     assert "--method dynamic does" in ort_run.stderr
     native = cli(*args, "--backend", "native")  # ekrt runs no dynamic int8: static refuses as before
     assert native.returncode == 5 and "cannot hold" in native.stderr, native.stderr
+
+
+def test_initializers_read_only_inside_an_if_branch_survive_the_rewrite(tmp_path):
+    # y = x @ W, then If(flag): y + c else y - c, where c is an outer initializer only the
+    # branches read (silero-vad's shape): the rewrite drops W's float copy, never c
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W")
+    c = numpy_helper.from_array(np.full((1, 16), 0.5, np.float32), "c")
+    branch = lambda op, name: helper.make_graph([helper.make_node(op, ["y", "c"], [f"{name}_out"])], name, [], [float_io(f"{name}_out", [1, 16])])  # noqa: E731
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["y"], "mm"),
+        helper.make_node("If", ["flag"], ["z"], "branch", then_branch=branch("Add", "then"), else_branch=branch("Sub", "else")),
+    ]
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, [])
+    onnx.save(onnx_model(nodes, [float_io("x", [1, 16]), flag], [float_io("z", [1, 16])], [w, c]), tmp_path / "if.onnx")
+    loaded = load_model(tmp_path / "if.onnx")
+    feeds = [{"x": rng.standard_normal((1, 16)).astype(np.float32), "flag": np.array(v)} for v in (True, False)]
+    r = quantize_model(loaded, SCHEME, FeedSet(feeds, "calib"), FeedSet(feeds, "held"), method=DYNAMIC)
+    names = {t.name for t in r.model.graph.initializer}
+    assert "c" in names and "W" not in names
+    onnx.checker.check_model(r.model)
+    for feed in feeds:
+        got = session(r.model.SerializeToString(), reference=True).run(None, feed)[0]
+        want = session(loaded.model.SerializeToString(), reference=True).run(None, feed)[0]
+        np.testing.assert_allclose(got, want, atol=0.2)

@@ -193,22 +193,20 @@ def print_backend_details(o: Output, runs: list[dict]) -> None:
             )
 
 
-def _is_dynamic(method: str) -> bool:
-    from edgekit.quantize.calib import DYNAMIC  # here: the CLI starts without the quantizer
-
-    return method == DYNAMIC
-
-
 def _ranges(method: str, calibration: str) -> str:
     """How the activation ranges come about, for a scheme line."""
-    return "activations quantized at run time (--method dynamic: nothing calibrated)" if _is_dynamic(method) else f"{method} calibration on {calibration}"
+    from edgekit.quantize.calib import is_dynamic  # here: the CLI starts without the quantizer
+
+    return "activations quantized at run time (--method dynamic: nothing calibrated)" if is_dynamic(method) else f"{method} calibration on {calibration}"
 
 
 def print_quantize_report(o: Output, doc: dict) -> None:
+    from edgekit.quantize.calib import is_dynamic
+
     cal = doc["calibration"]
     o.line(
         f"scheme {doc['scheme']['name']}, " + _ranges(doc["method"], f"{cal['samples']} samples from {cal['source']}")
-        + (" (RANDOM: not representative)" if cal["random"] and not _is_dynamic(doc["method"]) else "")
+        + (" (RANDOM: not representative)" if cal["random"] and not is_dynamic(doc["method"]) else "")
     )
     if doc.get("smoothed"):
         sm = doc["smoothed"]

@@ -23,6 +23,7 @@ from edgekit.quantize.calib import (
     FeedSet,
     Preprocess,
     collect_ranges,
+    is_dynamic,
     load_feeds,
     parse_method,
     random_feeds,
@@ -87,7 +88,7 @@ class QuantizeResult:
 
 
 def analyze_model(loaded: LoadedModel, scheme: QuantScheme, exclude: Sequence[str] = (), method: str = DEFAULT_METHOD) -> tuple[onnx.ModelProto, Analysis]:
-    if parse_method(method).ranges == DYNAMIC:
+    if is_dynamic(method):
         prepared = _prepare_shape_free(loaded, scheme)
         return prepared, dynamic.analyze(prepared, exclude)
     prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset)
@@ -293,7 +294,7 @@ def with_dynamic_inputs(qmodel: onnx.ModelProto, loaded: LoadedModel, scheme: Qu
     tensor name; the result must compute what qmodel computes on a sample of the fixed shape."""
     if not dynamic_dims(loaded.model):
         return None
-    if dynamic.is_dynamic(qmodel):  # prepared shape-free already, unless its graph needed the fixed shapes
+    if dynamic.has_dynamic_nodes(qmodel):  # prepared shape-free already, unless its graph needed the fixed shapes
         return qmodel if dynamic_dims(qmodel) else None
     try:
         prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset, fix_inputs=False)

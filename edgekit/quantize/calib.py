@@ -351,10 +351,20 @@ class Recipe:
     equalize: bool = False
     smooth: float | str | None = None  # +smooth[=alpha]: SmoothQuant's migration strength, or "auto" (quantize.smooth)
 
+    @property
+    def passes(self) -> int:
+        """Float passes over the calibration samples: ranges (a second for histograms), smoothing."""
+        return {"minmax": 1, DYNAMIC: 0}.get(self.ranges, 2) + (self.smooth is not None)
+
 
 # The ``+`` options of a --method, and the Recipe field each one sets.
 OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize", "smooth": "smooth"}
 SMOOTH_ALPHA = "auto"  # +smooth without a value: per tensor, the alpha with the least simulated int8 error, or none
+
+
+def is_dynamic(method: str) -> bool:
+    """Does ``method`` quantize activations at run time (``--method dynamic``)?"""
+    return parse_method(method).ranges == DYNAMIC
 
 
 def parse_method(text: str) -> Recipe:
@@ -440,14 +450,6 @@ def observe(model: onnx.ModelProto, tensors: Sequence[str], feeds: Sequence[Feed
     session, names = _observer_session(model, tensors)
     for feed in feeds:
         yield dict(zip(names, session.run(names, feed)))
-
-
-def observe_channels(model: onnx.ModelProto, stats: ChannelMeans, feeds: Sequence[Feed]) -> None:
-    """One float pass over ``feeds`` adding each of ``stats``' tensors to it."""
-    for values in observe(model, list(stats.axes), feeds):
-        for name, value in values.items():
-            if value.size:
-                stats.add(name, value)
 
 
 BINS = 2048

@@ -28,9 +28,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgekit.errors import UsageError
 from edgekit.quantize import qmath
-from edgekit.quantize.rewrite import Analysis, NodeDecision, name_nodes
+from edgekit.quantize.rewrite import Analysis, NodeDecision, check_exclude, drop_unused_initializers
+from edgekit.quantize.rules import attr
 from edgekit.quantize.scheme import QuantScheme
 
 OPS = ("MatMul", "Gemm")
@@ -38,10 +38,6 @@ INTEGER_OPS = ("MatMulInteger", "ConvInteger")  # what a reference session compu
 FLOAT_REASON = "float between the int8 kernels (dynamic: only MatMul/Gemm weights are int8)"
 TABLE_MIN = 4096  # elements: smaller tables are not worth three more nodes
 CONV_REASON = "float: ONNX Runtime's run-time-quantized ConvInteger is slower than its float Conv (dynamic quantizes MatMul/Gemm)"
-
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def _why_float(node: onnx.NodeProto, consts: dict[str, np.ndarray], elem: dict[str, int]) -> str | None:
@@ -54,9 +50,9 @@ def _why_float(node: onnx.NodeProto, consts: dict[str, np.ndarray], elem: dict[s
     if w.ndim != 2:
         return f"a {w.ndim}-D weight (MatMulInteger's per-column scales need a 2-D one)"
     if node.op_type == "Gemm":
-        if _attr(node, "transA", 0) or _attr(node, "alpha", 1.0) != 1.0 or _attr(node, "beta", 1.0) != 1.0:
+        if attr(node, "transA", 0) or attr(node, "alpha", 1.0) != 1.0 or attr(node, "beta", 1.0) != 1.0:
             return "Gemm with transA, alpha or beta other than 0, 1, 1"
-        n = w.shape[0] if _attr(node, "transB", 0) else w.shape[1]
+        n = w.shape[0] if attr(node, "transB", 0) else w.shape[1]
         c = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if len(node.input) > 2 and node.input[2] and (c is None or c.size != n):
             return "its bias is not a constant vector of one value per output"
@@ -66,16 +62,12 @@ def _why_float(node: onnx.NodeProto, consts: dict[str, np.ndarray], elem: dict[s
 def _table(node: onnx.NodeProto, consts: dict[str, np.ndarray]) -> bool:
     """A Gather of rows of a constant float table (an embedding), worth storing in int8?"""
     t = consts.get(node.input[0])
-    return t is not None and t.dtype == np.float32 and t.ndim >= 2 and t.size >= TABLE_MIN and _attr(node, "axis", 0) == 0
+    return t is not None and t.dtype == np.float32 and t.ndim >= 2 and t.size >= TABLE_MIN and attr(node, "axis", 0) == 0
 
 
 def analyze(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> Analysis:
     """Which nodes of a prepared float model get int8 weights (kind "int8"), and why the others not."""
-    name_nodes(model)
-    names = {n.name for n in model.graph.node}
-    unknown = [e for e in exclude if e not in names]
-    if unknown:
-        raise UsageError(f"--exclude names no node called '{unknown[0]}'", "see the node names with `edgekit plan MODEL --json`")
+    check_exclude(model, exclude)
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     elem = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.value_info] if v.type.HasField("tensor_type")}
     decisions = []
@@ -128,7 +120,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme) -> 
             nodes.append(helper.make_node("Cast", [f"{p}__q"], [f"{p}__f"], f"{p}__cast", to=TensorProto.FLOAT))
             nodes.append(helper.make_node("Mul", [f"{p}__f", f"{p}__s"], [node.output[0]], f"{p}__dequant"))
             continue
-        trans = node.op_type == "Gemm" and _attr(node, "transB", 0)
+        trans = node.op_type == "Gemm" and attr(node, "transB", 0)
         w = consts[node.input[1]].T if trans else consts[node.input[1]]
         axis = 1 if scheme.per_channel else None  # the output column: one scale each
         scale, zp = qmath.weight_params(w, axis, scheme.weight_qmax)
@@ -150,14 +142,11 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme) -> 
     del g.node[:]
     g.node.extend(nodes)
     g.initializer.extend(added.values())
-    used = {i for n in g.node for i in n.input}
-    keep = [t for t in g.initializer if t.name in used or t.name in {o.name for o in g.output}]
-    del g.initializer[:]
-    g.initializer.extend(keep)
+    drop_unused_initializers(g)
     return out
 
 
-def is_dynamic(model: onnx.ModelProto) -> bool:
+def has_dynamic_nodes(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
 
 

@@ -20,16 +20,10 @@ from onnx import numpy_helper
 from edgekit.quantize import qmath
 from edgekit.quantize.calib import ChannelMeans
 from edgekit.quantize.rewrite import Analysis
+from edgekit.quantize.rules import attr
 from edgekit.quantize.scheme import QuantScheme
 
 ROUNDS = 4  # passes over the pairs: a chain (conv -> dw -> pw) shares a layer between two pairs
-
-
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
 
 
 def _uses(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
@@ -74,7 +68,7 @@ def cross_layer_equalize(model: onnx.ModelProto, rounds: int = ROUNDS) -> int:
     for _ in range(rounds):
         for first, second in pairs:
             w1, w2 = arrays[first.input[1]], arrays[second.input[1]]
-            channels, group = w1.shape[0], int(_attr(second, "group", 1))
+            channels, group = w1.shape[0], int(attr(second, "group", 1))
             out2, per_group = w2.shape[0], w2.shape[1]
             if group * per_group != channels or out2 % group:
                 continue
@@ -121,7 +115,7 @@ def _corrected(model: onnx.ModelProto, analysis: Analysis):
         r = analysis.rules.get(node.name)
         if r is None or r.weight is None or r.bias is None or node.op_type not in ("Conv", "Gemm"):
             continue
-        if node.op_type == "Gemm" and _attr(node, "transA", 0):
+        if node.op_type == "Gemm" and attr(node, "transA", 0):
             continue
         if len(uses.get(node.input[r.bias], [])) != 1:  # a shared bias serves other weights too
             continue
@@ -146,15 +140,15 @@ def correct_biases(
         error = qmath.dequantize(qmath.quantize(used, s, z, "int8", r.weight_axis), s, z, r.weight_axis) - w
         if node.op_type == "Conv":
             out, per_group = error.shape[0], error.shape[1]
-            group = int(_attr(node, "group", 1))
+            group = int(attr(node, "group", 1))
             if mu.size != group * per_group:
                 continue
             mu_of = mu.reshape(group, per_group)[np.arange(out) // (out // group)]  # [out, in in group]
             shift = (error.reshape(out, per_group, -1).sum(axis=2) * mu_of).sum(axis=1)
         else:
-            if mu.size != error.shape[1 if _attr(node, "transB", 0) else 0]:
+            if mu.size != error.shape[1 if attr(node, "transB", 0) else 0]:
                 continue
-            shift = (error @ mu if _attr(node, "transB", 0) else mu @ error) * _attr(node, "alpha", 1.0) / _attr(node, "beta", 1.0)
+            shift = (error @ mu if attr(node, "transB", 0) else mu @ error) * attr(node, "alpha", 1.0) / attr(node, "beta", 1.0)
         b = analysis.consts[b_name]
         if shift.shape != b.shape:
             continue

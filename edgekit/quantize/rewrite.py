@@ -71,8 +71,8 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def analyze(model: onnx.ModelProto, scheme: QuantScheme, exclude: Sequence[str] = ()) -> Analysis:
-    """Classify every node of a prepared float model; no calibration needed."""
+def check_exclude(model: onnx.ModelProto, exclude: Sequence[str]) -> None:
+    """Name ``model``'s nodes (``name_nodes``) and refuse an ``--exclude`` that names none of them."""
     name_nodes(model)
     names = [n.name for n in model.graph.node]
     for ex in exclude:
@@ -82,6 +82,20 @@ def analyze(model: onnx.ModelProto, scheme: QuantScheme, exclude: Sequence[str] 
                 f"--exclude names no node called '{ex}'",
                 f"did you mean {', '.join(close)}?" if close else "see the node names with `edgekit plan MODEL --json`",
             )
+
+
+def drop_unused_initializers(g: onnx.GraphProto) -> None:
+    """Drop the initializers no node reads any more (the float weights of what is now int8)."""
+    used = {i for n in g.node for i in reads(n)}  # If/Loop bodies read outer names too
+    outputs = {o.name for o in g.output}
+    keep = [t for t in g.initializer if t.name in used or t.name in outputs]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+
+
+def analyze(model: onnx.ModelProto, scheme: QuantScheme, exclude: Sequence[str] = ()) -> Analysis:
+    """Classify every node of a prepared float model; no calibration needed."""
+    check_exclude(model, exclude)
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     ctx = RuleContext(consts=consts, elem_types=_elem_types(model), scheme=scheme)
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -349,11 +363,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
     nodes = list(g.node) + new_nodes
     del g.node[:]
     g.node.extend(_toposort(nodes, {i.name for i in g.input} | {t.name for t in g.initializer}))
-    # Drop float initializers that only fed what is now int8.
-    used = {i for n in g.node for i in reads(n)}  # If/Loop bodies read outer names too
-    keep = [t for t in g.initializer if t.name in used or t.name in graph_outputs]
-    del g.initializer[:]
-    g.initializer.extend(keep)
+    drop_unused_initializers(g)
     del g.value_info[:]
     return m
 

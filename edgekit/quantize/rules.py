@@ -52,7 +52,8 @@ def rule(*op_types: str) -> Callable[[Handler], Handler]:
     return register
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
+def attr(node: onnx.NodeProto, name: str, default):
+    """``node``'s attribute ``name``, or ``default`` when it has none."""
     for a in node.attribute:
         if a.name == name:
             return onnx.helper.get_attribute_value(a)
@@ -88,7 +89,7 @@ def conv(node: onnx.NodeProto, ctx: RuleContext) -> NodeRule | str:
 def conv_transpose(node: onnx.NodeProto, ctx: RuleContext) -> NodeRule | str:
     if not ctx.is_const(node.input[1]):
         return "weights are not constant"
-    if _attr(node, "group", 1) != 1:
+    if attr(node, "group", 1) != 1:
         return "grouped ConvTranspose has no int8 kernel"
     w = ctx.consts[node.input[1]]
     # Weight layout is [C_in, C_out/group, k...]: output channels are axis 1.
@@ -97,14 +98,14 @@ def conv_transpose(node: onnx.NodeProto, ctx: RuleContext) -> NodeRule | str:
 
 @rule("Gemm")
 def gemm(node: onnx.NodeProto, ctx: RuleContext) -> NodeRule | str:
-    if _attr(node, "alpha", 1.0) != 1.0 or _attr(node, "beta", 1.0) != 1.0 or _attr(node, "transA", 0):
+    if attr(node, "alpha", 1.0) != 1.0 or attr(node, "beta", 1.0) != 1.0 or attr(node, "transA", 0):
         return "Gemm with alpha/beta != 1 or transA has no int8 form"
     if not ctx.is_const(node.input[1]):
         return NodeRule(activations=(0, 1))
     w = ctx.consts[node.input[1]]
     if w.ndim != 2:
         return "Gemm weight is not 2-D"
-    axis = 0 if _attr(node, "transB", 0) else 1
+    axis = 0 if attr(node, "transB", 0) else 1
     return NodeRule(activations=(0,), weight=1, weight_axis=_weight_axis(ctx, axis), bias=_bias_index(node, ctx, 2, w.shape[axis]))
 
 
@@ -140,8 +141,8 @@ def average_pool(node: onnx.NodeProto, ctx: RuleContext) -> NodeRule | str:
 
 def passthrough_rule(node: onnx.NodeProto, ctx: RuleContext) -> NodeRule | str:
     """Data movement: int8 in, int8 out with the same scale (the caller checks input 0 is int8)."""
-    if node.op_type == "Resize" and _attr(node, "mode", b"nearest") not in (b"nearest", "nearest", b"linear", "linear"):
+    if node.op_type == "Resize" and attr(node, "mode", b"nearest") not in (b"nearest", "nearest", b"linear", "linear"):
         return "Resize mode other than nearest/linear"
-    if node.op_type == "Pad" and _attr(node, "mode", b"constant") not in (b"constant", "constant"):
+    if node.op_type == "Pad" and attr(node, "mode", b"constant") not in (b"constant", "constant"):
         return "Pad mode other than constant"
     return NodeRule(activations=(0,), output="same")

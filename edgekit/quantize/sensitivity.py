@@ -316,10 +316,10 @@ def measure_result(
 ) -> Sensitivity:
     """``measure`` for a ``QuantizeResult`` of ``loaded`` (a ``LoadedModel``), quantized with ``exclude``:
     the float model is prepared again (the same steps, the same node names) for the float side."""
-    from edgekit.quantize.calib import DYNAMIC
+    from edgekit.quantize.calib import is_dynamic
     from edgekit.quantize.prepare import prepare
 
-    if result.method == DYNAMIC:
+    if is_dynamic(result.method):
         raise no_dynamic_report()
     from edgekit.quantize.rewrite import analyze
 

@@ -28,6 +28,7 @@ from onnx import numpy_helper
 
 from edgekit.quantize import qmath
 from edgekit.quantize.calib import ChannelAbsMax, Feed, observe
+from edgekit.quantize.rules import attr
 from edgekit.quantize.scheme import QuantScheme
 
 Scale = Callable[[np.ndarray], np.ndarray]
@@ -88,13 +89,6 @@ class Smoothing:
         return cls(doc["alpha"], {t: list(v["readers"]) for t, v in tensors.items()}, {t: v["alpha"] for t, v in tensors.items()}, dict(doc.get("skipped") or {}))
 
 
-def _attr(node: onnx.NodeProto, name: str, default):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
 def _shapes(model: onnx.ModelProto, feed: Feed | None = None) -> dict[str, tuple[int, ...]]:
     """Each float tensor's static shape: from shape inference, else (reshapes computed from
     Shape) as seen on ``feed``."""
@@ -151,9 +145,9 @@ def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[S
     def weight(node: onnx.NodeProto, x: str) -> Fold | str:
         if node.op_type not in ("MatMul", "Gemm") or node.input[0] != x or x in node.input[1:]:
             return f"read by {node.op_type} {node.name}, not as a MatMul/Gemm input"
-        if not const(node.input[1], (2,)) or (node.op_type == "Gemm" and _attr(node, "transA", 0)):
+        if not const(node.input[1], (2,)) or (node.op_type == "Gemm" and attr(node, "transA", 0)):
             return f"{node.op_type} {node.name} has no constant 2-D weight"
-        return Fold(node, 1, 1 if node.op_type == "Gemm" and _attr(node, "transB", 0) else 0)
+        return Fold(node, 1, 1 if node.op_type == "Gemm" and attr(node, "transB", 0) else 0)
 
     def only(t: str, reader: onnx.NodeProto) -> bool:
         readers = uses.get(t, [])
@@ -175,7 +169,7 @@ def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[S
         if op in ("MatMul", "Gemm") and const(node.input[1], (2,)) and all(const(i) for i in node.input[2:] if i):
             if not per_channel or (op == "Gemm" and len(node.input) > 2 and node.input[2] and inits[node.input[2]].dims[-1:] not in ([], [1], [probe.size])):
                 return f"{op} {node.name}'s outputs are scaled across more than their channels"
-            axis = 0 if op == "Gemm" and _attr(node, "transB", 0) else -1
+            axis = 0 if op == "Gemm" and attr(node, "transB", 0) else -1
             return [Fold(node, 1, axis, to), *[Fold(node, 2, -1, to) for i in node.input[2:3] if i]]
         if op == "MatMul" and not const(node.input[1]) and only(node.input[1], node):
             # A @ Y: scaling Y's columns scales the product's columns (the same per batch)
@@ -184,7 +178,7 @@ def find_sites(model: onnx.ModelProto, feed: Feed | None = None) -> tuple[list[S
                 return f"MatMul {node.name} mixes the scaled channels"
             return fold(y, probe, to, chain)
         if op == "Transpose" and only(node.input[0], node):
-            inverse = tuple(int(i) for i in np.argsort(_attr(node, "perm", list(range(probe.ndim))[::-1])))
+            inverse = tuple(int(i) for i in np.argsort(attr(node, "perm", list(range(probe.ndim))[::-1])))
             return fold(node.input[0], probe.transpose(inverse), lambda scale: to(scale).transpose(inverse), chain)
         if op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity") and only(node.input[0], node):
             back = _reshape_scale(shapes[t], shapes[node.input[0]], probe)

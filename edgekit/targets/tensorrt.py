@@ -42,6 +42,7 @@ from edgekit.agent.backends.tensorrt.trtexec import (
 from edgekit.errors import ModelError
 from edgekit.profiles import BackendSpec, Profile
 from edgekit.quantize.rewrite import Analysis, rewrite, tensor_params
+from edgekit.quantize.rules import attr
 from edgekit.quantize.scheme import TENSORRT
 from edgekit.targets.base import Backend, DeviceStep, Verdict, runtime_version
 
@@ -115,13 +116,6 @@ class _Graph:
         return self.consts.get(q.input[0]) if q is not None else None
 
 
-def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
 def _weight_axis(consumer: onnx.NodeProto, index: int, rank: int) -> int | None:
     """The output-channel axis of input ``index`` of ``consumer`` if it is a weight slot, else None."""
     op = consumer.op_type
@@ -130,7 +124,7 @@ def _weight_axis(consumer: onnx.NodeProto, index: int, rank: int) -> int | None:
     if op == "ConvTranspose" and index == 1:
         return 1  # [C_in, C_out/group, k...]
     if op == "Gemm" and index == 1:
-        return 0 if _attr(consumer, "transB", 0) else 1  # B is [K, N], or [N, K] transposed
+        return 0 if attr(consumer, "transB", 0) else 1  # B is [K, N], or [N, K] transposed
     if op == "MatMul" and index == 1 and rank >= 2:
         return rank - 1  # [..., K, N]: N columns
     return None
@@ -227,7 +221,7 @@ def _lint_qdq_node(g: _Graph, node: onnx.NodeProto) -> list[LintIssue]:
 
 def _lint_weight_axis(g: _Graph, node: onnx.NodeProto, weight: np.ndarray, scale: np.ndarray) -> list[LintIssue]:
     name, rank = g.name(node), weight.ndim
-    axis = _attr(node, "axis", 1)
+    axis = attr(node, "axis", 1)
     axis = axis + rank if axis < 0 else axis
     out: list[LintIssue] = []
     for consumer, index in g.consumers.get(node.output[0], []):
