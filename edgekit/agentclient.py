@@ -25,6 +25,7 @@ class BenchConfig:
     warmup: int | str = "auto"  # untimed runs, or "auto": until latency is stable (bounded; the agent's rule)
     iterations: int = 100
     duration_s: float | None = None  # when set, run for this long instead of `iterations`
+    min_time_s: float = 0.0  # > 0: at least `iterations` and at least this long
     threads: int | None = None  # None: the runtime's default (all cores)
     profile: bool = True  # per-layer times, from a separate pass after the timed loop
 
@@ -32,6 +33,8 @@ class BenchConfig:
         args = ["--warmup", str(self.warmup), "--iterations", str(self.iterations)]
         if self.duration_s is not None:
             args += ["--duration", repr(float(self.duration_s))]
+        elif self.min_time_s > 0:
+            args += ["--min-time", repr(float(self.min_time_s))]
         if self.threads is not None:
             args += ["--threads", str(self.threads)]
         if self.profile:
@@ -49,8 +52,8 @@ def bench_variant(
     a bench document.
     """
     args = ["bench", remote_bundle_dir, "--variant", variant, *config.agent_args()]
-    if config.duration_s is not None:
-        timeout = max(timeout, config.duration_s + 300)  # loading and warmup come on top
+    if config.duration_s is not None or config.min_time_s > 0:
+        timeout = max(timeout, (config.duration_s or config.min_time_s) + 300)  # loading and warmup come on top
     doc = run_agent(transport, args, timeout=timeout)
     if doc.get("variant") != variant:
         raise AgentError(

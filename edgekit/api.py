@@ -7,7 +7,7 @@
 
 Every function takes the model (or bundle) path first and keyword options after: the fields of
 ``edgekit.deploy.DeployRequest`` (target, device, backend, calib, eval, labels, method,
-exclude, shapes, preprocess, warmup, iterations, duration_s, threads, output, inventory,
+exclude, shapes, preprocess, warmup, iterations, duration_s, min_time_s, threads, output, inventory,
 provision, lock_wait, trust_new_host, password). ``events`` (an ``edgekit.events.Events``)
 receives progress and warnings; by default the library is silent. Errors are
 ``edgekit.errors.EdgekitError`` subclasses with ``message`` and ``hint``.
@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from edgekit.agentclient import BenchConfig
 from edgekit.bench.gates import Gate, GateReport, run_gates
 from edgekit.bench.store import ResultsStore
 from edgekit.bundle import load_bundle
@@ -33,7 +32,7 @@ from edgekit.devices.lock import device_lock
 from edgekit.errors import GateError, ModelError, PlanError, UsageError
 from edgekit.events import Events
 from edgekit.fsutil import check_output_path
-from edgekit.plan import Plan, Quantize, plan_bundle
+from edgekit.plan import Plan, Quantize, bench_config, plan_bundle
 from edgekit.profiles import Profile, load_profile
 from edgekit.quantize import (
     QuantizeResult,
@@ -198,14 +197,10 @@ def bench_bundle(
     for name in selected:
         if name not in known:
             raise UsageError(f"the bundle has no variant '{name}'", f"pass one of: {', '.join(known)}")
-    d = profile.bench
-    config = BenchConfig(
-        warmup=d.warmup if req.warmup is None else req.warmup,
-        iterations=d.iterations if req.iterations is None else req.iterations,
-        duration_s=req.duration_s,
-        threads=d.threads if req.threads is None else req.threads,
-        profile=req.layers,
-    )
+    config = bench_config(
+        profile.bench, warmup=req.warmup, iterations=req.iterations, duration_s=req.duration_s, min_time_s=req.min_time_s,
+        threads=req.threads, layers=req.layers,
+    )  # fmt: skip
     planned = plan_bundle(manifest, profile, device=device.name, variants=selected, config=config)
     transport = connect(device, profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)
     try:

@@ -43,6 +43,7 @@ from edgekit.plan import (
     Quantize,
     Store,
     WriteBundle,
+    bench_window,
     make_plan,
     replan,
     step_dict,
@@ -91,6 +92,7 @@ class DeployRequest:
     warmup: int | None = None
     iterations: int | None = None
     duration_s: float | None = None
+    min_time_s: float | None = None  # None: the profile's (when no --iterations count was asked for)
     threads: int | None = None
     layers: bool = True  # per-layer times, from a separate profiled pass after the timed runs
     output: Path | None = None
@@ -163,6 +165,7 @@ class Job:
             warmup=req.warmup,
             iterations=req.iterations,
             duration_s=req.duration_s,
+            min_time_s=req.min_time_s,
             threads=req.threads,
             layers=req.layers,
             output=str(self.output),
@@ -558,7 +561,7 @@ def _bench(w: _Walk, step: Bench) -> None:
             "reusing it (--remeasure to measure again)"
         )
         return
-    how = f"{c.duration_s:g}s" if c.duration_s is not None else f"{c.iterations} iterations"
+    how = bench_window(c)
     with w.events.progress(f"benchmarking {step.variant.name} on {transport.name} ({how})"):
         doc = bench_variant(transport, w.push.remote_dir, step.variant.name, c)
     w.records.append(make_record(doc, model_name=w.plan.model, target=w.plan.profile, device=w.plan.device, extra={reuse.RECORD_FIELD: k}))

@@ -18,7 +18,7 @@ from typing import Any
 from edgekit.agentclient import BenchConfig
 from edgekit.errors import PlanError, UsageError
 from edgekit.modelio import IOSpec, LoadedModel
-from edgekit.profiles import CpuSpec, Profile, resolve
+from edgekit.profiles import BenchDefaults, CpuSpec, Profile, resolve
 from edgekit.quantize import analyze_model
 from edgekit.quantize.calib import DEFAULT_METHOD, DYNAMIC, is_dynamic
 from edgekit.quantize.rewrite import NodeDecision
@@ -120,7 +120,7 @@ class Bench:
     @property
     def detail(self) -> str:
         c, v = self.config, self.variant
-        how = f"{c.duration_s:g} s" if c.duration_s is not None else f"{c.iterations} timed runs"
+        how = bench_window(c)
         first = f" after {', '.join(s.name for s in self.device_steps)} on the device" if self.device_steps else ""
         layers = ", then a profiled pass for per-layer times" if c.profile else ""
         return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or '1 or all, probed'}{layers}{_REUSE if self.reuse else ''}"
@@ -203,6 +203,7 @@ class Options:
     warmup: int | None = None
     iterations: int | None = None
     duration_s: float | None = None
+    min_time_s: float | None = None
     threads: int | None = None
     layers: bool = True  # per-layer times (a separate profiled pass)
     output: str = ""
@@ -336,11 +337,41 @@ def choose_backend(
     )
 
 
+def bench_config(
+    defaults: BenchDefaults, *, warmup: int | str | None = None, iterations: int | None = None, duration_s: float | None = None,
+    min_time_s: float | None = None, threads: int | None = None, layers: bool = True,
+) -> BenchConfig:
+    """The bench settings: what was asked for, else the profile's. The profile's count is a minimum
+    that its ``min_time`` extends (a model of microseconds is then timed for a second, not for a few
+    ms); a count asked for is run exactly, unless a minimum time is asked for too."""
+    if duration_s is not None:
+        min_time = 0.0
+    elif min_time_s is not None:
+        min_time = float(min_time_s)
+    else:
+        min_time = defaults.min_time_s if iterations is None else 0.0
+    return BenchConfig(
+        warmup=defaults.warmup if warmup is None else warmup,  # profile default: "auto"
+        iterations=defaults.iterations if iterations is None else iterations,
+        duration_s=duration_s,
+        min_time_s=min_time,
+        threads=defaults.threads if threads is None else threads,
+        profile=layers,
+    )
+
+
+def bench_window(c: BenchConfig) -> str:
+    """How long the timed runs go on, in words: "2 s", "100 timed runs", "100 timed runs and at least 1 s"."""
+    if c.duration_s is not None:
+        return f"{c.duration_s:g} s"
+    return f"{c.iterations} timed runs" + (f" and at least {c.min_time_s:g} s" if c.min_time_s > 0 else "")
+
+
 def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None, **asks: Any) -> Plan:
     """Decide backend, precision, scheme, variants, bench config and steps.
 
     ``asks``: the fields of ``Options`` (device, backend, quantize, method, exclude,
-    calibration, evaluation, goal, warmup, iterations, duration_s, threads, layers, output, max_drop,
+    calibration, evaluation, goal, warmup, iterations, duration_s, min_time_s, threads, layers, output, max_drop,
     require_int8, remeasure, choose);
     ``facts``: the probed device's, or None (planned on paper).
 
@@ -400,13 +431,10 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
     for vname in names:
         runner = get_backend(impl.variant_backend(vname, facts))  # native leaves fp32 to ORT or numpy
         variants.append(VariantPlan(vname, runner.name, vname, runner.variant_options(profile.backend(runner.name), vname)))
-    config = BenchConfig(
-        warmup=profile.bench.warmup if options.warmup is None else options.warmup,  # profile default: "auto"
-        iterations=profile.bench.iterations if options.iterations is None else options.iterations,
-        duration_s=options.duration_s,
-        threads=profile.bench.threads if options.threads is None else options.threads,
-        profile=options.layers,
-    )
+    config = bench_config(
+        profile.bench, warmup=options.warmup, iterations=options.iterations, duration_s=options.duration_s,
+        min_time_s=options.min_time_s, threads=options.threads, layers=options.layers,
+    )  # fmt: skip
 
     rivals: list[tuple[VariantPlan, QuantScheme]] = []  # --choose measure: int8 on the profile's other backends
     if options.choose == "measure" and scheme is not None and options.goal == "deploy":

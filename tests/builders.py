@@ -177,7 +177,7 @@ def bench_doc(samples=None, **overrides) -> dict:
         "variant": "int8", "backend": "onnxruntime", "backend_version": "1.31.1", "precision": "int8",
         "model": "model.int8.onnx", "model_sha256": "a" * 64, "bundle_hash": "0123456789abcdef" * 4,
         "config": {"warmup": 10, "iterations": len(samples) if isinstance(samples, list) else 5,
-                   "duration_s": None, "threads": 2, "batch": 1},
+                   "duration_s": None, "min_time_s": None, "threads": 2, "batch": 1},
         "samples_ns": samples,
         "load_ns": 123_400_000, "first_inference_ns": 9_870_000, "peak_rss_bytes": 85 * 2**20,
         "layers": None, "started_at": "2025-03-01T10:00:00Z",

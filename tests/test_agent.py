@@ -90,7 +90,7 @@ def test_bench_document(tmp_path, agent_zip):
     assert doc["model"] == "fp32/tiny.onnx"
     assert doc["model_sha256"] == sha256_file(bundle.path("fp32/tiny.onnx"))
     assert doc["bundle_hash"] == bundle.manifest.bundle_hash
-    assert doc["config"] == {"warmup": 2, "warmup_mode": "fixed", "iterations": 7, "duration_s": None, "threads": 1, "batch": 1}
+    assert doc["config"] == {"warmup": 2, "warmup_mode": "fixed", "iterations": 7, "duration_s": None, "min_time_s": None, "threads": 1, "batch": 1}
     assert len(doc["warmup_samples_ns"]) == 2 and "energy" in doc
     assert len(doc["samples_ns"]) == 7 and all(type(s) is int and s > 0 for s in doc["samples_ns"])
     assert doc["load_ns"] > 0 and doc["first_inference_ns"] > 0 and doc["peak_rss_bytes"] > 10 * 2**20
@@ -106,6 +106,18 @@ def test_bench_for_a_duration(tmp_path, agent_zip):
     assert rc == 0, doc
     assert doc["config"]["iterations"] is None and doc["config"]["duration_s"] == 0.05
     assert sum(doc["samples_ns"]) >= 0.05e9 * 0.5 and len(doc["samples_ns"]) >= 1
+
+
+def test_bench_for_a_count_and_a_minimum_time(tmp_path, agent_zip):
+    bundle = tiny_bundle(tmp_path / "bundle")
+    # a microsecond model: 5 runs would be over in a few us; the loop goes on until 0.05 s are used
+    rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32", "--warmup", "0", "--iterations", "5", "--min-time", "0.05")
+    assert rc == 0, doc
+    assert doc["config"]["iterations"] == 5 and doc["config"]["min_time_s"] == 0.05 and doc["config"]["duration_s"] is None
+    assert len(doc["samples_ns"]) > 5 and sum(doc["samples_ns"]) >= 0.05e9 * 0.5
+    # a count that outlasts the minimum is run in full, not cut at the minimum
+    rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32", "--warmup", "0", "--iterations", "300", "--min-time", "0.000001")
+    assert rc == 0 and len(doc["samples_ns"]) == 300, doc
 
 
 def test_bench_uses_the_bundles_inputs(tmp_path, agent_zip):
@@ -146,6 +158,7 @@ def test_error_without_site_packages(tmp_path, agent_zip):
         (("bench", "{b}/nope", "--variant", "fp32"), "no bundle directory on the device"),
         (("bench", "{b}", "--variant", "fp32", "--iterations", "0"), "--iterations: must be >= 1"),
         (("bench", "{b}", "--variant", "fp32", "--duration", "soon"), "--duration"),
+        (("bench", "{b}", "--variant", "fp32", "--min-time", "0"), "--min-time"),
         (("bench", "{b}"), "required: --variant"),
         (("explode",), "invalid choice: 'explode'"),
     ],

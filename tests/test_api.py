@@ -70,6 +70,18 @@ def test_truncated_plans():
     assert not float_only.quantize and not any(isinstance(s, (Eval, Gate)) for s in float_only.steps)
 
 
+def test_bench_runs_the_profiles_count_for_its_minimum_time_but_an_asked_count_exactly():
+    def configs(**asks):
+        return [s["config"] for s in api.plan(DIGITS, target="rpi5", **asks).to_dict()["steps"] if s["name"] == "bench"]
+
+    assert {(c["iterations"], c["min_time_s"], c["duration_s"]) for c in configs()} == {(100, 0.5, None)}
+    assert {(c["iterations"], c["min_time_s"]) for c in configs(iterations=7)} == {(7, 0.0)}  # exactly 7
+    assert {(c["iterations"], c["min_time_s"]) for c in configs(iterations=7, min_time_s=2)} == {(7, 2.0)}
+    assert {(c["min_time_s"], c["duration_s"]) for c in configs(duration_s=3, min_time_s=2)} == {(0.0, 3)}  # a duration is the window
+    plan = api.plan(DIGITS, target="rpi5")
+    assert "100 timed runs and at least 0.5 s" in next(s for s in plan.steps if s.name == "bench").detail
+
+
 def test_plan_json_is_the_serialisation_of_the_steps():
     plan = api.plan(DIGITS, target="rpi5", iterations=7)
     doc = plan.to_dict()

@@ -251,6 +251,8 @@ def test_usage_errors_are_one_line(cli):
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
     r = cli("deploy", DIGITS, "--iterations", "0")
     assert r.returncode == 2 and "error:" in r.stderr
+    r = cli("bench", DIGITS, "--min-time", "-1")
+    assert r.returncode == 2 and "error:" in r.stderr and "--min-time" in r.stderr
 
 
 def test_every_command_has_an_example_in_help(cli):

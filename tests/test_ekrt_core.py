@@ -1044,7 +1044,7 @@ def test_runner_bench_json_is_the_agent_schema(runner, every_op, tmp_path):
     doc = json.loads(r.stdout)
     assert doc["kind"] == "edgekit.bench" and doc["schema"] == 1 and doc["backend"] == "native"
     assert len(doc["samples_ns"]) == 7 and all(s > 0 for s in doc["samples_ns"])
-    assert doc["config"] == {"warmup": 2, "warmup_mode": "fixed", "iterations": 7, "duration_s": None, "threads": 2, "batch": 1}
+    assert doc["config"] == {"warmup": 2, "warmup_mode": "fixed", "iterations": 7, "duration_s": None, "min_time_s": None, "threads": 2, "batch": 1}
     assert doc["model_sha256"] == hashlib.sha256(every_op[1]).hexdigest() and doc["bundle_hash"] == "ab12"
     assert [layer["op"] for layer in doc["layers"]] == [ekm.OP_NAMES[op.type] for op in every_op[0].m.ops]
     assert doc["backend_info"]["isa"] == _ekrt.isa() and doc["backend_info"]["threads"] == 2
@@ -1053,6 +1053,13 @@ def test_runner_bench_json_is_the_agent_schema(runner, every_op, tmp_path):
     assert record["stats"]["n"] == 7 and record["stats"]["p50"] > 0
     timed = json.loads(_ekrt_cli(runner, "bench", path, "--json", "--duration", "0.2", "--warmup", "0").stdout)
     assert timed["config"]["iterations"] is None and timed["config"]["duration_s"] == 0.2 and timed["samples_ns"]
+    # --min-time: at least the count and at least that long (the window is the runner's own clock)
+    least = json.loads(_ekrt_cli(runner, "bench", path, "--json", "--iterations", "3", "--min-time", "0.2", "--warmup", "0").stdout)
+    assert least["config"]["iterations"] == 3 and least["config"]["min_time_s"] == 0.2 and len(least["samples_ns"]) > 3
+    start, end = least["timed_window_ns"]
+    assert end - start >= 0.2e9
+    r = _ekrt_cli(runner, "bench", path, "--min-time", "-1")  # without --json: the error line on stderr
+    assert r.returncode == 2 and "--min-time wants seconds > 0" in r.stderr, r
 
 
 def test_runner_run_matches_the_extension(runner, every_op, tmp_path):

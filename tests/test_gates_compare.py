@@ -24,7 +24,7 @@ from edgekit.errors import EXIT_GATE, EXIT_INPUT, EXIT_USAGE, ResultsError, Usag
 from tests.builders import bench_doc
 
 MODEL = EXAMPLES / "digits" / "digits_cnn.onnx"
-BENCH = ("bench", MODEL, "--target", "local", "--iterations", "2000", "--threads", "1")
+BENCH = ("bench", MODEL, "--target", "local", "--threads", "1")  # the profile's count, for at least its 0.5 s
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def real(tmp_path_factory) -> dict:
     for var in ("EDGEKIT_DATA_DIR", "EDGEKIT_CONFIG_DIR", "EDGEKIT_CACHE_DIR"):
         env[var] = str(home / var.lower())
     proc = subprocess.run(
-        [sys.executable, "-m", "edgekit", *map(str, BENCH), "--json"], env=env, cwd=home, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "edgekit", *map(str, BENCH), "--iterations", "2000", "--json"], env=env, cwd=home, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
     (record,) = json.loads(proc.stdout)
@@ -335,15 +335,16 @@ def test_back_to_back_benches_show_no_change(cli):
         assert r.returncode == 0, r.stderr
     r = cli("results", "list", "--branch", "feature", "--json")
     assert [row["id"] for row in json.loads(r.stdout)] == [2]
-    # Two real processes on a shared machine can sit a few % apart (a neighbour, a clock step)
-    # with both steady inside: the compare then rightly says "slower" (a fresh-clone CI run saw
-    # +5 % once). The gate here only has to hold what no machine should produce for the same code.
-    r = cli("results", "compare", "latest@main", "latest@feature", "--fail", "p50:+25%", "--json")
+    # Each run is timed for the profile's minimum time (0.5 s), not for a count: 2000 runs of this
+    # 25 us model were a 50 ms window, and back-to-back processes then sat up to +38 % apart on a
+    # quiet machine (two fresh-clone CI runs failed on it); 0.5 s windows sat within 3 %. The
+    # gate leaves room for a shared machine's neighbours.
+    r = cli("results", "compare", "latest@main", "latest@feature", "--fail", "p50:+15%", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert (doc["a"]["id"], doc["b"]["id"]) == (1, 2)
     p50 = next(m for m in doc["metrics"] if m["metric"] == "p50")
-    assert p50["verdict"] == "no change" or abs(p50["change"]) < 0.25, p50
+    assert p50["verdict"] == "no change" or abs(p50["change"]) < 0.15, p50
     assert [g["status"] for g in doc["gates"]] == ["pass"]
     # the second bench, gated: the default baseline is the first run, and a gate made to fail exits 5
     r = cli(*BENCH, "--fail", "p50:+50%", "--fail", "p99:<0.0001ms")

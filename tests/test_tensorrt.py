@@ -154,6 +154,9 @@ def test_bench_argv_fixed_count_and_time_budget():
     ]  # fmt: skip
     argv = trtexec_bench_argv("k.engine", warmup_ms=0, iterations=100, duration_s=2.5, export_times="t.json", dla_core=0)
     assert argv == ["trtexec", "--loadEngine=k.engine", "--warmUp=0", "--iterations=1", "--duration=3", "--exportTimes=t.json", "--useDLACore=0"]
+    # a count and a minimum time: trtexec's own rule is "at least --iterations and at least --duration"
+    argv = trtexec_bench_argv("k.engine", warmup_ms=0, iterations=100, duration_s=None, export_times="t.json", min_time_s=0.5)
+    assert argv[3:5] == ["--iterations=100", "--duration=1"]
     with pytest.raises(ValueError, match="duration_s"):
         trtexec_bench_argv("k.engine", warmup_ms=0, iterations=1, duration_s=0, export_times="t.json")
 

@@ -301,11 +301,14 @@ static int cmd_bench(const struct opts* o) {
   static uint64_t warm[MAX_WARMUP_SAMPLES];
   size_t n_warm;
   size_t warmup = warm_up(o, &l, warm, &n_warm);
-  size_t cap = o->duration > 0 ? 1024 : (size_t)o->iterations, n = 0;
+  /* --duration: for that long; --min-time: at least --iterations and at least that long */
+  double window = o->duration > 0 ? o->duration : o->min_time;
+  size_t count = o->duration > 0 ? 1 : (size_t)o->iterations;
+  size_t cap = window > 0 ? (count > 1024 ? count : 1024) : count, n = 0;
   uint64_t* samples = malloc(cap * sizeof *samples);
   if (!samples) die(1, "use fewer --iterations", "out of memory");
   uint64_t loop_start = now_ns();
-  uint64_t deadline = o->duration > 0 ? loop_start + (uint64_t)(o->duration * 1e9) : 0;
+  uint64_t deadline = window > 0 ? loop_start + (uint64_t)(window * 1e9) : 0;
   for (;;) {
     uint64_t a = now_ns();
     run_once(&l);
@@ -317,7 +320,7 @@ static int cmd_bench(const struct opts* o) {
       samples = ns;
     }
     samples[n++] = b - a > 0 ? b - a : 1;
-    if (o->duration > 0 ? (b >= deadline || n >= MAX_SAMPLES) : n >= (size_t)o->iterations) break;
+    if ((n >= count && b >= deadline) || n >= MAX_SAMPLES) break;
   }
   uint64_t loop_end = now_ns();
   size_t profiled = n < PROFILE_RUNS ? n : PROFILE_RUNS;
@@ -344,6 +347,8 @@ static int cmd_bench(const struct opts* o) {
     printf(", \"config\": {\"warmup\": %zu, \"warmup_mode\": \"%s\", \"iterations\": ", warmup, o->warmup_auto ? "auto" : "fixed");
     if (o->duration > 0) printf("null, \"duration_s\": %g", o->duration);
     else printf("%ld, \"duration_s\": null", o->iterations);
+    if (o->min_time > 0 && !(o->duration > 0)) printf(", \"min_time_s\": %g", o->min_time);
+    else fputs(", \"min_time_s\": null", stdout);
     if (o->threads) printf(", \"threads\": %d", o->threads);
     else fputs(", \"threads\": null", stdout);
     printf(", \"batch\": %u}, \"warmup_samples_ns\": [", batch);

@@ -7,7 +7,7 @@
 #include "runner.h"
 
 const char* USAGE_HINT = "usage: ekrt info|run|bench MODEL.ekm [--json] [--iterations N] [--warmup N|auto] "
-                                "[--duration S] [--threads N] [--profile] [--inputs A.npy ...] [--seed N] [--save DIR]";
+                                "[--duration S] [--min-time S] [--threads N] [--profile] [--inputs A.npy ...] [--seed N] [--save DIR]";
 
 static long parse_long(const char* flag, const char* v, long lo, long hi) {
   char* end;
@@ -47,10 +47,12 @@ void parse(int argc, char** argv, struct opts* o) {
       i++;
     } else if (strcmp(a, "--threads") == 0) o->threads = (int)parse_long(a, v, 1, 256), i++;
     else if (strcmp(a, "--seed") == 0) o->seed = (unsigned long)parse_long(a, v, 0, 0x7fffffffL), i++;
-    else if (strcmp(a, "--duration") == 0) {
+    else if (strcmp(a, "--duration") == 0 || strcmp(a, "--min-time") == 0) {
       char* end;
-      o->duration = v ? strtod(v, &end) : 0;
-      if (!v || *end || !(o->duration > 0) || o->duration > 86400) die(2, USAGE_HINT, "--duration wants seconds > 0, got '%s'", v ? v : "");
+      double s = v ? strtod(v, &end) : 0;
+      if (!v || *end || !(s > 0) || s > 86400) die(2, USAGE_HINT, "%s wants seconds > 0, got '%s'", a, v ? v : "");
+      if (a[2] == 'd') o->duration = s;
+      else o->min_time = s;
       i++;
     } else if (strcmp(a, "--save") == 0) {
       if (!v) die(2, USAGE_HINT, "--save wants a directory");

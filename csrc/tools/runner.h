@@ -40,7 +40,8 @@ struct opts {
   int json, profile, threads;
   long iterations, warmup;
   int warmup_auto; /* --warmup auto (the default): until stable, bounded */
-  double duration;
+  double duration; /* > 0: time for this long instead of a count */
+  double min_time; /* > 0: at least --iterations and at least this long */
   int n_inputs;
   const char* inputs[MAX_IO];
   unsigned long seed;

@@ -103,12 +103,15 @@ def bench(
     duration_s: float | None = None,
     threads: int | None = None,
     profile: bool = False,
+    min_time_s: float = 0.0,
 ) -> dict:
     """Load ``variant`` of the bundle at ``bundle_dir``, time it, return the bench document.
 
     ``warmup``: a count of untimed runs, or "auto" (until stable, bounded: ``warmup_done``).
     With ``duration_s`` the timed loop runs until that much time is used (at least one
-    iteration) instead of a fixed number of ``iterations``. With ``profile`` the backend's
+    iteration) instead of a fixed number of ``iterations``; with ``min_time_s`` it runs at least
+    ``iterations`` and at least that long (trtexec's rule), so that a model of a few microseconds
+    is timed over a window that outlasts a neighbour's burst or a clock step. With ``profile`` the backend's
     per-layer times come from a separate pass after the timed loop, which profiling would slow.
     """
     manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant)
@@ -134,7 +137,7 @@ def bench(
         if meter is not None:
             meter.start()
         try:
-            samples, layers, info = own_bench(warmup, iterations, duration_s, spec["inputs"], profile=profile)
+            samples, layers, info = own_bench(warmup, iterations, duration_s, spec["inputs"], profile=profile, min_time_s=min_time_s)
         finally:
             if meter is not None:
                 meter.stop()
@@ -164,7 +167,7 @@ def bench(
         if meter is not None:
             meter.start()
         start = time.monotonic_ns()
-        samples = _timed_loop(session, feeds, iterations, duration_s)
+        samples = _timed_loop(session, feeds, iterations, duration_s, min_time_s)
         end = time.monotonic_ns()
         if meter is not None:
             meter.stop()
@@ -191,6 +194,7 @@ def bench(
             "warmup_mode": warmup_mode,
             "iterations": None if duration_s is not None else iterations,
             "duration_s": duration_s,
+            "min_time_s": None if duration_s is not None or not min_time_s else min_time_s,
             # all cores when not asked: the count the backend chose, where it says
             "threads": threads if threads is not None else info.get("threads"),
             "batch": batch,
@@ -336,7 +340,9 @@ def _warmup(session, feeds: dict, warmup) -> list:
     return samples
 
 
-def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None) -> list:
+def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None, min_time_s: float = 0.0) -> list:
+    """Per-iteration times: ``iterations`` of them; or for ``duration_s``; or at least ``iterations``
+    and at least ``min_time_s`` (bounded by MAX_SAMPLES)."""
     run = session.run
     clock = time.perf_counter_ns
     samples = []
@@ -344,19 +350,20 @@ def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None)
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        if duration_s is None:
+        if duration_s is None and not min_time_s:
             for _ in range(iterations):
                 t = clock()
                 run(feeds)
                 samples.append(clock() - t)
         else:
-            deadline = clock() + int(duration_s * 1e9)
+            count = 1 if duration_s is not None else iterations
+            deadline = clock() + int((duration_s if duration_s is not None else min_time_s) * 1e9)
             while True:
                 t = clock()
                 run(feeds)
                 end = clock()
                 samples.append(end - t)
-                if end >= deadline or len(samples) >= MAX_SAMPLES:
+                if (end >= deadline and len(samples) >= count) or len(samples) >= MAX_SAMPLES:
                     break
     finally:
         if gc_was_enabled:

@@ -52,6 +52,7 @@ _MODEL: dict[str, tuple[tuple[type, ...], str]] = {
     "iterations": ((int,), "a positive integer"),
     "warmup": ((int,), "a non-negative integer"),
     "duration": ((int, float), "seconds (a positive number)"),
+    "min_time": ((int, float), "seconds (a number >= 0): time at least --iterations and at least this long"),
     "threads": ((int,), "a positive integer"),
     "quantize": ((bool,), "true or false"),
     "layers": ((bool,), "true or false (per-layer times, a separate profiled pass)"),
@@ -194,6 +195,8 @@ class _Reader:
                 raise self.fail(f"{where}.{key}", f"must be >= {low}, got {m[key]}", f"fix {key}", section=section, key=key)
         if "duration" in m and m["duration"] <= 0:
             raise self.fail(f"{where}.duration", "must be positive", "give seconds, e.g. duration = 5", section=section, key="duration")
+        if "min_time" in m and not 0 <= m["min_time"] <= 3600:
+            raise self.fail(f"{where}.min_time", "must be seconds in 0..3600", "give seconds, e.g. min_time = 1", section=section, key="min_time")
         if "path" not in m:
             raise self.fail(where, "no path", 'add path = "model.onnx"', section=section)
         model = self._file(m["path"], f"{where}.path", section, key="path")
@@ -210,8 +213,8 @@ class _Reader:
                 parse_method(m["method"])  # e.g. mse+clip+bias
             except UsageError as exc:
                 raise self.fail(f"{where}.method", exc.message, exc.hint, section=section, key="method") from None
-        renamed = {"duration": "duration_s"}
-        for key in ("iterations", "warmup", "duration", "threads", "layers", "quantize", "backend", "method"):
+        renamed = {"duration": "duration_s", "min_time": "min_time_s"}
+        for key in ("iterations", "warmup", "duration", "min_time", "threads", "layers", "quantize", "backend", "method"):
             if key in m:
                 options[renamed.get(key, key)] = m[key]
         if "max_drop" in m:

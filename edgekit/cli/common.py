@@ -94,8 +94,15 @@ Warmup = Annotated[
     str | None,
     typer.Option("--warmup", metavar="N|auto", callback=_warmup, help="Untimed runs first, or auto (the default): until latency is stable, at most 200 runs or 2 s."),
 ]
-Iterations = Annotated[int | None, typer.Option("--iterations", "-n", min=1, metavar="N", help="Timed runs (default: the profile's).")]
+Iterations = Annotated[
+    int | None,
+    typer.Option("--iterations", "-n", min=1, metavar="N", help="Timed runs, exactly (default: the profile's count, run for at least its min_time, 0.5 s)."),
+]
 Duration = Annotated[float | None, typer.Option("--duration", min=0.001, metavar="SECONDS", help="Time for this many seconds instead of a count.")]
+MinTime = Annotated[
+    float | None,
+    typer.Option("--min-time", min=0, max=3600, metavar="SECONDS", help="Run the timed runs for at least this long as well (default: the profile's, 0.5 s; with --iterations, 0)."),
+]
 Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else one or all cores, whichever a short probe on the device finds faster).")]
 Layers = Annotated[bool, typer.Option("--layers/--no-layers", help="Per-layer times from a separate profiled pass after the timed runs (default: on).")]
 
@@ -123,7 +130,7 @@ GROUPS: dict[str, dict[str, tuple]] = {
         "calib": (Calib, None), "calib_samples": (CalibSamples, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, DEFAULT_METHOD),
         "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None),
     },
-    "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "threads": (Threads, None), "layers": (Layers, True)},
+    "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "min_time": (MinTime, None), "threads": (Threads, None), "layers": (Layers, True)},
     "gates": {"fail": (Fail, None), "baseline": (Baseline, None)},
     "ssh": {"trust_new_host": (TrustNewHost, False), "password": (Password, False), "inventory": (Inventory, None)},
 }  # fmt: skip
@@ -158,7 +165,7 @@ def quantize_args(opts: dict) -> dict:
 
 def bench_args(opts: dict) -> dict:
     """The "bench" group as the API's keyword arguments."""
-    return dict(warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], threads=opts["threads"], layers=opts["layers"])
+    return dict(warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], min_time_s=opts["min_time"], threads=opts["threads"], layers=opts["layers"])
 
 
 def gates(opts: dict, *, fleet: bool, runs: bool = True) -> list:

@@ -97,7 +97,7 @@ def show_command(
         ("accelerator", profile.accelerator or "-"),
         ("workdir", profile.workdir),
         ("python", profile.python),
-        ("bench", f"warmup {bench.warmup}, iterations {bench.iterations}, "
+        ("bench", f"warmup {bench.warmup}, iterations {bench.iterations} for at least {bench.min_time_s:g} s, "
                   f"threads {bench.threads if bench.threads is not None else 'all cores'}"),
     ]
     out.table(["field", "value"], fields, title=f"profile {profile.name}")

@@ -53,7 +53,7 @@ _TOP_KEYS = ("schema", "name", "description", "accelerator", "cpu", "device", "b
 _CPU_KEYS = ("arch", "core", "isa", "cores", "probe")
 _DEVICE_KEYS = ("workdir", "python")
 _BACKEND_KEYS = ("name", "precisions", "device", "min_version", "max_version", "dla_cores", "notes")
-_BENCH_KEYS = ("warmup", "iterations", "threads")
+_BENCH_KEYS = ("warmup", "iterations", "min_time", "threads")
 
 # The device string each backend understands (onnxruntime: an execution provider name).
 _BACKEND_DEVICES: dict[str, tuple[str, ...]] = {
@@ -394,8 +394,12 @@ class _Parser:
         # "auto" (the default): warm up until latency is stable, bounded (the agent's rule)
         warmup = "auto" if bench.get("warmup") == "auto" else self.integer(bench, "warmup", "bench", minimum=0)
         iterations = self.integer(bench, "iterations", "bench", minimum=1)
+        min_time = bench.get("min_time")  # a TOML integer or float; a boolean is neither here
+        if min_time is not None and (type(min_time) not in (int, float) or not 0 <= min_time <= 3600):
+            self.fail("bench.min_time", f"expected seconds, got {min_time!r}", "a number of seconds in 0..3600 (0: exactly the iterations)")
         return BenchDefaults(
             warmup=defaults.warmup if warmup is None else warmup,
             iterations=defaults.iterations if iterations is None else iterations,
+            min_time_s=defaults.min_time_s if min_time is None else float(min_time),
             threads=self.integer(bench, "threads", "bench", minimum=1),
         )

@@ -67,6 +67,9 @@ class CpuSpec(FieldsDict):
 class BenchDefaults(FieldsDict):
     warmup: int | str = "auto"  # untimed runs first: a count, or "auto" (until stable, bounded)
     iterations: int = 100
+    # ... and at least this long, unless a count was asked for: a model of microseconds timed for
+    # 100 runs is a window of a few ms, which one neighbour's burst or a clock step moves by tens of %
+    min_time_s: float = 0.5  # Google Benchmark's default min time
     threads: int | None = None  # None = all cores
 
 

@@ -86,14 +86,15 @@ class Session:
                 numpy.save(os.path.join(self._inputs_dir, f"{k}.npy"), numpy.ascontiguousarray(feeds[tensor["name"]], dtype=numpy.float32))
         return [os.path.join(self._inputs_dir, f"{k}.npy") for k in range(len(inputs))]
 
-    def bench(self, warmup, iterations: int, duration_s, inputs: list, profile: bool = False):
+    def bench(self, warmup, iterations: int, duration_s, inputs: list, profile: bool = False, min_time_s: float = 0.0):
         files = self._input_files(inputs)
         feed = ["--inputs"] + files if files else []
         loop = ["--duration", repr(float(duration_s))] if duration_s is not None else ["--iterations", str(int(iterations))]
+        loop += ["--min-time", repr(float(min_time_s))] if duration_s is None and min_time_s else []
         loop += ["--profile"] if profile else []
         try:
             doc = _run_json([self.runner, "bench"] + self._common() + ["--warmup", str(warmup)] + loop + feed,
-                            timeout=TIMEOUT_S + (duration_s or 0))
+                            timeout=TIMEOUT_S + (duration_s or min_time_s or 0))
         finally:
             shutil.rmtree(self._inputs_dir, ignore_errors=True)
             self._inputs_dir = None

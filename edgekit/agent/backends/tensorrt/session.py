@@ -154,7 +154,7 @@ class Session:
             "bench it through the agent (edgekit bench / edgekit deploy)",
         )
 
-    def bench(self, warmup, iterations: int, duration_s: float | None, inputs: list, profile: bool = False) -> tuple:
+    def bench(self, warmup, iterations: int, duration_s: float | None, inputs: list, profile: bool = False, min_time_s: float = 0.0) -> tuple:
         """Build the engine if the cache lacks it, time it; return (samples_ns, layers, info)."""
         os.makedirs(self.engine_dir, exist_ok=True)
         shapes = shapes_spec(inputs) if inputs else None
@@ -181,7 +181,7 @@ class Session:
             self._build(engine, key, shapes)
         work = tempfile.mkdtemp(prefix="bench-", dir=self.engine_dir)
         try:
-            return self._time(engine, key, work, warmup, iterations, duration_s, shapes, inputs, profile)
+            return self._time(engine, key, work, warmup, iterations, duration_s, shapes, inputs, profile, min_time_s)
         finally:
             for name in os.listdir(work):
                 os.unlink(os.path.join(work, name))
@@ -217,7 +217,7 @@ class Session:
         self.info["engine_build_ns"] = build_ns
         self.info["trtexec_build_s"] = report["engine_build_s"]
 
-    def _time(self, engine, key, work, warmup, iterations, duration_s, shapes, inputs, want_layers) -> tuple:
+    def _time(self, engine, key, work, warmup, iterations, duration_s, shapes, inputs, want_layers, min_time_s=0.0) -> tuple:
         times = os.path.join(work, "times.json")
         profile = os.path.join(work, "profile.json") if want_layers else None
         npz = os.path.join(os.path.dirname(self.model_path), INPUTS_FILE)
@@ -226,12 +226,12 @@ class Session:
         # whole bound of the agent's auto warm-up
         warmup_ms = AUTO_WARMUP_MS if warmup == "auto" else warmup_ms_for(warmup)
         argv = trtexec_bench_argv(
-            engine, warmup_ms=warmup_ms, iterations=iterations, duration_s=duration_s, export_times=times,
+            engine, warmup_ms=warmup_ms, iterations=iterations, duration_s=duration_s, export_times=times, min_time_s=min_time_s,
             export_profile=profile, dla_core=self.dla_core, shapes=shapes, load_inputs=load_inputs,
             trtexec=self.trtexec,
         )  # fmt: skip
         self.info["bench_argv"] = argv
-        timeout = 600.0 + 3 * (duration_s or 0) + warmup_ms / 1000.0
+        timeout = 600.0 + 3 * (duration_s or min_time_s or 0) + warmup_ms / 1000.0
         log = _run(argv, timeout, "benchmark")
         with open(os.path.join(self.engine_dir, key + ".bench.log"), "w", encoding="utf-8") as fh:
             fh.write(log)

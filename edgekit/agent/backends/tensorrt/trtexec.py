@@ -135,6 +135,7 @@ def trtexec_bench_argv(
     iterations: int,
     duration_s: float | None,
     export_times: str,
+    min_time_s: float = 0.0,
     export_profile: str | None = None,
     dla_core: int | None = None,
     shapes: str | None = None,
@@ -145,7 +146,8 @@ def trtexec_bench_argv(
 
     trtexec warms up by time (``--warmUp`` ms) and runs at least ``--iterations`` and at least
     ``--duration`` seconds: a fixed count is ``--iterations=N --duration=0``, a time budget is
-    ``--iterations=1 --duration=S``. With ``export_profile`` the per-layer profile runs as a second
+    ``--iterations=1 --duration=S``, a count with a minimum time (``min_time_s``) is
+    ``--iterations=N --duration=S`` (whole seconds, rounded up). With ``export_profile`` the per-layer profile runs as a second
     pass (``--separateProfileRun``): an attached profiler would slow the timed loop, and trtexec
     then leaves the performance summary out.
     """
@@ -155,7 +157,7 @@ def trtexec_bench_argv(
     if duration_s is None:
         if iterations < 1:
             raise ValueError(f"iterations must be >= 1, got {iterations!r}")
-        argv += [f"--iterations={int(iterations)}", "--duration=0"]
+        argv += [f"--iterations={int(iterations)}", f"--duration={int(math.ceil(min_time_s)) if min_time_s > 0 else 0}"]
     else:
         if not duration_s > 0:
             raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
