@@ -69,3 +69,23 @@ def test_mixed_precision_asks_are_part_of_the_key(tmp_path):
     before = k(max_drop=1.0, metric=f"{module}:f")
     module.write_text("def f(r, q):\n    return 2.0\n")  # the metric's source decides the model too
     assert k(max_drop=1.0, metric=f"{module}:f") != before
+
+
+def test_the_quantizers_own_source_is_part_of_the_key(tmp_path, monkeypatch):
+    from edgekit.quantize import SCHEMES, FeedSet
+
+    cal = FeedSet([{"x": np.zeros((1, 4), np.float32)}], "cal")
+    scheme = SCHEMES["onnxruntime"]
+    before = qcache.key("sha", scheme, "minmax", (), cal, cal)
+    # a checkout whose quantizer code differs (here: a copy with one file edited) keys differently
+    src = tmp_path / "quantize"
+    src.mkdir()
+    for path in qcache.Path(qcache.__file__).parent.glob("*.py"):
+        (src / path.name).write_bytes(path.read_bytes())
+    (src / "calib.py").write_bytes((src / "calib.py").read_bytes() + b"\n# edited\n")
+    monkeypatch.setattr(qcache, "__file__", str(src / "cache.py"))
+    qcache.code_digest.cache_clear()
+    try:
+        assert qcache.key("sha", scheme, "minmax", (), cal, cal) != before
+    finally:
+        qcache.code_digest.cache_clear()

@@ -2,12 +2,14 @@
 
 The key covers the float model (sha256), the scheme, the calibration method and exclusions,
 the calibration and held-out data as loaded (array bytes, so a folder of images preprocessed
-the same way hits too), and edgekit's version. An unchanged redeploy, and every device of a
+the same way hits too), edgekit's version and the quantizer's own source (a development
+checkout that changes how it quantizes does not get an older result back). An unchanged redeploy, and every device of a
 fleet that shares a scheme, reuses the entry instead of calibrating again.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -34,7 +36,7 @@ def key(
     (a metric module's source is part of the key, so editing it quantizes again)."""
     h = hashlib.sha256()
     head = {
-        "format": FORMAT, "edgekit": __version__, "model": model_sha256, "scheme": scheme.to_dict(), "method": method, "exclude": sorted(exclude),
+        "format": FORMAT, "edgekit": __version__, "code": code_digest(), "model": model_sha256, "scheme": scheme.to_dict(), "method": method, "exclude": sorted(exclude),
         "max_drop": max_drop, "metric": metric, "metric_source": _metric_source(metric) if max_drop is not None else None,
     }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
@@ -47,6 +49,15 @@ def key(
                 h.update(arr.tobytes())
         if part.labels is not None:
             h.update(part.labels.tobytes())
+    return h.hexdigest()
+
+
+@functools.cache
+def code_digest() -> str:
+    """sha256 over the quantizer's source files (this package), in name order."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 
