@@ -11,8 +11,7 @@ runtime options of each), the bench configuration, and the typed steps a deploy 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edgekit.agentclient import BenchConfig
@@ -563,9 +562,3 @@ def plan_bundle(manifest: Any, profile: Profile, *, device: str, variants: list[
         steps=tuple(steps),
         options=Options(device=device, backend=manifest.backend),
     )
-
-
-def with_output(plan: Plan, output: Path) -> Plan:
-    """The plan writing its bundle to ``output`` (a fleet gives each device its own)."""
-    steps = tuple(replace(s, output=str(output)) if isinstance(s, WriteBundle) else s for s in plan.steps)
-    return replace(plan, steps=steps, options=replace(plan.options, output=str(output)))
