@@ -516,3 +516,36 @@ def test_image_preprocessing_with_non_finite_results_is_refused(photo_dir):
     with pytest.raises(UsageError, match="std must not be 0"):
         load_feeds(photo_dir, spec, preprocess=Preprocess.parse("std=0.5/0/0.5"))
     calib_error("img0.png: sample 0, input 'x' has NaN or Inf values", load_feeds, photo_dir, spec, preprocess=Preprocess(mean=(np.inf,)))
+
+
+def test_the_c_histogram_is_numpys_bin_for_bin():
+    """calib.histogram_add (ekrt's one-pass C kernel) against histogram_numpy, on the example
+    MobileNetV2's real activations (ReLU6 outputs with their spike of zeros, signed ones), edge
+    values, NaN, both bin counts the calibrator uses, signed and |x|."""
+    from edgekit import _ekrt
+    from edgekit.quantize import calib
+    from tests.conftest import EXAMPLES
+
+    assert calib._ekrt is _ekrt  # the calibrator runs the C kernel, not the fallback
+    model = onnx.load(str(EXAMPLES / "mobilenetv2" / "mobilenetv2.onnx"))
+    feed = {model.graph.input[0].name: np.load(EXAMPLES / "mobilenetv2" / "calib.npz")[model.graph.input[0].name][:1]}
+    names = [n.output[0] for n in model.graph.node if n.op_type in ("Clip", "Conv", "Add")][:40]
+    values = next(calib.observe(model, names, [feed]))
+    edge = np.array([-1.0, 1.0, 0.0, np.nan, 0.999999, -0.999999, 1e-30], np.float32)
+    with np.errstate(invalid="ignore"):  # numpy casts the NaN to int (bin 0 after its clip, as in C)
+        for name, value in [*values.items(), ("edge", edge)]:
+            finite = value[np.isfinite(value)]
+            lo, hi = float(finite.min()), float(finite.max())
+            absmax = max(-lo, hi)
+            for bins in (calib.BINS, calib.BINS * 2):
+                got = np.zeros(bins)
+                calib.histogram_add(got, value, lo, hi)
+                calib.histogram_add(got, value, lo, hi)  # it adds
+                assert np.array_equal(got, 2 * calib.histogram_numpy(value, lo, hi, bins)), name
+                got = np.zeros(bins)
+                calib.histogram_add(got, value, 0.0, absmax, absolute=True)
+                assert np.array_equal(got, calib.histogram_numpy(np.abs(value), 0.0, absmax, bins)), name
+    with pytest.raises(TypeError, match="float32"):
+        _ekrt.histogram_add(np.zeros(4, np.float64), 0.0, 1.0, np.zeros(8), False)
+    with pytest.raises(TypeError, match="float64"):
+        _ekrt.histogram_add(np.zeros(4, np.float32), 0.0, 1.0, np.zeros(8, np.int64), False)

@@ -9,10 +9,13 @@
  *                                      set_threads(None) let ekrt choose from the op sizes
  *   m.profile(True); m.run(...); m.op_times() -> [(op_type, ns), ...]
  *   _ekrt.isa(), _ekrt.features(), _ekrt.kernels(), _ekrt.built_isas()
- *   _ekrt.quantize_multiplier(r), _ekrt.requant(acc, m, s, zp, qmin, qmax): requant.h, for tests */
+ *   _ekrt.quantize_multiplier(r), _ekrt.requant(acc, m, s, zp, qmin, qmax): requant.h, for tests
+ *   _ekrt.histogram_add(values, lo, scale, counts, absolute): the calibrator's histograms */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "edgekit/cpu.h"
@@ -420,6 +423,77 @@ static PyObject* mod_requant(PyObject* self, PyObject* args) {
   return PyLong_FromLong(ek_requant(acc, m, s, zp, qmin, qmax));
 }
 
+/* counts[bin] += 1 for each float32 v (|v| when absolute), bin = trunc((v - lo) * scale) clipped
+ * to 0..bins-1, in float32 arithmetic: numpy's ((v - f32(lo)) * f32(scale)).astype(intp) then
+ * clip, bit for bit (NaN goes to bin 0 as there; +inf to the last bin). One pass instead of
+ * numpy's four (subtract/multiply, float->int, clip, bincount); four count tables so that a run
+ * of equal values (the zeros after a Relu) does not wait on one counter. */
+static inline uint32_t hist_bin(float val, int absolute, float lo, float scale, float bins, float top) {
+  float t = ((absolute ? fabsf(val) : val) - lo) * scale;
+  /* in range: one predictable branch (a min/max pair would be a 50 % guess on ReLU outputs) */
+  if (!(t >= 0.0f && t < bins)) t = t >= bins ? top : 0.0f; /* NaN: bin 0 */
+  return (uint32_t)t;
+}
+
+static PyObject* mod_histogram_add(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject *values_obj, *counts_obj;
+  double lo_d, scale_d;
+  int absolute;
+  if (!PyArg_ParseTuple(args, "OddOp", &values_obj, &lo_d, &scale_d, &counts_obj, &absolute)) return NULL;
+  Py_buffer v, c;
+  if (PyObject_GetBuffer(values_obj, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) return NULL;
+  if (!(v.format && strcmp(v.format, "f") == 0 && v.itemsize == 4)) {
+    PyBuffer_Release(&v);
+    PyErr_SetString(PyExc_TypeError, "values must be a C-contiguous float32 buffer");
+    return NULL;
+  }
+  if (PyObject_GetBuffer(counts_obj, &c, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) != 0) {
+    PyBuffer_Release(&v);
+    return NULL;
+  }
+  Py_ssize_t bins = c.itemsize ? c.len / c.itemsize : 0;
+  if (!(c.format && strcmp(c.format, "d") == 0 && c.itemsize == 8) || bins < 1 || bins > (1 << 20)) {
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&c);
+    PyErr_SetString(PyExc_TypeError, "counts must be a writable C-contiguous float64 buffer of 1..2^20 bins");
+    return NULL;
+  }
+  if ((unsigned long long)(v.len / 4) > 0xffffffffULL) {
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&c);
+    PyErr_SetString(PyExc_ValueError, "at most 2^32 - 1 values per call");
+    return NULL;
+  }
+  uint32_t* tables = calloc((size_t)bins * 4, sizeof *tables);
+  if (!tables) {
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&c);
+    return PyErr_NoMemory();
+  }
+  const float* x = v.buf;
+  size_t n = (size_t)(v.len / 4);
+  double* counts = c.buf;
+  const float lo = (float)lo_d, scale = (float)scale_d, fbins = (float)bins, top = (float)(bins - 1);
+  const size_t stride = (size_t)bins;
+  Py_BEGIN_ALLOW_THREADS;
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    tables[hist_bin(x[i], absolute, lo, scale, fbins, top)]++;
+    tables[stride + hist_bin(x[i + 1], absolute, lo, scale, fbins, top)]++;
+    tables[2 * stride + hist_bin(x[i + 2], absolute, lo, scale, fbins, top)]++;
+    tables[3 * stride + hist_bin(x[i + 3], absolute, lo, scale, fbins, top)]++;
+  }
+  for (; i < n; i++) tables[hist_bin(x[i], absolute, lo, scale, fbins, top)]++;
+  for (Py_ssize_t b = 0; b < bins; b++)
+    counts[b] += (double)tables[b] + (double)tables[bins + b] + (double)tables[2 * bins + b] + (double)tables[3 * bins + b];
+  Py_END_ALLOW_THREADS;
+  free(tables);
+  PyBuffer_Release(&v);
+  PyBuffer_Release(&c);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"isa", mod_isa, METH_NOARGS, "isa() -> the ISA of the kernels that run (scalar, neon, neondot, avx2, avx512vnni)"},
     {"features", mod_features, METH_NOARGS, "features() -> the CPU's SIMD features ekrt can use"},
@@ -427,6 +501,8 @@ static PyMethodDef module_methods[] = {
     {"kernels", mod_kernels, METH_NOARGS, "kernels() -> {family: chosen kernel}"},
     {"quantize_multiplier", mod_quantize_multiplier, METH_O, "quantize_multiplier(real) -> (multiplier, shift), requant.h"},
     {"requant", mod_requant, METH_VARARGS, "requant(acc, multiplier, shift, zp, qmin, qmax) -> int, requant.h"},
+    {"histogram_add", mod_histogram_add, METH_VARARGS,
+     "histogram_add(values_f32, lo, scale, counts_f64, absolute): counts[clip(trunc((v - lo) * scale))] += 1, float32 math"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "edgekit._ekrt", "ekrt, edgekit's int8 runtime (C).", -1,
