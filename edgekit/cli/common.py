@@ -101,7 +101,7 @@ Iterations = Annotated[
 Duration = Annotated[float | None, typer.Option("--duration", min=0.001, metavar="SECONDS", help="Time for this many seconds instead of a count.")]
 MinTime = Annotated[
     float | None,
-    typer.Option("--min-time", min=0, max=3600, metavar="SECONDS", help="Run the timed runs for at least this long as well (default: the profile's, 0.5 s; with --iterations, 0)."),
+    typer.Option("--min-time", min=0, max=3600, metavar="SECONDS", help="Run the timed runs for at least this long as well (default: the profile's, 0.5 s; with --iterations, 0; --duration replaces both)."),
 ]
 Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else one or all cores, whichever a short probe on the device finds faster).")]
 Layers = Annotated[bool, typer.Option("--layers/--no-layers", help="Per-layer times from a separate profiled pass after the timed runs (default: on).")]
