@@ -17,7 +17,8 @@ from typing import Any
 from edgekit.agentclient import BenchConfig
 from edgekit.errors import PlanError, UsageError
 from edgekit.modelio import IOSpec, LoadedModel
-from edgekit.profiles import BenchDefaults, CpuSpec, Profile, resolve
+from edgekit.profiles import CpuSpec, Profile, resolve
+from edgekit.profiles.model import BenchDefaults
 from edgekit.quantize import analyze_model
 from edgekit.quantize.calib import DEFAULT_METHOD, DYNAMIC, is_dynamic
 from edgekit.quantize.rewrite import NodeDecision

@@ -15,18 +15,10 @@ from edgekit.profiles.loader import (
     resolve,
     validate_file,
 )
-from edgekit.profiles.model import (
-    BACKENDS,
-    ISA_FEATURES,
-    PRECISIONS,
-    BackendSpec,
-    BenchDefaults,
-    CpuSpec,
-    Profile,
-)
+from edgekit.profiles.model import BACKENDS, ISA_FEATURES, PRECISIONS, BackendSpec, CpuSpec, Profile
 from edgekit.profiles.probe import cpu_from_cpuinfo, probe_host
 
 __all__ = [
-    "BACKENDS", "ISA_FEATURES", "PRECISIONS", "BackendSpec", "BenchDefaults", "CpuSpec", "Profile", "cpu_from_cpuinfo",
+    "BACKENDS", "ISA_FEATURES", "PRECISIONS", "BackendSpec", "CpuSpec", "Profile", "cpu_from_cpuinfo",
     "list_profiles", "load_profile", "probe_host", "profile_dirs", "resolve", "validate_file",
 ]  # fmt: skip
