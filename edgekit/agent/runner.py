@@ -114,6 +114,8 @@ def bench(
     is timed over a window that outlasts a neighbour's burst or a clock step. With ``profile`` the backend's
     per-layer times come from a separate pass after the timed loop, which profiling would slow.
     """
+    if duration_s is not None:
+        min_time_s = 0.0  # a duration is the whole window (the loops below and the backends' rely on it)
     manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant)
     model_rel = spec["model"]
     backend = load_backend(spec["backend"])
@@ -194,7 +196,7 @@ def bench(
             "warmup_mode": warmup_mode,
             "iterations": None if duration_s is not None else iterations,
             "duration_s": duration_s,
-            "min_time_s": None if duration_s is not None or not min_time_s else min_time_s,
+            "min_time_s": min_time_s or None,
             # all cores when not asked: the count the backend chose, where it says
             "threads": threads if threads is not None else info.get("threads"),
             "batch": batch,

@@ -90,7 +90,7 @@ class Session:
         files = self._input_files(inputs)
         feed = ["--inputs"] + files if files else []
         loop = ["--duration", repr(float(duration_s))] if duration_s is not None else ["--iterations", str(int(iterations))]
-        loop += ["--min-time", repr(float(min_time_s))] if duration_s is None and min_time_s else []
+        loop += ["--min-time", repr(float(min_time_s))] if min_time_s else []
         loop += ["--profile"] if profile else []
         try:
             doc = _run_json([self.runner, "bench"] + self._common() + ["--warmup", str(warmup)] + loop + feed,
