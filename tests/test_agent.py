@@ -96,6 +96,9 @@ def test_bench_document(tmp_path, agent_zip):
     assert doc["load_ns"] > 0 and doc["first_inference_ns"] > 0 and doc["peak_rss_bytes"] > 10 * 2**20
     assert doc["layers"] is None and doc["started_at"].endswith("+00:00")
     assert set(doc["device_state"]) == {"before", "after"}
+    probe = doc["speed_probe"]  # the device's own speed through the window: 7 runs, one burst
+    assert (probe["loop"], probe["python"], probe["bursts"]) == ("python-sum-200", doc["device"]["python"], 1)
+    assert type(probe["ns"]) is int and 100 < probe["ns"] < 10**6, probe
     assert doc["device"]["runtimes"]["onnxruntime"] == onnxruntime.__version__
     assert {"hostname", "arch", "cpu_model", "cores", "isa", "memory_bytes", "os", "kernel", "python"} <= set(doc["device"])
 
@@ -389,3 +392,22 @@ def test_installed_versions_read_the_dist_info_names_as_import_would(tmp_path, m
     assert v["onnxruntime"] == "1.20.0" and v["tflite_runtime"] == "2.14.0" and v["numpy"] is None
     monkeypatch.undo()  # the real environment: the same answers as importlib.metadata (without its import)
     assert facts.runtime_versions()["numpy"] == metadata.version("numpy")
+
+
+def test_the_speed_loop_is_timed_through_the_window(monkeypatch):
+    from edgekit.agent import speed
+
+    now = [0]
+    bursts = iter(range(5000, 6000, 10))
+    monkeypatch.setattr(speed, "burst", lambda: next(bursts))
+    monkeypatch.setattr(speed.time, "perf_counter_ns", lambda: now[0])
+    meter = speed.SpeedMeter()
+    for ms in range(100):  # an inference every 1 ms for 100 ms: a burst at 0, 10, ... 90 ms
+        now[0] = ms * 1_000_000
+        meter.tick(now[0])
+    assert meter.bursts == [5000 + 10 * k for k in range(10)]
+    assert meter.record() == {"loop": "python-sum-200", "python": sys.version.split()[0], "ns": 5050, "bursts": 10}
+    assert speed.SpeedMeter().record()["bursts"] == 1  # a window too short for a tick: one burst after it
+    monkeypatch.undo()
+    # 200 additions in pure Python: microseconds on any CPU the agent runs on
+    assert 200 < speed.burst() < 200_000

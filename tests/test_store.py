@@ -101,6 +101,10 @@ def _config(**kv):
         (bench_doc(load_ns=-1), "load_ns"),
         (bench_doc(peak_rss_bytes="85M"), "peak_rss_bytes"),
         (bench_doc(device_state=[]), "device_state"),
+        (bench_doc(speed_probe={"loop": "python-sum-200", "ns": 0, "bursts": 3}), "speed_probe"),
+        (bench_doc(speed_probe={"loop": "python-sum-200", "ns": 5000, "bursts": 2.5}), "speed_probe"),
+        (bench_doc(speed_probe={"ns": 5000, "bursts": 3}), "speed_probe"),
+        (bench_doc(speed_probe=5000), "speed_probe"),
     ],
 )
 def test_make_record_names_the_bad_agent_field(doc, field):

@@ -16,6 +16,7 @@ from . import AGENT_VERSION, REPUSH, SCHEMA, AgentFailure, bundle_hash, read_jso
 from .backends import load_backend
 from .energy import energy_record, open_meter
 from .facts import device_facts, device_state
+from .speed import SpeedMeter
 
 # A --duration run on a microsecond model would otherwise print a JSON document of many MB.
 MAX_SAMPLES = 1_000_000
@@ -151,6 +152,7 @@ def bench(
         dims = spec["inputs"][0]["shape"] if spec["inputs"] else []
         batch = int(dims[0]) if len(dims) >= 2 and dims[0] > 0 else 1
         energy = energy_record(meter, window[0], window[1], len(samples) * batch) if window else None
+        speed_probe = None  # its window is in another process (agent.speed)
     else:
         feeds = make_inputs(bundle_dir, spec)
 
@@ -166,13 +168,15 @@ def bench(
         first_ns = time.perf_counter_ns() - t0
         warmup_samples = _warmup(session, feeds, warmup)
         warmup_run = len(warmup_samples)
+        speed = SpeedMeter()
         if meter is not None:
             meter.start()
         start = time.monotonic_ns()
-        samples = _timed_loop(session, feeds, iterations, duration_s, min_time_s)
+        samples = _timed_loop(session, feeds, iterations, duration_s, min_time_s, speed)
         end = time.monotonic_ns()
         if meter is not None:
             meter.stop()
+        speed_probe = speed.record()
         first_input = feeds[spec["inputs"][0]["name"]] if spec["inputs"] else None
         batch = int(first_input.shape[0]) if first_input is not None and first_input.ndim >= 2 else 1
         energy = energy_record(meter, start, end, len(samples) * batch)
@@ -214,6 +218,7 @@ def bench(
         "started_at": started_at,
         "device": facts,
         "device_state": {"before": before, "after": after},
+        "speed_probe": speed_probe,  # the device's own speed through the timed window (agent.speed)
     }
 
 
@@ -342,11 +347,13 @@ def _warmup(session, feeds: dict, warmup) -> list:
     return samples
 
 
-def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None, min_time_s: float = 0.0) -> list:
+def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None, min_time_s: float = 0.0, speed: SpeedMeter | None = None) -> list:
     """Per-iteration times: ``iterations`` of them; or for ``duration_s``; or at least ``iterations``
-    and at least ``min_time_s`` (bounded by MAX_SAMPLES)."""
+    and at least ``min_time_s`` (bounded by MAX_SAMPLES). ``speed`` times its loop between
+    inferences when a burst is due (outside the samples)."""
     run = session.run
     clock = time.perf_counter_ns
+    tick = speed.tick if speed is not None else (lambda now: None)
     samples = []
     # Like timeit: a collector pause inside one iteration would show up as a fake outlier.
     gc_was_enabled = gc.isenabled()
@@ -356,7 +363,9 @@ def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None,
             for _ in range(iterations):
                 t = clock()
                 run(feeds)
-                samples.append(clock() - t)
+                end = clock()
+                samples.append(end - t)
+                tick(end)
         else:
             count = 1 if duration_s is not None else iterations
             deadline = clock() + int((duration_s if duration_s is not None else min_time_s) * 1e9)
@@ -367,6 +376,7 @@ def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None,
                 samples.append(end - t)
                 if (end >= deadline and len(samples) >= count) or len(samples) >= MAX_SAMPLES:
                     break
+                tick(end)
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -187,6 +187,11 @@ def _check_measurement(doc: dict, fail: Any) -> None:
             not isinstance(throttled, dict) or not all(isinstance(throttled.get(k), bool) for k in ("now", "ever"))
         ):
             raise fail(f"{field}.throttled", "must be an object with booleans 'now' and 'ever', or null")
+    probe = doc.get("speed_probe")
+    if probe is not None and not (
+        isinstance(probe, dict) and isinstance(probe.get("loop"), str) and all(is_int(probe.get(k)) and probe[k] > 0 for k in ("ns", "bursts"))
+    ):
+        raise fail("speed_probe", "must be {loop, python, ns, bursts} with a positive ns and burst count, or null")
     energy = doc.get("energy")
     if energy is not None:
         ok = isinstance(energy, dict) and isinstance(energy.get("source"), str)
