@@ -21,6 +21,7 @@ import numpy as np
 
 from edgekit.agentclient import bench_variant, eval_variant
 from edgekit.bench import reuse
+from edgekit.bench.compare import machine_shift
 from edgekit.bench.record import make_record, measurement_warnings
 from edgekit.bench.store import ResultsStore
 from edgekit.bench.vcs import vcs_info
@@ -626,17 +627,20 @@ def _earlier(w: _Walk, step: Bench | Eval) -> Any:
 
 
 def _gate(w: _Walk, step: Gate) -> None:
-    samples = {r["agent"]["variant"]: r["agent"]["samples_ns"] for r in w.records}
-    if "fp32" not in samples or "int8" not in samples:
+    runs = {r["agent"]["variant"]: r["agent"] for r in w.records}
+    if "fp32" not in runs or "int8" not in runs:
         return
-    measured = w.agreement or (w.qresult.agreement if w.qresult else None)  # the device's, else the host's estimate
-    w.verdict = int8_verdict("fp32", samples["fp32"], samples["int8"], measured.to_dict() if measured else None, step.max_drop)
+
+    def verdict(name: str, agreement: Any) -> Verdict:
+        fp32, run = runs["fp32"], runs[name]
+        return int8_verdict("fp32", fp32["samples_ns"], run["samples_ns"], agreement.to_dict() if agreement else None, step.max_drop, machine_shift(fp32, run))
+
+    w.verdict = verdict("int8", w.agreement or (w.qresult.agreement if w.qresult else None))  # the device's, else the host's estimate
     if len(step.candidates) > 1:
         verdicts = {"int8": w.verdict}
         for name in step.candidates[1:]:
-            if name in samples:
-                a = w.agreements.get(name)
-                verdicts[name] = int8_verdict("fp32", samples["fp32"], samples[name], a.to_dict() if a else None, step.max_drop)
+            if name in runs:
+                verdicts[name] = verdict(name, w.agreements.get(name))
         w.verdict = choose_fastest(verdicts, {n: w.plan.variant(n).backend for n in verdicts})
 
 

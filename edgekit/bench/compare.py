@@ -11,6 +11,14 @@ so the bootstrap alone would call a busy machine's back-to-back runs different; 
 wanders by 8 % within itself cannot show a 4 % change. On a quiet device the drift is well
 under 1 % and the floor of ``MIN_CHANGE`` (5 %) rules.
 
+A shared machine also changes speed as a whole for a while, which a run that was slow
+throughout does not show as drift. The agent times a fixed loop through each window it times
+itself (``speed_probe``), and a change must also exceed what the loop's move between the two
+runs can explain (``verdict.machine_allowance``). A change within that, when the loop moved
+more than ``MACHINE_UNSURE``, is "unsure" (a gate on it is not decided). On the 2-core CI VM
+the digits model ran at 45 us instead of 25 us for stretches of 0.3-20 s, the loop at 8.6 us
+instead of 5.0 us with it: back-to-back runs of one build 42 % apart.
+
 Peak RSS and energy have one number per run: a change below ``MIN_CHANGE`` is "no change". Accuracy is
 measured on the same samples each run: any change of the rate is a change.
 """
@@ -28,7 +36,7 @@ import numpy as np
 from edgekit.bench.record import validate_record
 from edgekit.bench.stats import Stats
 from edgekit.bench.store import EXPORT_KIND, ResultsStore, check_export
-from edgekit.bench.verdict import CONFIDENCE, speedup_interval
+from edgekit.bench.verdict import CONFIDENCE, MACHINE_UNSURE, machine_allowance, speedup_interval
 from edgekit.errors import ResultsError
 
 # Two back-to-back runs of one bundle on one device differ by more than their within-run bootstrap
@@ -49,6 +57,7 @@ class LatencyChange:
     low: float
     high: float
     drift: float
+    machine: float = 0.0  # how far the device's own speed moved between the runs (machine_shift)
 
     @property
     def change(self) -> float:
@@ -56,13 +65,28 @@ class LatencyChange:
 
     @property
     def significant(self) -> bool:
-        return (self.low > 1.0 or self.high < 1.0) and abs(self.change) > max(MIN_CHANGE, self.drift)
+        return self.outside_ci and abs(self.change) > self.floor
+
+    @property
+    def outside_ci(self) -> bool:
+        return self.low > 1.0 or self.high < 1.0
+
+    @property
+    def unsure(self) -> bool:
+        """A change the CI shows, that the device's own speed moving this far between the runs may
+        explain: neither a change nor none can be claimed."""
+        return self.outside_ci and self.machine > MACHINE_UNSURE and not self.significant
+
+    @property
+    def floor(self) -> float:
+        """The smallest change that counts: MIN_CHANGE, the runs' drift, the machine's share."""
+        return max(MIN_CHANGE, self.drift, machine_allowance(self.machine))
 
     @property
     def verdict(self) -> str:
-        if not self.significant:
-            return "no change"
-        return "slower" if self.ratio > 1.0 else "faster"
+        if self.significant:
+            return "slower" if self.ratio > 1.0 else "faster"
+        return "unsure" if self.unsure else "no change"
 
     def why(self) -> str:
         """Why a change is not significant (empty when it is)."""
@@ -70,6 +94,11 @@ class LatencyChange:
             return ""
         if self.low <= 1.0 <= self.high:
             return "the 95% CI includes no change"
+        if self.unsure:
+            return (f"the device's own speed moved {self.machine * 100:.0f}% between the runs (its reference loop): "
+                    "too far to judge a change of this size; rerun on a quiet device")
+        if machine_allowance(self.machine) > max(MIN_CHANGE, self.drift):
+            return f"within the device's own speed change of {self.machine * 100:.0f}% between the runs (its reference loop)"
         if self.drift > MIN_CHANGE:
             return f"within the runs' own drift of {self.drift * 100:.1f}%"
         return f"below {MIN_CHANGE * 100:g}%"
@@ -93,10 +122,22 @@ def run_wander(samples_ns: Sequence[int], q: float | None = 50.0) -> float:
     return (max(values) - min(values)) / 2 / stat(ns)
 
 
-def latency_change(baseline_ns: Sequence[int], candidate_ns: Sequence[int], q: float | None = 50.0) -> LatencyChange:
-    """Candidate vs baseline latency at percentile ``q`` (None: the mean)."""
+def latency_change(baseline_ns: Sequence[int], candidate_ns: Sequence[int], q: float | None = 50.0, machine: float = 0.0) -> LatencyChange:
+    """Candidate vs baseline latency at percentile ``q`` (None: the mean); ``machine``: the
+    device's own speed change between the runs (``machine_shift``)."""
     speed, lo, hi = speedup_interval(list(baseline_ns), list(candidate_ns), q=q)
-    return LatencyChange(1 / speed, 1 / hi, 1 / lo, max(run_wander(baseline_ns, q), run_wander(candidate_ns, q)))
+    return LatencyChange(1 / speed, 1 / hi, 1 / lo, max(run_wander(baseline_ns, q), run_wander(candidate_ns, q)), machine)
+
+
+def machine_shift(a: dict, b: dict) -> float:
+    """How far the device's own speed moved between two bench documents (records' ``agent``): the
+    relative difference of the loop the agent timed through each window (``speed_probe``, see
+    ``edgekit.agent.speed``); 0.0 when either run has none (a runtime that timed itself in its
+    own process, an older record) or they timed another loop or on another Python."""
+    pa, pb = a.get("speed_probe"), b.get("speed_probe")
+    if not (isinstance(pa, dict) and isinstance(pb, dict)) or any(pa.get(k) != pb.get(k) for k in ("loop", "python")):
+        return 0.0
+    return max(pa["ns"], pb["ns"]) / min(pa["ns"], pb["ns"]) - 1.0
 
 
 # -- what may be compared -------------------------------------------------------------------
@@ -139,7 +180,7 @@ class MetricChange:
     b: float | None
     change: float | None  # b vs a: a fraction (accuracy: points)
     ci: tuple[float, float] | None  # 95 % interval of the change (latency only)
-    verdict: str  # faster/slower (latency, throughput), better/worse (others), no change, not measured
+    verdict: str  # faster/slower (latency, throughput), better/worse (others), no change, unsure (latency: see LatencyChange), not measured
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -157,6 +198,7 @@ class Comparison:
     b: dict
     rows: tuple[MetricChange, ...]
     confidence: float = CONFIDENCE
+    machine: float = 0.0  # machine_shift between the runs
 
     def row(self, metric: str) -> MetricChange:
         return next(r for r in self.rows if r.metric == metric)
@@ -164,7 +206,8 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         return {
             "a": _ident(self.a), "b": _ident(self.b), "confidence": self.confidence,
-            "rule": f"change beyond max({MIN_CHANGE * 100:g}%, the runs' drift) with the {self.confidence * 100:g}% bootstrap CI excluding no change",
+            "rule": f"change beyond max({MIN_CHANGE * 100:g}%, the runs' drift, the device's speed change) with the {self.confidence * 100:g}% bootstrap CI excluding no change",
+            "machine_shift": round(self.machine, 4),
             "metrics": [r.to_dict() for r in self.rows],
         }  # fmt: skip
 
@@ -176,11 +219,12 @@ def compare(a: dict, b: dict) -> Comparison:
     """Per-metric verdicts of ``b`` against ``a`` (check ``comparable`` first)."""
     sa, sb = Stats.of_record(a), Stats.of_record(b)
     na, nb = a["agent"]["samples_ns"], b["agent"]["samples_ns"]
+    machine = machine_shift(a["agent"], b["agent"])
     rows = []
     for name, q in _LATENCY:
-        ch = latency_change(na, nb, q)
+        ch = latency_change(na, nb, q, machine)
         rows.append(MetricChange(name, "ms", sa.get(name), sb.get(name), ch.change, (ch.low - 1, ch.high - 1), ch.verdict, ch.why()))
-    mean = latency_change(na, nb, None)
+    mean = latency_change(na, nb, None, machine)
     ta, tb = sa.throughput, sb.throughput
     rows.append(MetricChange("throughput", "/s", ta, tb, tb / ta - 1, (1 / mean.high - 1, 1 / mean.low - 1), mean.verdict, mean.why()))
     for name, unit, get in (("rss", "B", _rss), ("energy", "mJ", _energy)):
@@ -201,7 +245,7 @@ def compare(a: dict, b: dict) -> Comparison:
             delta = vb - va
             verdict = "no change" if abs(delta) < 1e-9 else ("better" if delta > 0 else "worse")
             rows.append(MetricChange("accuracy", "%", va, vb, delta, None, verdict))
-    return Comparison(a, b, tuple(rows))
+    return Comparison(a, b, tuple(rows), machine=machine)
 
 
 def accuracy(record: dict) -> float | None:

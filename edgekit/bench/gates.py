@@ -9,7 +9,10 @@ A gate is ``METRIC:LIMIT``. The limit is either
 
 A relative latency gate (p50, p90, p99, mean, throughput) fails only when the slowdown is beyond
 the limit AND significant by the rule of ``edgekit.bench.compare`` (bootstrap CI of the ratio
-excludes 1, the change exceeds the runs' own drift): noise never fails a build.
+excludes 1, the change exceeds the runs' own drift and the device's own speed change between the
+runs): noise never fails a build. When the device's own speed moved more than
+``verdict.MACHINE_UNSURE`` between the runs, a latency gate the change would fail is not decided
+(``passed`` None, "not decided": rerun on a quiet device) rather than failed or passed.
 
 A metric the device did not measure (no energy sensor, no labels for accuracy) FAILS the gate
 with "not measured on this device": a gate the user asked for that silently checks nothing
@@ -25,7 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edgekit.bench.compare import accuracy, comparable, default_baseline, latency_change, resolve
+from edgekit.bench.compare import (
+    accuracy,
+    comparable,
+    default_baseline,
+    latency_change,
+    machine_shift,
+    resolve,
+)
 from edgekit.bench.store import ResultsStore
 from edgekit.errors import GateError, ResultsError, UsageError
 
@@ -119,9 +129,11 @@ class Gate:
         beyond = sign * change * 100 > self.limit
         text = f"{change * 100:+.1f}%"
         if m.q is not False:  # latency: the slowdown must also stand out of the noise
-            lat = latency_change(baseline["agent"]["samples_ns"], record["agent"]["samples_ns"], m.q)
+            lat = latency_change(baseline["agent"]["samples_ns"], record["agent"]["samples_ns"], m.q, machine_shift(baseline["agent"], record["agent"]))
             lo, hi = (lat.low, lat.high) if not m.higher_is_better else (1 / lat.high, 1 / lat.low)
             text += f", 95% CI {(lo - 1) * 100:+.1f}..{(hi - 1) * 100:+.1f}%"
+            if beyond and lat.unsure:
+                return self._result(None, value, old, f"{shown} ({text}, {self._limit_text()}): not decided ({lat.why()})", change=change, ci=(lo - 1, hi - 1))
             if beyond and not lat.significant:
                 return self._result(True, value, old, f"{shown} ({text}, {self._limit_text()}): pass (not significant: {lat.why()})", change=change, ci=(lo - 1, hi - 1))
             return self._result(not beyond, value, old, f"{shown} ({text}, {self._limit_text()}): {'FAIL' if beyond else 'pass'}", change=change, ci=(lo - 1, hi - 1))

@@ -209,7 +209,8 @@ def compare(
     """Compare run B with run A: per metric, the change and whether it stands out of the noise.
 
     A latency change counts ("faster"/"slower") when the 95% bootstrap CI of the ratio excludes
-    no change and the change exceeds both 5% and the runs' own drift; else "no change".
+    no change and the change exceeds 5%, the runs' own drift and how far the device's own speed
+    moved between them (a reference loop timed around each run); else "no change".
     Runs of different models, devices, backends, variants or batch sizes are refused.
 
     \b
@@ -337,6 +338,9 @@ def _device_rows(agent: dict) -> list[tuple[str, Any]]:
             rows.append(("runtimes", ", ".join(found)))
         else:
             rows.append((key.replace("_", " "), _text(value)))
+    probe = agent.get("speed_probe")
+    if isinstance(probe, dict) and probe.get("ns"):
+        rows.append((f"speed loop ({probe.get('loop')})", f"{probe['ns'] / 1000:.2f} us (median of {probe.get('bursts')} bursts through the window)"))
     state = agent.get("device_state") or {}
     before, after = state.get("before") or {}, state.get("after") or {}
     for key, label, unit in (("governor", "governor", ""), ("temp_c", "temperature", " C")):
