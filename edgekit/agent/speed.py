@@ -26,7 +26,6 @@ those and dropped:
 
 from __future__ import annotations
 
-import sys
 import time
 
 LOOP = "python-sum-200"  # a record names the loop; only like is compared with like
@@ -67,6 +66,7 @@ class SpeedMeter:
             self._next = time.perf_counter_ns() + EVERY_NS
 
     def record(self) -> dict:
-        """``{loop, python, ns, bursts}``: the median burst; one is timed now when none was."""
+        """``{loop, ns, bursts}``: the median burst; one is timed now when none was. (The loop's
+        speed depends on the Python that ran it: the document's ``device.python``.)"""
         bursts = sorted(self.bursts) or [burst()]
-        return {"loop": LOOP, "python": sys.version.split()[0], "ns": int(bursts[len(bursts) // 2]), "bursts": len(bursts)}
+        return {"loop": LOOP, "ns": int(bursts[len(bursts) // 2]), "bursts": len(bursts)}

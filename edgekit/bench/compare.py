@@ -137,7 +137,9 @@ def machine_shift(a: dict, b: dict) -> float:
     ``edgekit.agent.speed``); 0.0 when either run has none (a runtime that timed itself in its
     own process, an older record) or they timed another loop or on another Python."""
     pa, pb = a.get("speed_probe"), b.get("speed_probe")
-    if not (isinstance(pa, dict) and isinstance(pb, dict)) or any(pa.get(k) != pb.get(k) for k in ("loop", "python")):
+    if not (isinstance(pa, dict) and isinstance(pb, dict)) or pa.get("loop") != pb.get("loop"):
+        return 0.0
+    if (a.get("device") or {}).get("python") != (b.get("device") or {}).get("python"):
         return 0.0
     return max(pa["ns"], pb["ns"]) / min(pa["ns"], pb["ns"]) - 1.0
 

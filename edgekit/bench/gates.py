@@ -10,9 +10,10 @@ A gate is ``METRIC:LIMIT``. The limit is either
 A relative latency gate (p50, p90, p99, mean, throughput) fails only when the slowdown is beyond
 the limit AND significant by the rule of ``edgekit.bench.compare`` (bootstrap CI of the ratio
 excludes 1, the change exceeds the runs' own drift and the device's own speed change between the
-runs): noise never fails a build. When the device's own speed moved more than
-``verdict.MACHINE_UNSURE`` between the runs, a latency gate the change would fail is not decided
-(``passed`` None, "not decided": rerun on a quiet device) rather than failed or passed.
+runs can explain): noise never fails a build. A change within that explanation, when the device's
+own speed moved more than ``verdict.MACHINE_UNSURE`` between the runs, is "unsure": a latency
+gate it would fail is not decided (``passed`` None, "not decided": rerun on a quiet device)
+rather than failed or passed.
 
 A metric the device did not measure (no energy sensor, no labels for accuracy) FAILS the gate
 with "not measured on this device": a gate the user asked for that silently checks nothing

@@ -191,7 +191,7 @@ def _check_measurement(doc: dict, fail: Any) -> None:
     if probe is not None and not (
         isinstance(probe, dict) and isinstance(probe.get("loop"), str) and all(is_int(probe.get(k)) and probe[k] > 0 for k in ("ns", "bursts"))
     ):
-        raise fail("speed_probe", "must be {loop, python, ns, bursts} with a positive ns and burst count, or null")
+        raise fail("speed_probe", "must be {loop, ns, bursts} with a positive ns and burst count, or null")
     energy = doc.get("energy")
     if energy is not None:
         ok = isinstance(energy, dict) and isinstance(energy.get("source"), str)

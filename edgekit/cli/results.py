@@ -209,8 +209,9 @@ def compare(
     """Compare run B with run A: per metric, the change and whether it stands out of the noise.
 
     A latency change counts ("faster"/"slower") when the 95% bootstrap CI of the ratio excludes
-    no change and the change exceeds 5%, the runs' own drift and how far the device's own speed
-    moved between them (a reference loop timed around each run); else "no change".
+    no change and the change exceeds 5%, the runs' own drift and what the device's own change of
+    speed between them explains (a reference loop timed through each run); else "no change", or
+    "unsure" when that speed moved more than 20%.
     Runs of different models, devices, backends, variants or batch sizes are refused.
 
     \b
