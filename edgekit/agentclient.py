@@ -28,6 +28,7 @@ class BenchConfig:
     min_time_s: float = 0.0  # > 0: at least `iterations` and at least this long
     threads: int | None = None  # None: the runtime's default (all cores)
     profile: bool = True  # per-layer times, from a separate pass after the timed loop
+    rounds: int = 1  # agent processes, each timing the window above; the host merges them (bench.rounds)
 
     def agent_args(self) -> list[str]:
         args = ["--warmup", str(self.warmup), "--iterations", str(self.iterations)]
@@ -43,15 +44,16 @@ class BenchConfig:
 
 
 def bench_variant(
-    transport: Transport, remote_bundle_dir: str, variant: str, config: BenchConfig, timeout: float = 900
+    transport: Transport, remote_bundle_dir: str, variant: str, config: BenchConfig, timeout: float = 900, *, probe_threads: bool = True
 ) -> dict:
     """Time ``variant`` of the bundle at ``remote_bundle_dir`` on the device; the agent's document.
 
-    Pushes the agent first if the device lacks this version of it. Raises AgentError with
+    Pushes the agent first if the device lacks this version of it. Not ``probe_threads``: without
+    ``config.threads``, the runtime's default threads, not probed against one. Raises AgentError with
     the agent's own message and hint when it reports a failure, or when its output is not
     a bench document.
     """
-    args = ["bench", remote_bundle_dir, "--variant", variant, *config.agent_args()]
+    args = ["bench", remote_bundle_dir, "--variant", variant, *config.agent_args(), *([] if probe_threads else ["--no-thread-probe"])]
     if config.duration_s is not None or config.min_time_s > 0:
         timeout = max(timeout, (config.duration_s or config.min_time_s) + 300)  # loading and warmup come on top
     doc = run_agent(transport, args, timeout=timeout)

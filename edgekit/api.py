@@ -7,7 +7,7 @@
 
 Every function takes the model (or bundle) path first and keyword options after: the fields of
 ``edgekit.deploy.DeployRequest`` (target, device, backend, calib, eval, labels, method,
-exclude, shapes, preprocess, warmup, iterations, duration_s, min_time_s, threads, output, inventory,
+exclude, shapes, preprocess, warmup, iterations, duration_s, min_time_s, threads, rounds, output, inventory,
 provision, lock_wait, trust_new_host, password). ``events`` (an ``edgekit.events.Events``)
 receives progress and warnings; by default the library is silent. Errors are
 ``edgekit.errors.EdgekitError`` subclasses with ``message`` and ``hint``.
@@ -199,7 +199,7 @@ def bench_bundle(
             raise UsageError(f"the bundle has no variant '{name}'", f"pass one of: {', '.join(known)}")
     config = bench_config(
         profile.bench, warmup=req.warmup, iterations=req.iterations, duration_s=req.duration_s, min_time_s=req.min_time_s,
-        threads=req.threads, layers=req.layers,
+        threads=req.threads, layers=req.layers, rounds=req.rounds,
     )  # fmt: skip
     planned = plan_bundle(manifest, profile, device=device.name, variants=selected, config=config)
     transport = connect(device, profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)

@@ -22,7 +22,7 @@ import numpy as np
 from edgekit.agentclient import bench_variant, eval_variant
 from edgekit.bench import reuse
 from edgekit.bench.compare import machine_shift
-from edgekit.bench.record import make_record, measurement_warnings
+from edgekit.bench.record import make_record, measurement_warnings, merge_rounds, round_slices
 from edgekit.bench.store import ResultsStore
 from edgekit.bench.vcs import vcs_info
 from edgekit.bench.verdict import Verdict, choose_fastest, int8_verdict
@@ -95,6 +95,7 @@ class DeployRequest:
     duration_s: float | None = None
     min_time_s: float | None = None  # None: the profile's (when no --iterations count was asked for)
     threads: int | None = None
+    rounds: int | None = None  # agent processes per variant, samples merged (None: the profile's, 1)
     layers: bool = True  # per-layer times, from a separate profiled pass after the timed runs
     output: Path | None = None
     inventory: Path | None = None  # where a --device name is looked up (default: ./devices.toml)
@@ -168,6 +169,7 @@ class Job:
             duration_s=req.duration_s,
             min_time_s=req.min_time_s,
             threads=req.threads,
+            rounds=req.rounds,
             layers=req.layers,
             output=str(self.output),
             max_drop=req.max_drop,
@@ -429,6 +431,8 @@ class _Walk:
     found: dict[int, Any] | None = None  # id(step) -> the earlier measurement reused for it (None: not looked yet)
     agreements: dict[str, AgreementReport] = field(default_factory=dict)  # int8 variant -> its agreement on the device
     reused_ids: set[int] = field(default_factory=set)
+    reused_variants: set[str] = field(default_factory=set)
+    rounds: dict[str, list[dict]] = field(default_factory=dict)  # variant -> the agent documents of its rounds so far
 
     def source(self, name: str) -> Path:
         if name not in self.sources:
@@ -550,22 +554,32 @@ def _push(w: _Walk, step: Push) -> None:
 
 
 def _bench(w: _Walk, step: Bench) -> None:
-    transport, c = w.device(), step.config
+    transport, c, name = w.device(), step.config, step.variant.name
+    if step.round > 1 and name in w.reused_variants:
+        return  # the earlier run stands in for all its rounds
     k = _measurement_key(w, step)
     earlier = _earlier(w, step)
     if earlier is not None:
         rid = earlier["id"]  # (the Store step takes it off: the run is in the store already)
         w.records.append(earlier)
         w.reused_ids.add(rid)
+        w.reused_variants.add(name)
         w.events.info(
-            f"{step.variant.name}: same bundle, device and settings as run {rid} (measured {earlier['created'][:19]} UTC): "
+            f"{name}: same bundle, device and settings as run {rid} (measured {earlier['created'][:19]} UTC): "
             "reusing it (--remeasure to measure again)"
         )
         return
-    how = bench_window(c)
-    with w.events.progress(f"benchmarking {step.variant.name} on {transport.name} ({how})"):
-        doc = bench_variant(transport, w.push.remote_dir, step.variant.name, c)
-    w.records.append(make_record(doc, model_name=w.plan.model, target=w.plan.profile, device=w.plan.device, extra={reuse.RECORD_FIELD: k}))
+    docs = w.rounds.setdefault(name, [])
+    how = bench_window(c) + (f", round {step.round} of {c.rounds}" if c.rounds > 1 else "")
+    probe = True
+    if docs:  # a later round: what the first one's thread probe chose (one thread, or the default), no second profiled pass
+        one = (docs[0].get("threads_probe") or {}).get("chosen") == 1
+        c, probe = dataclasses.replace(c, threads=1 if one else c.threads, profile=False), False
+    with w.events.progress(f"benchmarking {name} on {transport.name} ({how})"):
+        docs.append(bench_variant(transport, w.push.remote_dir, name, c, probe_threads=probe))
+    if len(docs) == step.config.rounds:
+        doc = merge_rounds(docs)
+        w.records.append(make_record(doc, model_name=w.plan.model, target=w.plan.profile, device=w.plan.device, extra={reuse.RECORD_FIELD: k}))
 
 
 def _eval(w: _Walk, step: Eval) -> None:
@@ -614,7 +628,7 @@ def _earlier(w: _Walk, step: Bench | Eval) -> Any:
         found: dict[int, Any] = {}
         p = w.plan
         for s in p.steps:
-            if not isinstance(s, (Bench, Eval)) or not s.reuse:
+            if not isinstance(s, (Bench, Eval)) or not s.reuse or getattr(s, "round", 1) > 1:
                 continue
             k = _measurement_key(w, s)
             hit = reuse.find_run(k, model=p.model, target=p.profile, device=p.device, variant=s.variant.name) if isinstance(s, Bench) else reuse.outputs_path(k)
@@ -633,7 +647,9 @@ def _gate(w: _Walk, step: Gate) -> None:
 
     def verdict(name: str, agreement: Any) -> Verdict:
         fp32, run = runs["fp32"], runs[name]
-        return int8_verdict("fp32", fp32["samples_ns"], run["samples_ns"], agreement.to_dict() if agreement else None, step.max_drop, machine_shift(fp32, run))
+        a, b = round_slices(fp32), round_slices(run)
+        rounds = tuple(float(np.median(x) / np.median(y)) for x, y in zip(a, b)) if len(a) == len(b) > 1 else ()
+        return int8_verdict("fp32", fp32["samples_ns"], run["samples_ns"], agreement.to_dict() if agreement else None, step.max_drop, machine_shift(fp32, run), rounds)
 
     w.verdict = verdict("int8", w.agreement or (w.qresult.agreement if w.qresult else None))  # the device's, else the host's estimate
     if len(step.candidates) > 1:

@@ -11,6 +11,7 @@ runtime options of each), the bench configuration, and the typed steps a deploy 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -114,6 +115,7 @@ class Bench:
     config: BenchConfig
     device_steps: tuple[DeviceStep, ...] = ()  # done by the agent before timing (e.g. an engine build)
     reuse: bool = False  # an identical earlier measurement (same bundle, device, settings) stands in for a new one
+    round: int = 1  # which of config.rounds agent processes this is (the host merges them after the last)
 
     name = "bench"
 
@@ -121,9 +123,12 @@ class Bench:
     def detail(self) -> str:
         c, v = self.config, self.variant
         how = bench_window(c)
+        if self.round > 1:
+            return f"{v.name} on {v.backend}, round {self.round} of {c.rounds}: another agent process, {c.warmup} warm-up + {how}, the threads round 1 chose"
         first = f" after {', '.join(s.name for s in self.device_steps)} on the device" if self.device_steps else ""
         layers = ", then a profiled pass for per-layer times" if c.profile else ""
-        return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or '1 or all, probed'}{layers}{_REUSE if self.reuse else ''}"
+        rounds = f" (round 1 of {c.rounds}; the samples of all rounds are merged)" if c.rounds > 1 else ""
+        return f"{v.name} on {v.backend}{first}: {c.warmup} warm-up + {how}, threads={c.threads or '1 or all, probed'}{layers}{rounds}{_REUSE if self.reuse else ''}"
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,7 @@ def step_dict(step: Step) -> dict[str, Any]:
     if isinstance(step, Bench):
         doc["config"] = asdict(step.config)
         doc["device_steps"] = [{"name": s.name, "detail": s.detail} for s in step.device_steps]
+        doc["round"] = step.round
     if isinstance(step, (Bench, Eval)):
         doc["reuse"] = step.reuse
     return doc
@@ -205,6 +211,7 @@ class Options:
     duration_s: float | None = None
     min_time_s: float | None = None
     threads: int | None = None
+    rounds: int | None = None  # agent processes per variant (None: the profile's)
     layers: bool = True  # per-layer times (a separate profiled pass)
     output: str = ""
     max_drop: float = 0.01  # the int8 gate: accuracy points (a fraction) int8 may lose
@@ -339,7 +346,7 @@ def choose_backend(
 
 def bench_config(
     defaults: BenchDefaults, *, warmup: int | str | None = None, iterations: int | None = None, duration_s: float | None = None,
-    min_time_s: float | None = None, threads: int | None = None, layers: bool = True,
+    min_time_s: float | None = None, threads: int | None = None, layers: bool = True, rounds: int | None = None,
 ) -> BenchConfig:
     """The bench settings: what was asked for, else the profile's. The profile's count is a minimum
     that its ``min_time`` extends (a model of microseconds is then timed for a second, not for a few
@@ -357,6 +364,7 @@ def bench_config(
         min_time_s=min_time,
         threads=defaults.threads if threads is None else threads,
         profile=layers,
+        rounds=defaults.rounds if rounds is None else rounds,
     )
 
 
@@ -365,6 +373,18 @@ def bench_window(c: BenchConfig) -> str:
     if c.duration_s is not None:
         return f"{c.duration_s:g} s"
     return f"{c.iterations} timed runs" + (f" and at least {c.min_time_s:g} s" if c.min_time_s > 0 else "")
+
+
+def bench_steps(variants: Sequence[VariantPlan], config: BenchConfig, profile: Profile, *, reuse: bool = False) -> list[Bench]:
+    """A Bench step per variant and round. The variants alternate round by round (fp32, int8, fp32,
+    int8...), so that a stretch of the device running slow falls on each of them alike."""
+    steps = []
+    for r in range(1, config.rounds + 1):
+        for v in variants:
+            runner = get_backend(v.backend)
+            first = tuple(runner.device_steps(profile.backend(runner.name), v.precision)) if r == 1 else ()
+            steps.append(Bench(v, config, first, reuse=reuse, round=r))
+    return steps
 
 
 def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None, **asks: Any) -> Plan:
@@ -433,7 +453,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         variants.append(VariantPlan(vname, runner.name, vname, runner.variant_options(profile.backend(runner.name), vname)))
     config = bench_config(
         profile.bench, warmup=options.warmup, iterations=options.iterations, duration_s=options.duration_s,
-        min_time_s=options.min_time_s, threads=options.threads, layers=options.layers,
+        min_time_s=options.min_time_s, threads=options.threads, layers=options.layers, rounds=options.rounds,
     )  # fmt: skip
 
     rivals: list[tuple[VariantPlan, QuantScheme]] = []  # --choose measure: int8 on the profile's other backends
@@ -454,9 +474,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
         steps.append(WriteBundle(options.output or "edgekit-out/", tuple(v.name for v in variants)))
     if options.goal == "deploy":
         steps.append(Push(options.device))
-        for v in variants:
-            runner = get_backend(v.backend)
-            steps.append(Bench(v, config, tuple(runner.device_steps(profile.backend(runner.name), v.precision)), reuse=not options.remeasure))
+        steps += bench_steps(variants, config, profile, reuse=not options.remeasure)
         if scheme is not None:
             # the agreement that counts: each variant run on the device by the backend that ships it
             blind = [v.backend for v in variants if not get_backend(v.backend).evaluates]
@@ -534,11 +552,7 @@ def cpu_from_facts(facts: dict | None) -> CpuSpec | None:
 def plan_bundle(manifest: Any, profile: Profile, *, device: str, variants: list[str], config: BenchConfig) -> Plan:
     """The plan of bundle that exists already: push it, bench ``variants``, store the runs."""
     chosen = tuple(VariantPlan(v.name, v.backend, v.precision, dict(v.options)) for v in manifest.variants if v.name in variants)
-    steps: list[Step] = [Push(device)]
-    for v in chosen:
-        runner = get_backend(v.backend)
-        steps.append(Bench(v, config, tuple(runner.device_steps(profile.backend(runner.name), v.precision))))
-    steps.append(Store())
+    steps: list[Step] = [Push(device), *bench_steps(chosen, config, profile), Store()]
     recorded = manifest.plan or {}
     return Plan(
         model=manifest.model_name,

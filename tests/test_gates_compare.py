@@ -256,7 +256,7 @@ def test_drift_absorbs_a_wandering_run():
     assert run_wander(steady) < 0.01
     wandering = [s * (1.2 if (i // 200) % 2 else 1.0) for i, s in enumerate(lognormal(2000, 1e6, 0.05, seed=4))]
     assert run_wander(wandering) > 0.08
-    change = latency_change(steady, wandering)
+    change = latency_change({"samples_ns": steady}, {"samples_ns": wandering})
     assert change.change > 0.05 and change.low > 1.0  # the bootstrap alone would call it slower
     assert change.verdict == "no change" and "drift" in change.why()
 

@@ -451,6 +451,9 @@ def test_thread_probe_times_the_faster_count(tmp_path, monkeypatch, all_ms, one_
         assert (probe["all_p50_ns"] > probe["one_p50_ns"]) == (all_ms > one_ms)
         assert runner._median(doc["samples_ns"]) / 1e6 < (all_ms + one_ms) / 2
     assert runner.bench(str(bundle.root), "fp32", warmup=0, iterations=2, threads=2)["threads_probe"] is None  # asked: no probe
+    loads.clear()
+    unprobed = runner.bench(str(bundle.root), "fp32", warmup=0, iterations=2, probe_threads=False)  # a later round of --rounds
+    assert unprobed["threads_probe"] is None and loads == [None]  # the runtime's default, one load
     monkeypatch.setattr(runner.os, "cpu_count", lambda: 1)
     assert runner.bench(str(bundle.root), "fp32", warmup=0, iterations=2)["threads_probe"] is None  # one core: nothing to probe
 

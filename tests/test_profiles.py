@@ -305,6 +305,8 @@ def test_defaults_when_optional_sections_are_missing(tmp_path):
     assert profile.name == "board"  # from the file name
     assert (profile.workdir, profile.python) == ("~/.edgekit", "python3")
     assert (profile.bench.warmup, profile.bench.iterations, profile.bench.min_time_s, profile.bench.threads) == ("auto", 100, 0.5, None)
+    assert profile.bench.rounds == 1
+    assert validate_file(write(tmp_path, "board", BASE + "rounds = 3\n")).bench.rounds == 3
     assert profile.accelerator is None and profile.probe is False
 
 
@@ -333,11 +335,13 @@ INVALID = [
     ("unknown-top-key", "schema = 1\n", "schema = 1\ncolour = 'red'\n", "colour", "schema, name, description", "unknown key"),
     ("unknown-cpu-key", "cores = 4\n", "cores = 4\nfrequency = 2400\n", "cpu.frequency", "arch, core, isa, cores, probe", "unknown key"),
     ("unknown-backend-key", 'name = "native"\n', 'name = "native"\nfast = true\n', "backends[0].fast", "name, precisions, device", "unknown key"),
-    ("misspelled-key", "warmup = 5", "warmpu = 5", "bench.warmpu", "warmup, iterations, min_time, threads", "did you mean 'warmup'"),
+    ("misspelled-key", "warmup = 5", "warmpu = 5", "bench.warmpu", "warmup, iterations, min_time, threads, rounds", "did you mean 'warmup'"),
     ("wrong-type-int", "cores = 4", 'cores = "4"', "cpu.cores", "an integer >= 1", "expected an integer, got a string"),
     ("bool-is-not-int", "warmup = 5", "warmup = true", "bench.warmup", "an integer >= 0", "expected an integer, got a boolean"),
     ("min-time-negative", "warmup = 5", "warmup = 5\nmin_time = -1", "bench.min_time", "a number of seconds in 0..3600", "expected seconds, got -1"),
     ("min-time-bool", "warmup = 5", "warmup = 5\nmin_time = true", "bench.min_time", "a number of seconds in 0..3600", "expected seconds, got True"),
+    ("rounds-zero", "warmup = 5", "warmup = 5\nrounds = 0", "bench.rounds", "an integer >= 1", "expected an integer >= 1"),
+    ("rounds-float", "warmup = 5", "warmup = 5\nrounds = 2.5", "bench.rounds", "an integer >= 1", "expected an integer, got a float"),
     ("wrong-type-list", 'isa = ["neon", "asimddp"]', 'isa = "neon"', "cpu.isa", "neon, asimddp, i8mm, fp16", "expected an array"),
     ("wrong-type-item", 'precisions = ["int8"]', "precisions = [8]", "backends[0].precisions[0]", "int8, fp16, fp32", "expected a string"),
     ("section-not-table", None, HEAD + "bench = 5\n" + CPU + BACKS, "bench", "warmup, iterations, min_time, threads", "expected a table"),

@@ -75,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=_positive_float, default=None, help="seconds; replaces --iterations")
     bench.add_argument("--min-time", type=_positive_float, default=None, help="seconds: at least --iterations and at least this long")
     bench.add_argument("--threads", type=_positive_int, default=None)
+    bench.add_argument("--no-thread-probe", action="store_true", help="without --threads: the runtime's default, not probed against one thread")
     bench.add_argument("--profile", action="store_true", help="per-layer times, from a separate pass after the timed loop")
     ev = sub.add_parser("eval", help="run held-out samples through one variant, save its outputs")
     ev.add_argument("bundle_dir")
@@ -125,6 +126,7 @@ def _run(args: argparse.Namespace) -> dict:
         iterations=args.iterations,
         duration_s=args.duration,
         threads=args.threads,
+        probe_threads=not args.no_thread_probe,
         profile=args.profile,
         min_time_s=args.min_time or 0.0,
     )

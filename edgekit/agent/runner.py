@@ -105,6 +105,7 @@ def bench(
     threads: int | None = None,
     profile: bool = False,
     min_time_s: float = 0.0,
+    probe_threads: bool = True,
 ) -> dict:
     """Load ``variant`` of the bundle at ``bundle_dir``, time it, return the bench document.
 
@@ -114,6 +115,8 @@ def bench(
     ``iterations`` and at least that long (trtexec's rule), so that a model of a few microseconds
     is timed over a window that outlasts a neighbour's burst or a clock step. With ``profile`` the backend's
     per-layer times come from a separate pass after the timed loop, which profiling would slow.
+    Without ``threads``, the runtime's default is probed against one thread unless not ``probe_threads``
+    (the host's later rounds time what the first round's probe chose).
     """
     if duration_s is not None:
         min_time_s = 0.0  # a duration is the whole window (the loops below and the backends' rely on it)
@@ -122,14 +125,14 @@ def bench(
     backend = load_backend(spec["backend"])
     facts = device_facts()
     before = device_state()
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
     options = dict(spec.get("options") or {})
     t0 = time.perf_counter_ns()
     session = backend.load(model_path, threads, options, bundle_dir)
     load_ns = time.perf_counter_ns() - t0
     probe = None
-    if threads is None and getattr(backend, "PROBE_THREADS", False) and (os.cpu_count() or 1) > 1:
+    if threads is None and probe_threads and getattr(backend, "PROBE_THREADS", False) and (os.cpu_count() or 1) > 1:
         session, threads, probe, load_ns = _probe_threads(backend, session, load_ns, model_path, options, bundle_dir, spec)
     own_bench = getattr(session, "bench", None)
     meter = open_meter()

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.bench.record import validate_record
+from edgekit.bench.record import round_slices, validate_record
 from edgekit.bench.stats import Stats
 from edgekit.bench.store import EXPORT_KIND, ResultsStore, check_export
 from edgekit.bench.verdict import CONFIDENCE, MACHINE_UNSURE, machine_allowance, speedup_interval
@@ -102,7 +102,7 @@ class LatencyChange:
         if machine_allowance(self.machine) > max(MIN_CHANGE, self.drift):
             return f"within the device's own speed change of {self.machine * 100:.0f}% between the runs (its reference loop)"
         if self.drift > MIN_CHANGE:
-            return f"within the runs' own drift of {self.drift * 100:.1f}%"
+            return f"within the runs' own noise of {self.drift * 100:.1f}% (drift within a process, spread between processes)"
         return f"below {MIN_CHANGE * 100:g}%"
 
 
@@ -124,11 +124,28 @@ def run_wander(samples_ns: Sequence[int], q: float | None = 50.0) -> float:
     return (max(values) - min(values)) / 2 / stat(ns)
 
 
-def latency_change(baseline_ns: Sequence[int], candidate_ns: Sequence[int], q: float | None = 50.0, machine: float = 0.0) -> LatencyChange:
-    """Candidate vs baseline latency at percentile ``q`` (None: the mean); ``machine``: the
-    device's own speed change between the runs (``machine_shift``)."""
-    speed, lo, hi = speedup_interval(list(baseline_ns), list(candidate_ns), q=q)
-    return LatencyChange(1 / speed, 1 / hi, 1 / lo, max(run_wander(baseline_ns, q), run_wander(candidate_ns, q)), machine)
+def run_noise(agent: dict, q: float | None = 50.0) -> float:
+    """How far a run's statistic moves within itself: its wander in each agent process, and for a run
+    timed in several (``rounds``), half the spread of the processes' statistic relative to the whole."""
+    parts = round_slices(agent)
+    within = max(run_wander(p, q) for p in parts)
+    if len(parts) < 2:
+        return within
+
+    def stat(x: Sequence[int]) -> float:
+        return float(np.mean(x) if q is None else np.percentile(x, q))
+
+    values = [stat(p) for p in parts]
+    return max(within, (max(values) - min(values)) / 2 / stat(agent["samples_ns"]))
+
+
+def latency_change(baseline: dict, candidate: dict, q: float | None = 50.0) -> LatencyChange:
+    """Candidate vs baseline latency at percentile ``q`` (None: the mean), from two agent documents
+    (records' ``agent``): their samples, their noise (``run_noise``) and the device's own speed
+    change between them (``machine_shift``)."""
+    speed, lo, hi = speedup_interval(list(baseline["samples_ns"]), list(candidate["samples_ns"]), q=q)
+    noise = max(run_noise(baseline, q), run_noise(candidate, q))
+    return LatencyChange(1 / speed, 1 / hi, 1 / lo, noise, machine_shift(baseline, candidate))
 
 
 def machine_shift(a: dict, b: dict) -> float:
@@ -222,13 +239,11 @@ _LATENCY = (("p50", 50.0), ("p99", 99.0), ("mean", None))
 def compare(a: dict, b: dict) -> Comparison:
     """Per-metric verdicts of ``b`` against ``a`` (check ``comparable`` first)."""
     sa, sb = Stats.of_record(a), Stats.of_record(b)
-    na, nb = a["agent"]["samples_ns"], b["agent"]["samples_ns"]
-    machine = machine_shift(a["agent"], b["agent"])
     rows = []
     for name, q in _LATENCY:
-        ch = latency_change(na, nb, q, machine)
+        ch = latency_change(a["agent"], b["agent"], q)
         rows.append(MetricChange(name, "ms", sa.get(name), sb.get(name), ch.change, (ch.low - 1, ch.high - 1), ch.verdict, ch.why()))
-    mean = latency_change(na, nb, None, machine)
+    mean = latency_change(a["agent"], b["agent"], None)
     ta, tb = sa.throughput, sb.throughput
     rows.append(MetricChange("throughput", "/s", ta, tb, tb / ta - 1, (1 / mean.high - 1, 1 / mean.low - 1), mean.verdict, mean.why()))
     for name, unit, get in (("rss", "B", _rss), ("energy", "mJ", _energy)):
@@ -249,7 +264,7 @@ def compare(a: dict, b: dict) -> Comparison:
             delta = vb - va
             verdict = "no change" if abs(delta) < 1e-9 else ("better" if delta > 0 else "worse")
             rows.append(MetricChange("accuracy", "%", va, vb, delta, None, verdict))
-    return Comparison(a, b, tuple(rows), machine=machine)
+    return Comparison(a, b, tuple(rows), machine=machine_shift(a["agent"], b["agent"]))
 
 
 def accuracy(record: dict) -> float | None:

@@ -34,7 +34,6 @@ from edgekit.bench.compare import (
     comparable,
     default_baseline,
     latency_change,
-    machine_shift,
     resolve,
 )
 from edgekit.bench.store import ResultsStore
@@ -130,7 +129,7 @@ class Gate:
         beyond = sign * change * 100 > self.limit
         text = f"{change * 100:+.1f}%"
         if m.q is not False:  # latency: the slowdown must also stand out of the noise
-            lat = latency_change(baseline["agent"]["samples_ns"], record["agent"]["samples_ns"], m.q, machine_shift(baseline["agent"], record["agent"]))
+            lat = latency_change(baseline["agent"], record["agent"], m.q)
             lo, hi = (lat.low, lat.high) if not m.higher_is_better else (1 / lat.high, 1 / lat.low)
             text += f", 95% CI {(lo - 1) * 100:+.1f}..{(hi - 1) * 100:+.1f}%"
             if beyond and lat.unsure:

@@ -13,6 +13,8 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
+
 from edgekit.agent import SCHEMA as AGENT_SCHEMA  # the agent document layout this host reads
 from edgekit.bench.stats import Stats, drift
 from edgekit.errors import AgentError, EdgekitError, ResultsError
@@ -55,6 +57,61 @@ def make_record(
         **copy.deepcopy(extra or {}),
     }
     return validate_record(record)
+
+
+def merge_rounds(docs: list[dict]) -> dict:
+    """One agent document from the documents of several agent processes that timed the same
+    variant (``--rounds``): their samples in the order they ran, the first round's load, first
+    inference, warm-up, thread probe and layers, the largest RSS, the energy summed, the speed
+    loop's median, and ``rounds`` (each process's sample count, start and loop) so that the
+    spread between processes can be measured (``compare.run_wander``).
+
+    Raises AgentError when the documents are not of one variant of one bundle on one backend."""
+    for doc in docs:
+        _check_agent(doc, AgentError, "agent document field", "", _AGENT_HINT)
+    if len(docs) == 1:
+        return copy.deepcopy(docs[0])
+    first = docs[0]
+    for doc in docs[1:]:
+        for key in ("variant", "backend", "backend_version", "precision", "bundle_hash", "model_sha256"):
+            if doc.get(key) != first.get(key):
+                raise AgentError(f"the rounds of variant {first['variant']!r} differ in {key}: {first.get(key)!r} vs {doc.get(key)!r}", _AGENT_HINT)
+        for key in ("batch", "threads"):
+            if doc["config"].get(key) != first["config"].get(key):
+                raise AgentError(f"the rounds of variant {first['variant']!r} differ in config.{key}: {first['config'].get(key)!r} vs {doc['config'].get(key)!r}", _AGENT_HINT)
+    merged = copy.deepcopy(first)
+    merged["samples_ns"] = [s for doc in docs for s in doc["samples_ns"]]
+    merged["device_state"] = {"before": (first.get("device_state") or {}).get("before"), "after": (docs[-1].get("device_state") or {}).get("after")}
+    rss = [doc["peak_rss_bytes"] for doc in docs if doc.get("peak_rss_bytes") is not None]
+    merged["peak_rss_bytes"] = max(rss) if rss else None
+    energy = [doc.get("energy") for doc in docs]
+    if all(energy) and len({e["source"] for e in energy}) == 1:
+        joules = sum(e["joules"] for e in energy)
+        inferences = len(merged["samples_ns"]) * first["config"]["batch"]
+        merged["energy"] = {"source": energy[0]["source"], "joules": round(joules, 6), "mj_per_inference": round(joules * 1000.0 / inferences, 6)}
+    else:
+        merged["energy"] = None
+    probes = [doc.get("speed_probe") for doc in docs]
+    if all(probes) and len({p["loop"] for p in probes}) == 1:
+        ns = sorted(p["ns"] for p in probes)
+        merged["speed_probe"] = {"loop": probes[0]["loop"], "ns": ns[len(ns) // 2], "bursts": sum(p["bursts"] for p in probes)}
+    else:
+        merged["speed_probe"] = None
+    merged["rounds"] = [
+        {"samples": len(doc["samples_ns"]), "started_at": doc.get("started_at"), "speed_probe_ns": (doc.get("speed_probe") or {}).get("ns")}
+        for doc in docs
+    ]
+    return merged
+
+
+def round_slices(agent: dict) -> list[list[int]]:
+    """The samples of each agent process a run was timed in (one list when it had one)."""
+    samples, rounds = agent["samples_ns"], agent.get("rounds") or []
+    out, at = [], 0
+    for r in rounds:
+        out.append(samples[at : at + r["samples"]])
+        at += r["samples"]
+    return out if len(out) > 1 else [samples]
 
 
 def validate_record(d: Any) -> dict:
@@ -192,6 +249,11 @@ def _check_measurement(doc: dict, fail: Any) -> None:
         isinstance(probe, dict) and isinstance(probe.get("loop"), str) and all(is_int(probe.get(k)) and probe[k] > 0 for k in ("ns", "bursts"))
     ):
         raise fail("speed_probe", "must be {loop, ns, bursts} with a positive ns and burst count, or null")
+    rounds = doc.get("rounds")
+    if rounds is not None:
+        ok = isinstance(rounds, list) and len(rounds) >= 2 and all(isinstance(r, dict) and is_int(r.get("samples")) and r["samples"] > 0 for r in rounds)
+        if not ok or sum(r["samples"] for r in rounds) != len(doc["samples_ns"]):
+            raise fail("rounds", "must be a list of 2 or more {samples, ...} whose sample counts add up to samples_ns, or null")
     energy = doc.get("energy")
     if energy is not None:
         ok = isinstance(energy, dict) and isinstance(energy.get("source"), str)
@@ -235,10 +297,16 @@ def measurement_warnings(agent: dict) -> list[str]:
     state = agent.get("device_state") or {}
     before, after = state.get("before") or {}, state.get("after") or {}
     lines = []
-    d = drift(agent.get("samples_ns") or [])
+    parts = round_slices(agent) if agent.get("samples_ns") else [[]]
+    drifts = [d for d in map(drift, parts) if d is not None]
+    d = max(drifts, key=lambda x: abs(x.change_pct), default=None)  # within a process: a step between two is not drift
     if d is not None and abs(d.change_pct) >= 5:
         heat = f" (temperature {before['temp_c']:g} -> {after['temp_c']:g} C)" if before.get("temp_c") is not None and after.get("temp_c") is not None else ""
         lines.append(f"drift: p50 {d.change_pct:+.0f}% from the first to the last tenth of the run{heat}")
+    if len(parts) > 1:
+        p50 = [float(np.median(x)) / 1e6 for x in parts]
+        if max(p50) >= 1.05 * min(p50):
+            lines.append(f"rounds: p50 {min(p50):.3g}-{max(p50):.3g} ms across the {len(parts)} processes (counted as noise when runs are compared)")
     throttled = [s["throttled"] for s in (before, after) if isinstance(s.get("throttled"), dict)]
     if any(t.get("now") or t.get("ever") for t in throttled):
         lines.append(f"throttled ({throttled[-1].get('source')}): {throttled[-1].get('detail')}")

@@ -32,6 +32,7 @@ class Verdict:
     checks: dict[str, bool] = field(default_factory=dict)
     candidates: dict[str, Verdict] = field(default_factory=dict)  # --choose measure: each int8 variant's own verdict
     machine: float = 0.0  # how far the device's own speed moved between the two benches (compare.machine_shift)
+    rounds: tuple[float, ...] = ()  # --rounds: the speed-up in each round (fp32 and int8 timed one after the other)
 
     def to_dict(self) -> dict[str, Any]:
         doc = {
@@ -41,6 +42,7 @@ class Verdict:
             "speedup_ci95": list(self.speedup_ci) if self.speedup_ci else None,
             "checks": dict(self.checks),
             "machine_shift": round(self.machine, 4),
+            "speedup_rounds": list(self.rounds) or None,
         }
         if self.candidates:
             doc["candidates"] = {name: v.to_dict() for name, v in self.candidates.items()}
@@ -86,16 +88,21 @@ def accuracy_holds(agreement: dict, max_drop: float) -> tuple[bool, str]:
 
 
 def int8_verdict(
-    float_name: str, float_ns: list[int], int8_ns: list[int], agreement: dict | None, max_drop: float, machine: float = 0.0
+    float_name: str, float_ns: list[int], int8_ns: list[int], agreement: dict | None, max_drop: float, machine: float = 0.0,
+    rounds: tuple[float, ...] = (),
 ) -> Verdict:
     """Recommend ``int8`` or ``float_name`` from the device's samples and the device's agreement.
-    ``machine``: how far the device's own speed moved between the two benches (a fraction)."""
+    ``machine``: how far the device's own speed moved between the two benches (a fraction);
+    ``rounds``: with --rounds, the speed-up of each round (its fp32 and int8 processes)."""
     speed, lo, hi = speedup_interval(float_ns, int8_ns)
-    # the whole interval above 1, by more than the device's own speed moved: faster beyond the noise
-    faster = lo > 1.0 + machine_allowance(machine)
+    # the whole interval above 1, by more than the device's own speed moved, and in every round: faster beyond the noise
+    faster = lo > 1.0 + machine_allowance(machine) and all(r > 1.0 for r in rounds)
+    per_round = f"; per round {', '.join(f'{r:.2f}x' for r in rounds)}" if rounds else ""
     reasons = []
     if faster:
-        reasons.append(f"int8 is {speed:.2f}x as fast as {float_name} at p50 (95% CI {lo:.2f}-{hi:.2f}x)")
+        reasons.append(f"int8 is {speed:.2f}x as fast as {float_name} at p50 (95% CI {lo:.2f}-{hi:.2f}x{per_round})")
+    elif rounds and lo > 1.0 + machine_allowance(machine):
+        reasons.append(f"int8 was not faster than {float_name} in every round ({speed:.2f}x at p50 overall{per_round})")
     elif machine > MACHINE_UNSURE:
         reasons.append(f"int8 looked {speed:.2f}x as fast as {float_name} at p50 (95% CI {lo:.2f}-{hi:.2f}x), on a device whose own speed changed between the benches")
     elif hi < 1.0:
@@ -110,7 +117,8 @@ def int8_verdict(
                           "the speed-up is uncertain by as much; rerun with --remeasure on a quiet device")
     reasons.append(why)
     recommended = "int8" if faster and accurate else float_name
-    return Verdict(recommended, tuple(reasons), round(speed, 3), (round(lo, 3), round(hi, 3)), {"faster": faster, "accurate": accurate}, machine=machine)
+    return Verdict(recommended, tuple(reasons), round(speed, 3), (round(lo, 3), round(hi, 3)), {"faster": faster, "accurate": accurate}, machine=machine,
+                   rounds=tuple(round(r, 3) for r in rounds))  # fmt: skip
 
 
 def choose_fastest(verdicts: dict[str, Verdict], backends: dict[str, str]) -> Verdict:
@@ -124,4 +132,4 @@ def choose_fastest(verdicts: dict[str, Verdict], backends: dict[str, str]) -> Ve
     name = max(passing, key=lambda n: passing[n].speedup or 0.0)
     best = passing[name]
     why = f"{name} on {backends[name]} is the fastest int8 variant that passes" + (f" (of {len(passing)})" if len(passing) > 1 else "")
-    return Verdict(name, (why, *best.reasons, *lines), best.speedup, best.speedup_ci, dict(best.checks), dict(verdicts), best.machine)
+    return Verdict(name, (why, *best.reasons, *lines), best.speedup, best.speedup_ci, dict(best.checks), dict(verdicts), best.machine, best.rounds)

@@ -54,6 +54,7 @@ _MODEL: dict[str, tuple[tuple[type, ...], str]] = {
     "duration": ((int, float), "seconds (a positive number)"),
     "min_time": ((int, float), "seconds (a number >= 0): time at least --iterations and at least this long"),
     "threads": ((int,), "a positive integer"),
+    "rounds": ((int,), "a positive integer (agent processes per variant)"),
     "quantize": ((bool,), "true or false"),
     "layers": ((bool,), "true or false (per-layer times, a separate profiled pass)"),
     "backend": ((str,), "a backend name"),
@@ -190,7 +191,7 @@ class _Reader:
                 raise self.fail(f"{where}.{key}", f"must be {what}, got {value!r}", f"fix {key} in {self.path.name}", section=section, key=key)
             if isinstance(value, list) and not all(isinstance(v, str) for v in value):
                 raise self.fail(f"{where}.{key}", f"must be {what}, got {value!r}", "use a list of strings", section=section, key=key)
-        for key, low in (("iterations", 1), ("warmup", 0), ("threads", 1)):
+        for key, low in (("iterations", 1), ("warmup", 0), ("threads", 1), ("rounds", 1)):
             if key in m and m[key] < low:
                 raise self.fail(f"{where}.{key}", f"must be >= {low}, got {m[key]}", f"fix {key}", section=section, key=key)
         if "duration" in m and m["duration"] <= 0:
@@ -214,7 +215,7 @@ class _Reader:
             except UsageError as exc:
                 raise self.fail(f"{where}.method", exc.message, exc.hint, section=section, key="method") from None
         renamed = {"duration": "duration_s", "min_time": "min_time_s"}
-        for key in ("iterations", "warmup", "duration", "min_time", "threads", "layers", "quantize", "backend", "method"):
+        for key in ("iterations", "warmup", "duration", "min_time", "threads", "rounds", "layers", "quantize", "backend", "method"):
             if key in m:
                 options[renamed.get(key, key)] = m[key]
         if "max_drop" in m:

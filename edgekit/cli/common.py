@@ -104,6 +104,11 @@ MinTime = Annotated[
     typer.Option("--min-time", min=0, max=3600, metavar="SECONDS", help="Run the timed runs for at least this long as well (default: the profile's, 0.5 s; with --iterations, 0; --duration replaces both)."),
 ]
 Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else one or all cores, whichever a short probe on the device finds faster).")]
+Rounds = Annotated[
+    int | None,
+    typer.Option("--rounds", min=1, max=100, metavar="N", help="Time each variant in N agent processes, one after another (variants alternate), and merge their samples: "
+                 "the spread between processes then counts as noise (default: the profile's, 1)."),
+]
 Layers = Annotated[bool, typer.Option("--layers/--no-layers", help="Per-layer times from a separate profiled pass after the timed runs (default: on).")]
 
 Fail = Annotated[
@@ -130,7 +135,7 @@ GROUPS: dict[str, dict[str, tuple]] = {
         "calib": (Calib, None), "calib_samples": (CalibSamples, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, DEFAULT_METHOD),
         "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None),
     },
-    "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "min_time": (MinTime, None), "threads": (Threads, None), "layers": (Layers, True)},
+    "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "min_time": (MinTime, None), "threads": (Threads, None), "rounds": (Rounds, None), "layers": (Layers, True)},
     "gates": {"fail": (Fail, None), "baseline": (Baseline, None)},
     "ssh": {"trust_new_host": (TrustNewHost, False), "password": (Password, False), "inventory": (Inventory, None)},
 }  # fmt: skip
@@ -165,7 +170,7 @@ def quantize_args(opts: dict) -> dict:
 
 def bench_args(opts: dict) -> dict:
     """The "bench" group as the API's keyword arguments."""
-    return dict(warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], min_time_s=opts["min_time"], threads=opts["threads"], layers=opts["layers"])
+    return dict(warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], min_time_s=opts["min_time"], threads=opts["threads"], rounds=opts["rounds"], layers=opts["layers"])
 
 
 def gates(opts: dict, *, fleet: bool, runs: bool = True) -> list:

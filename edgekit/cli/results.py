@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from edgekit.bench.record import measurement_warnings
+from edgekit.bench.record import measurement_warnings, round_slices
 from edgekit.bench.stats import STAT_FIELDS
 from edgekit.bench.store import ResultsStore
 from edgekit.cli import common
@@ -342,6 +343,10 @@ def _device_rows(agent: dict) -> list[tuple[str, Any]]:
     probe = agent.get("speed_probe")
     if isinstance(probe, dict) and probe.get("ns"):
         rows.append((f"speed loop ({probe.get('loop')})", f"{probe['ns'] / 1000:.2f} us (median of {probe.get('bursts')} bursts through the window)"))
+    parts = round_slices(agent)
+    if len(parts) > 1:
+        p50 = " / ".join(f"{statistics.median(x) / 1e6:.4g}" for x in parts)
+        rows.append(("rounds", f"{len(parts)} agent processes, p50 {p50} ms"))
     state = agent.get("device_state") or {}
     before, after = state.get("before") or {}, state.get("after") or {}
     for key, label, unit in (("governor", "governor", ""), ("temp_c", "temperature", " C")):

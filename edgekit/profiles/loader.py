@@ -53,7 +53,7 @@ _TOP_KEYS = ("schema", "name", "description", "accelerator", "cpu", "device", "b
 _CPU_KEYS = ("arch", "core", "isa", "cores", "probe")
 _DEVICE_KEYS = ("workdir", "python")
 _BACKEND_KEYS = ("name", "precisions", "device", "min_version", "max_version", "dla_cores", "notes")
-_BENCH_KEYS = ("warmup", "iterations", "min_time", "threads")
+_BENCH_KEYS = ("warmup", "iterations", "min_time", "threads", "rounds")
 
 # The device string each backend understands (onnxruntime: an execution provider name).
 _BACKEND_DEVICES: dict[str, tuple[str, ...]] = {
@@ -402,4 +402,5 @@ class _Parser:
             iterations=defaults.iterations if iterations is None else iterations,
             min_time_s=defaults.min_time_s if min_time is None else float(min_time),
             threads=self.integer(bench, "threads", "bench", minimum=1),
+            rounds=self.integer(bench, "rounds", "bench", minimum=1) or defaults.rounds,
         )

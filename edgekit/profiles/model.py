@@ -71,6 +71,9 @@ class BenchDefaults(FieldsDict):
     # 100 runs is a window of a few ms, which one neighbour's burst or a clock step moves by tens of %
     min_time_s: float = 0.5  # Google Benchmark's default min time
     threads: int | None = None  # None = all cores
+    # agent processes per variant, their samples merged: a process's own speed (memory placement,
+    # which core) differs by several % from the next one's, which one process cannot show
+    rounds: int = 1
 
 
 @dataclass(frozen=True)
