@@ -286,6 +286,7 @@ BAD = {
     "missing model": ('[[models]]\npath = "nope/model.onnx"\n', 3, "models[0].path: no such file: nope/model.onnx"),
     "wrong type": (f'[[models]]\npath = "{DIGITS}"\niterations = "ten"\n', 3, "models[0].iterations: must be a positive integer"),
     "negative min_time": (f'[[models]]\npath = "{DIGITS}"\nmin_time = -1\n', 3, "models[0].min_time: must be seconds in 0..3600"),
+    "zero rounds": (f'[[models]]\npath = "{DIGITS}"\nrounds = 0\n', 3, "models[0].rounds: must be >= 1"),
     "unknown target": (f'[[models]]\npath = "{DIGITS}"\ntargets = ["nosuchboard"]\n', 3, "models[0].targets"),
     "no models": ("[defaults]\niterations = 5\n", 3, "no [[models]]"),
     "two baselines": (f'[baseline]\nbranch = "main"\nref = "latest"\n[[models]]\npath = "{DIGITS}"\n', 3, "exactly one of ref, branch, file"),
@@ -310,7 +311,7 @@ def test_config_defaults_paths_and_units(tmp_path):
     (tmp_path / "ci.toml").write_text(
         'jobs = 2\n[defaults]\niterations = 7\nmax_drop = 0.5\ngates = ["p50:+5%"]\n[baseline]\nbranch = "main"\n'
         f'[[models]]\npath = "{DIGITS}"\ncalib = "data/calib.npz"\n'
-        f'[[models]]\npath = "{DIGITS}"\nname = "again"\niterations = 9\ngates = ["p99:<20ms", "accuracy:-0.5pt"]\nduration = 2\nmin_time = 0\n'
+        f'[[models]]\npath = "{DIGITS}"\nname = "again"\niterations = 9\ngates = ["p99:<20ms", "accuracy:-0.5pt"]\nduration = 2\nmin_time = 0\nrounds = 3\n'
     )
     c = load_config(tmp_path / "ci.toml")
     a, b = c.models
@@ -319,6 +320,7 @@ def test_config_defaults_paths_and_units(tmp_path):
     assert a.options["iterations"] == 7 and a.options["max_drop"] == pytest.approx(0.005)  # points -> fraction
     assert [g.text for g in a.gates] == ["p50:+5%"] and [g.metric for g in b.gates] == ["p99", "accuracy"]
     assert b.options["iterations"] == 9 and b.options["duration_s"] == 2 and b.options["min_time_s"] == 0
+    assert b.options["rounds"] == 3 and "rounds" not in a.options
     assert [(t, [e.name for e in entries]) for t, entries in a.runs] == [("local", ["local"])]
     assert load_config(tmp_path / "ci.toml", baseline="latest@dev").baseline.branch == "dev"
     (tmp_path / "dup.toml").write_text(f'[[models]]\npath = "{DIGITS}"\n[[models]]\npath = "{DIGITS}"\n')
