@@ -340,7 +340,7 @@ INVALID = [
     ("bool-is-not-int", "warmup = 5", "warmup = true", "bench.warmup", "an integer >= 0", "expected an integer, got a boolean"),
     ("min-time-negative", "warmup = 5", "warmup = 5\nmin_time = -1", "bench.min_time", "a number of seconds in 0..3600", "expected seconds, got -1"),
     ("min-time-bool", "warmup = 5", "warmup = 5\nmin_time = true", "bench.min_time", "a number of seconds in 0..3600", "expected seconds, got True"),
-    ("rounds-zero", "warmup = 5", "warmup = 5\nrounds = 0", "bench.rounds", "an integer >= 1", "expected an integer >= 1"),
+    ("rounds-zero", "warmup = 5", "warmup = 5\nrounds = 0", "bench.rounds", "an integer >= 1", "0 is too small"),
     ("rounds-float", "warmup = 5", "warmup = 5\nrounds = 2.5", "bench.rounds", "an integer >= 1", "expected an integer, got a float"),
     ("wrong-type-list", 'isa = ["neon", "asimddp"]', 'isa = "neon"', "cpu.isa", "neon, asimddp, i8mm, fp16", "expected an array"),
     ("wrong-type-item", 'precisions = ["int8"]', "precisions = [8]", "backends[0].precisions[0]", "int8, fp16, fp32", "expected a string"),
