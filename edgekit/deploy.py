@@ -22,7 +22,7 @@ import numpy as np
 from edgekit.agentclient import bench_variant, eval_variant
 from edgekit.bench import reuse
 from edgekit.bench.compare import machine_shift
-from edgekit.bench.record import make_record, measurement_warnings, merge_rounds, round_slices
+from edgekit.bench.record import make_record, measurement_warnings, merge_rounds, round_p50s_ns
 from edgekit.bench.store import ResultsStore
 from edgekit.bench.vcs import vcs_info
 from edgekit.bench.verdict import Verdict, choose_fastest, int8_verdict
@@ -431,7 +431,6 @@ class _Walk:
     found: dict[int, Any] | None = None  # id(step) -> the earlier measurement reused for it (None: not looked yet)
     agreements: dict[str, AgreementReport] = field(default_factory=dict)  # int8 variant -> its agreement on the device
     reused_ids: set[int] = field(default_factory=set)
-    reused_variants: set[str] = field(default_factory=set)
     rounds: dict[str, list[dict]] = field(default_factory=dict)  # variant -> the agent documents of its rounds so far
 
     def source(self, name: str) -> Path:
@@ -555,15 +554,14 @@ def _push(w: _Walk, step: Push) -> None:
 
 def _bench(w: _Walk, step: Bench) -> None:
     transport, c, name = w.device(), step.config, step.variant.name
-    if step.round > 1 and name in w.reused_variants:
-        return  # the earlier run stands in for all its rounds
+    if step.round > 1 and any(r["agent"]["variant"] == name for r in w.records):
+        return  # reused: a measured variant's record comes only after its last round
     k = _measurement_key(w, step)
     earlier = _earlier(w, step)
     if earlier is not None:
         rid = earlier["id"]  # (the Store step takes it off: the run is in the store already)
         w.records.append(earlier)
         w.reused_ids.add(rid)
-        w.reused_variants.add(name)
         w.events.info(
             f"{name}: same bundle, device and settings as run {rid} (measured {earlier['created'][:19]} UTC): "
             "reusing it (--remeasure to measure again)"
@@ -628,7 +626,7 @@ def _earlier(w: _Walk, step: Bench | Eval) -> Any:
         found: dict[int, Any] = {}
         p = w.plan
         for s in p.steps:
-            if not isinstance(s, (Bench, Eval)) or not s.reuse or getattr(s, "round", 1) > 1:
+            if not isinstance(s, (Bench, Eval)) or not s.reuse or (isinstance(s, Bench) and s.round > 1):
                 continue
             k = _measurement_key(w, s)
             hit = reuse.find_run(k, model=p.model, target=p.profile, device=p.device, variant=s.variant.name) if isinstance(s, Bench) else reuse.outputs_path(k)
@@ -647,8 +645,8 @@ def _gate(w: _Walk, step: Gate) -> None:
 
     def verdict(name: str, agreement: Any) -> Verdict:
         fp32, run = runs["fp32"], runs[name]
-        a, b = round_slices(fp32), round_slices(run)
-        rounds = tuple(float(np.median(x) / np.median(y)) for x, y in zip(a, b)) if len(a) == len(b) > 1 else ()
+        a, b = round_p50s_ns(fp32), round_p50s_ns(run)
+        rounds = tuple(x / y for x, y in zip(a, b)) if len(a) == len(b) > 1 else ()
         return int8_verdict("fp32", fp32["samples_ns"], run["samples_ns"], agreement.to_dict() if agreement else None, step.max_drop, machine_shift(fp32, run), rounds)
 
     w.verdict = verdict("int8", w.agreement or (w.qresult.agreement if w.qresult else None))  # the device's, else the host's estimate

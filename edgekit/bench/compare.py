@@ -53,12 +53,12 @@ _REF_HINT = "give a run id (edgekit results list), an export file (FILE or FILE#
 
 @dataclass(frozen=True)
 class LatencyChange:
-    """Candidate vs baseline at one statistic: ratio candidate/baseline, its CI, and the runs' drift."""
+    """Candidate vs baseline at one statistic: ratio candidate/baseline, its CI, and the runs' noise."""
 
     ratio: float
     low: float
     high: float
-    drift: float
+    noise: float  # the runs' own: drift within a process, spread between processes (run_noise)
     machine: float = 0.0  # how far the device's own speed moved between the runs (machine_shift)
 
     @property
@@ -81,8 +81,8 @@ class LatencyChange:
 
     @property
     def floor(self) -> float:
-        """The smallest change that counts: MIN_CHANGE, the runs' drift, the machine's share."""
-        return max(MIN_CHANGE, self.drift, machine_allowance(self.machine))
+        """The smallest change that counts: MIN_CHANGE, the runs' noise, the machine's share."""
+        return max(MIN_CHANGE, self.noise, machine_allowance(self.machine))
 
     @property
     def verdict(self) -> str:
@@ -99,10 +99,10 @@ class LatencyChange:
         if self.unsure:
             return (f"the device's own speed moved {self.machine * 100:.0f}% between the runs (its reference loop): "
                     "too far to judge a change of this size; rerun on a quiet device")
-        if machine_allowance(self.machine) > max(MIN_CHANGE, self.drift):
+        if machine_allowance(self.machine) > max(MIN_CHANGE, self.noise):
             return f"within the device's own speed change of {self.machine * 100:.0f}% between the runs (its reference loop)"
-        if self.drift > MIN_CHANGE:
-            return f"within the runs' own noise of {self.drift * 100:.1f}% (drift within a process, spread between processes)"
+        if self.noise > MIN_CHANGE:
+            return f"within the runs' own noise of {self.noise * 100:.1f}% (drift within a process, spread between processes)"
         return f"below {MIN_CHANGE * 100:g}%"
 
 
@@ -116,12 +116,13 @@ def run_wander(samples_ns: Sequence[int], q: float | None = 50.0) -> float:
     blocks = min(DRIFT_BLOCKS, ns.size // per_block)
     if blocks < 2:
         return 0.0
+    values = [_stat(b, q) for b in np.array_split(ns, blocks)]
+    return (max(values) - min(values)) / 2 / _stat(ns, q)
 
-    def stat(x: np.ndarray) -> float:
-        return float(np.mean(x) if q is None else np.percentile(x, q))
 
-    values = [stat(b) for b in np.array_split(ns, blocks)]
-    return (max(values) - min(values)) / 2 / stat(ns)
+def _stat(x: Sequence[int] | np.ndarray, q: float | None) -> float:
+    """Percentile ``q`` of ``x`` (None: the mean)."""
+    return float(np.mean(x) if q is None else np.percentile(x, q))
 
 
 def run_noise(agent: dict, q: float | None = 50.0) -> float:
@@ -131,12 +132,8 @@ def run_noise(agent: dict, q: float | None = 50.0) -> float:
     within = max(run_wander(p, q) for p in parts)
     if len(parts) < 2:
         return within
-
-    def stat(x: Sequence[int]) -> float:
-        return float(np.mean(x) if q is None else np.percentile(x, q))
-
-    values = [stat(p) for p in parts]
-    return max(within, (max(values) - min(values)) / 2 / stat(agent["samples_ns"]))
+    values = [_stat(p, q) for p in parts]
+    return max(within, (max(values) - min(values)) / 2 / _stat(agent["samples_ns"], q))
 
 
 def latency_change(baseline: dict, candidate: dict, q: float | None = 50.0) -> LatencyChange:

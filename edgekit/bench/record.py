@@ -64,7 +64,7 @@ def merge_rounds(docs: list[dict]) -> dict:
     variant (``--rounds``): their samples in the order they ran, the first round's load, first
     inference, warm-up, thread probe and layers, the largest RSS, the energy summed, the speed
     loop's median, and ``rounds`` (each process's sample count, start and loop) so that the
-    spread between processes can be measured (``compare.run_wander``).
+    spread between processes can be measured (``compare.run_noise``).
 
     Raises AgentError when the documents are not of one variant of one bundle on one backend."""
     for doc in docs:
@@ -112,6 +112,11 @@ def round_slices(agent: dict) -> list[list[int]]:
         out.append(samples[at : at + r["samples"]])
         at += r["samples"]
     return out if len(out) > 1 else [samples]
+
+
+def round_p50s_ns(agent: dict) -> list[float]:
+    """The median latency (ns) of each agent process a run was timed in."""
+    return [float(np.median(x)) for x in round_slices(agent)]
 
 
 def validate_record(d: Any) -> dict:
@@ -297,14 +302,14 @@ def measurement_warnings(agent: dict) -> list[str]:
     state = agent.get("device_state") or {}
     before, after = state.get("before") or {}, state.get("after") or {}
     lines = []
-    parts = round_slices(agent) if agent.get("samples_ns") else [[]]
+    parts = round_slices(agent) if agent.get("samples_ns") else []
     drifts = [d for d in map(drift, parts) if d is not None]
     d = max(drifts, key=lambda x: abs(x.change_pct), default=None)  # within a process: a step between two is not drift
     if d is not None and abs(d.change_pct) >= 5:
         heat = f" (temperature {before['temp_c']:g} -> {after['temp_c']:g} C)" if before.get("temp_c") is not None and after.get("temp_c") is not None else ""
         lines.append(f"drift: p50 {d.change_pct:+.0f}% from the first to the last tenth of the run{heat}")
     if len(parts) > 1:
-        p50 = [float(np.median(x)) / 1e6 for x in parts]
+        p50 = [ns / 1e6 for ns in round_p50s_ns(agent)]
         if max(p50) >= 1.05 * min(p50):
             lines.append(f"rounds: p50 {min(p50):.3g}-{max(p50):.3g} ms across the {len(parts)} processes (counted as noise when runs are compared)")
     throttled = [s["throttled"] for s in (before, after) if isinstance(s.get("throttled"), dict)]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from edgekit.bench.record import measurement_warnings, round_slices
+from edgekit.bench.record import measurement_warnings, round_p50s_ns
 from edgekit.bench.stats import STAT_FIELDS
 from edgekit.bench.store import ResultsStore
 from edgekit.cli import common
@@ -343,10 +342,9 @@ def _device_rows(agent: dict) -> list[tuple[str, Any]]:
     probe = agent.get("speed_probe")
     if isinstance(probe, dict) and probe.get("ns"):
         rows.append((f"speed loop ({probe.get('loop')})", f"{probe['ns'] / 1000:.2f} us (median of {probe.get('bursts')} bursts through the window)"))
-    parts = round_slices(agent)
-    if len(parts) > 1:
-        p50 = " / ".join(f"{statistics.median(x) / 1e6:.4g}" for x in parts)
-        rows.append(("rounds", f"{len(parts)} agent processes, p50 {p50} ms"))
+    p50s = round_p50s_ns(agent)
+    if len(p50s) > 1:
+        rows.append(("rounds", f"{len(p50s)} agent processes, p50 {' / '.join(f'{ns / 1e6:.4g}' for ns in p50s)} ms"))
     state = agent.get("device_state") or {}
     before, after = state.get("before") or {}, state.get("after") or {}
     for key, label, unit in (("governor", "governor", ""), ("temp_c", "temperature", " C")):
