@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from edgekit.errors import ModelError
 from edgekit.events import Events
 from edgekit.fsutil import atomic_path
-from edgekit.modelio import LoadedModel
+from edgekit.modelio import LoadedModel, with_static_inputs
 from edgekit.quantize import dynamic, equalize, sensitivity, smooth
 from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize.calib import (
@@ -28,8 +29,8 @@ from edgekit.quantize.calib import (
     parse_method,
     random_feeds,
 )
-from edgekit.quantize.prepare import prepare
-from edgekit.quantize.report import HOST_ESTIMATE, AgreementReport, measure_agreement
+from edgekit.quantize.prepare import checked, prepare
+from edgekit.quantize.report import HOST_ESTIMATE, AgreementReport, measure_agreement, session
 from edgekit.quantize.rewrite import (
     Analysis,
     QParams,
@@ -45,6 +46,9 @@ __all__ = [
     "SCHEMES", "FeedSet", "Preprocess", "QuantScheme", "QuantizeResult", "analyze_model", "load_feeds",
     "quantize_model", "random_feeds", "save_model", "scheme_for",
 ]  # fmt: skip
+
+# What a quantized model that onnx.checker refuses (a rewrite bug) reports.
+_REWRITE_BUG = ("the quantized model failed onnx.checker", "rerun with --exclude on the node named, and report it")
 
 
 @dataclass
@@ -89,19 +93,15 @@ class QuantizeResult:
 
 def analyze_model(loaded: LoadedModel, scheme: QuantScheme, exclude: Sequence[str] = (), method: str = DEFAULT_METHOD) -> tuple[onnx.ModelProto, Analysis]:
     if is_dynamic(method):
-        prepared = _prepare_shape_free(loaded, scheme)
+        # Dynamic quantization needs no shapes: the float model keeps its dynamic input dimensions,
+        # or takes the fixed ones when its graph cannot be prepared without them.
+        try:
+            prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset, fix_inputs=False)
+        except ModelError:
+            prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset)
         return prepared, dynamic.analyze(prepared, exclude)
     prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset)
     return prepared, analyze(prepared, scheme, exclude)
-
-
-def _prepare_shape_free(loaded: LoadedModel, scheme: QuantScheme) -> onnx.ModelProto:
-    """The float model prepared with its dynamic input dimensions kept (dynamic quantization needs
-    no shapes), or at the fixed ones when its graph cannot be prepared without them."""
-    try:
-        return prepare(loaded.model, loaded.inputs, scheme.min_opset, fix_inputs=False)
-    except ModelError:
-        return prepare(loaded.model, loaded.inputs, scheme.min_opset)
 
 
 def quantize_model(
@@ -160,11 +160,7 @@ def quantize_model(
     t2 = time.perf_counter()
     float_wide_concats(prepared, analysis, ranges)
     params = tensor_params(analysis, ranges, scheme)
-    qmodel = rewrite(prepared, analysis, params, scheme)
-    try:
-        onnx.checker.check_model(qmodel)
-    except onnx.checker.ValidationError as exc:  # pragma: no cover - a rewrite bug
-        raise ModelError(f"the quantized model failed onnx.checker: {exc}", "rerun with --exclude on the node named, and report it") from exc
+    qmodel = checked(rewrite(prepared, analysis, params, scheme), *_REWRITE_BUG)
     found = sensitivity.units(prepared, analysis)
     snr = sensitivity.local_snr(qmodel, found, sample)
     layers = [{"name": u.name, "op": u.op, "snr_db": snr[u.name]} for u in found]
@@ -218,11 +214,7 @@ def _quantize_dynamic(
             "use a static method (e.g. --method auto), or deploy it in float with --no-quantize",
         )
     t1 = time.perf_counter()
-    qmodel = dynamic.rewrite(prepared, analysis, scheme)
-    try:
-        onnx.checker.check_model(qmodel)
-    except onnx.checker.ValidationError as exc:  # pragma: no cover - a rewrite bug
-        raise ModelError(f"the quantized model failed onnx.checker: {exc}", "rerun with --exclude on the node named, and report it") from exc
+    qmodel = checked(dynamic.rewrite(prepared, analysis, scheme), *_REWRITE_BUG)
     t2 = time.perf_counter()
     seconds = {"prepare": t1 - t0, "calibrate": 0.0, "rewrite": t2 - t1}
     decision = None
@@ -242,8 +234,6 @@ def _quantize_dynamic(
 def _dynamic_mac_share(prepared: onnx.ModelProto, analysis: Analysis, loaded: LoadedModel) -> float | None:
     """The share of the model's MACs (Conv/Gemm/MatMul) that run int8 in the dynamic model: a
     fallback that holds by leaving the convolutions float must say how little it quantized."""
-    from edgekit.modelio import with_static_inputs
-
     node_macs = sensitivity.macs(with_static_inputs(prepared, loaded.inputs))
     total = sum(node_macs.values())
     int8 = sum(node_macs.get(d.name, 0) for d in analysis.decisions if d.kind == "int8" and d.op_type in dynamic.OPS)
@@ -294,7 +284,7 @@ def with_dynamic_inputs(qmodel: onnx.ModelProto, loaded: LoadedModel, scheme: Qu
     tensor name; the result must compute what qmodel computes on a sample of the fixed shape."""
     if not dynamic_dims(loaded.model):
         return None
-    if dynamic.has_dynamic_nodes(qmodel):  # prepared shape-free already, unless its graph needed the fixed shapes
+    if any(n.op_type == "DynamicQuantizeLinear" for n in qmodel.graph.node):  # prepared shape-free already, unless its graph needed the fixed shapes
         return qmodel if dynamic_dims(qmodel) else None
     try:
         prepared = prepare(loaded.model, loaded.inputs, scheme.min_opset, fix_inputs=False)
@@ -324,10 +314,6 @@ def with_dynamic_inputs(qmodel: onnx.ModelProto, loaded: LoadedModel, scheme: Qu
 
 def same_outputs(a: onnx.ModelProto, b: onnx.ModelProto, feed: dict) -> bool:
     """Do two models compute the same outputs (Q/DQ reference semantics) on ``feed``?"""
-    import numpy as np
-
-    from edgekit.quantize.report import session
-
     try:
         outs = [session(m.SerializeToString(), reference=True).run(None, feed) for m in (a, b)]
     except Exception:

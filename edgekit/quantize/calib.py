@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover - a source tree whose extension is not b
     _ekrt = None
 from edgekit.errors import CalibrationError, ModelError, UsageError
 from edgekit.modelio import IOSpec
+from edgekit.quantize import qmath
 
 Feed = dict[str, np.ndarray]
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -152,10 +153,7 @@ def load_feeds(
     if not feeds:
         raise CalibrationError(f"no samples in {source}", "calibration needs at least one sample")
     _check_finite(feeds, source, per_file)
-    lab = None
-    if labels is not None:
-        lab = _read_labels(labels, len(feeds))
-    return FeedSet(feeds, str(source), False, lab)
+    return FeedSet(feeds, str(source), False, None if labels is None else _read_labels(labels, len(feeds)))
 
 
 def spread(items: Sequence, n: int | None) -> list:
@@ -174,21 +172,18 @@ def random_feeds(inputs: Sequence[IOSpec], count: int, seed: int = 0) -> FeedSet
             "give real data with --calib, or smaller input shapes with --shape",
         )
     rng = np.random.default_rng(seed)
-    feeds = []
-    for _ in range(count):
-        feed = {}
-        for spec in inputs:
-            dt = np.dtype(spec.dtype)
-            if dt.kind == "f":
-                feed[spec.name] = rng.standard_normal(spec.shape).astype(dt)
-            elif dt.kind in "iu":
-                feed[spec.name] = rng.integers(0, 8, spec.shape).astype(dt)
-            elif dt.kind == "b":
-                feed[spec.name] = rng.integers(0, 2, spec.shape).astype(dt)
-            else:
-                raise CalibrationError(f"cannot make random data for input '{spec.name}' of type {spec.dtype}", "give real data with --calib")
-        feeds.append(feed)
-    return FeedSet(feeds, "random", True)
+
+    def value(spec: IOSpec) -> np.ndarray:
+        dt = np.dtype(spec.dtype)
+        if dt.kind == "f":
+            return rng.standard_normal(spec.shape).astype(dt)
+        if dt.kind in "iu":
+            return rng.integers(0, 8, spec.shape).astype(dt)
+        if dt.kind == "b":
+            return rng.integers(0, 2, spec.shape).astype(dt)
+        raise CalibrationError(f"cannot make random data for input '{spec.name}' of type {spec.dtype}", "give real data with --calib")
+
+    return FeedSet([{spec.name: value(spec) for spec in inputs} for _ in range(count)], "random", True)
 
 
 def _read_labels(path: Path, n: int) -> np.ndarray:
@@ -268,15 +263,12 @@ def _stacked(arrays: dict[str, np.ndarray], inputs: Sequence[IOSpec], where: Pat
         counts.add(arr.shape[0] // max(batch, 1))
     if len(counts) != 1:
         raise CalibrationError(f"{where}: inputs have different sample counts {sorted(counts)}", "give every input the same number of samples")
-    n = counts.pop()
-    feeds = []
-    for i in spread(range(n), samples):
-        feed = {}
-        for spec in inputs:
-            b = spec.shape[0] if spec.shape else 1
-            feed[spec.name] = np.ascontiguousarray(arrays[spec.name][i * b : (i + 1) * b]).astype(spec.dtype, copy=False)
-        feeds.append(feed)
-    return feeds
+
+    def rows(spec: IOSpec, i: int) -> np.ndarray:
+        b = spec.shape[0] if spec.shape else 1
+        return np.ascontiguousarray(arrays[spec.name][i * b : (i + 1) * b]).astype(spec.dtype, copy=False)
+
+    return [{spec.name: rows(spec, i) for spec in inputs} for i in spread(range(counts.pop()), samples)]
 
 
 def _image_feeds(paths: list[Path], inputs: Sequence[IOSpec], pre: Preprocess) -> list[Feed]:
@@ -441,7 +433,6 @@ class ChannelAbsMax(ChannelMeans):
         axis = self.axes[name] % max(value.ndim, 1)
         seen = np.abs(np.moveaxis(value, axis, 0).reshape(value.shape[axis], -1)).max(axis=1).astype(np.float64)
         self.sums[name] = np.maximum(self.sums[name], seen) if name in self.sums else seen
-        self.counts[name] = 1
 
     def get(self, name: str) -> np.ndarray | None:
         return self.sums.get(name)
@@ -517,15 +508,13 @@ def collect_ranges(
                 zeros[name] += int(np.count_nonzero(value == 0)) if lo_ <= 0 <= hi_ else 0
         if progress is not None:
             progress.advance()
-    for name in names:
-        if from_signed[name]:
-            abs_hist[name] = signed_hist[name].reshape(BINS, 2).sum(1)
     out = {}
     for name in names:
-        lo_, hi_ = ranges[name]
         if absmax[name] == 0:
-            out[name] = (lo_, hi_)
+            out[name] = ranges[name]
             continue
+        if from_signed[name]:
+            abs_hist[name] = signed_hist[name].reshape(BINS, 2).sum(1)
         candidates = {
             m: _range(m, ranges[name], absmax[name], abs_hist[name], signed_hist[name], zeros[name], percentile, symmetric)
             for m in (AUTO_CANDIDATES if method == "auto" else (method,))
@@ -658,8 +647,6 @@ def _best_on_histogram(
     """The candidate range whose quantize-dequantize squared error over the whole histogram (bin
     centres, the real grid and zero point; exact zeros cost nothing) is least; minmax on a tie.
     The whole histogram, not a sample of values: a sample misses the rare outliers that decide."""
-    from edgekit.quantize import qmath
-
     if rng[1] <= rng[0]:
         return candidates["minmax"]
     # A symmetric grid errs the same on x and -x: |x| will do.
@@ -692,12 +679,9 @@ def kl_threshold(hist: np.ndarray, absmax: float, levels: int = 128) -> float:
     """TensorRT-style entropy calibration: the |x| clip threshold minimizing KL(P || Q)."""
     hist = hist.astype(np.float64)
     nbins = hist.size
-    width = absmax / nbins
-    if nbins <= levels:
+    if nbins <= levels or hist.sum() == 0:
         return absmax
     best_i, best_kl = nbins, np.inf
-    if hist.sum() == 0:
-        return absmax
     for i in range(levels, nbins + 1, 8):
         p = hist[:i].copy()
         p[-1] += hist[i:].sum()
@@ -718,7 +702,7 @@ def kl_threshold(hist: np.ndarray, absmax: float, levels: int = 128) -> float:
         kl = float(np.sum(pn[mask] * np.log(pn[mask] / qn_m)))
         if kl < best_kl:
             best_kl, best_i = kl, i
-    return (best_i + 0.5) * width if best_i < nbins else absmax
+    return (best_i + 0.5) * (absmax / nbins) if best_i < nbins else absmax
 
 
 def _observer_session(model: onnx.ModelProto, tensors: Sequence[str]):

@@ -53,8 +53,8 @@ def _why_float(node: onnx.NodeProto, consts: dict[str, np.ndarray], elem: dict[s
         if attr(node, "transA", 0) or attr(node, "alpha", 1.0) != 1.0 or attr(node, "beta", 1.0) != 1.0:
             return "Gemm with transA, alpha or beta other than 0, 1, 1"
         n = w.shape[0] if attr(node, "transB", 0) else w.shape[1]
-        c = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        if len(node.input) > 2 and node.input[2] and (c is None or c.size != n):
+        bias = node.input[2] if len(node.input) > 2 else ""
+        if bias and (bias not in consts or consts[bias].size != n):
             return "its bias is not a constant vector of one value per output"
     return None
 
@@ -84,17 +84,12 @@ def analyze(model: onnx.ModelProto, exclude: Sequence[str] = ()) -> Analysis:
     return Analysis(decisions, {}, {}, consts)
 
 
-def int8_nodes(analysis: Analysis) -> list[str]:
-    """The nodes ``rewrite`` changes: int8 kernels, and int8 tables."""
-    return [d.name for d in analysis.decisions if d.kind == "int8"]
-
-
 def rewrite(model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme) -> onnx.ModelProto:
     """``model`` (prepared, analysed by ``analyze``) with its int8 nodes in ORT's dynamic form."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
-    todo = set(int8_nodes(analysis))
+    todo = {d.name for d in analysis.decisions if d.kind == "int8"}  # int8 kernels, and int8 tables
     consts = analysis.consts
     added: dict[str, onnx.TensorProto] = {}
 
@@ -144,10 +139,6 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme) -> 
     g.initializer.extend(added.values())
     drop_unused_initializers(g)
     return out
-
-
-def has_dynamic_nodes(model: onnx.ModelProto) -> bool:
-    return any(n.op_type == "DynamicQuantizeLinear" for n in model.graph.node)
 
 
 def reference_form(model: onnx.ModelProto) -> onnx.ModelProto:

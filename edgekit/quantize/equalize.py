@@ -19,26 +19,18 @@ from onnx import numpy_helper
 
 from edgekit.quantize import qmath
 from edgekit.quantize.calib import ChannelMeans
-from edgekit.quantize.rewrite import Analysis
+from edgekit.quantize.rewrite import Analysis, consumers
 from edgekit.quantize.rules import attr
 from edgekit.quantize.scheme import QuantScheme
 
 ROUNDS = 4  # passes over the pairs: a chain (conv -> dw -> pw) shares a layer between two pairs
 
 
-def _uses(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    uses: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            uses.setdefault(i, []).append(node)
-    return uses
-
-
 def equalizable_pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx.NodeProto]]:
     """(first, second) Conv pairs joined by nothing or a Relu, each tensor between them read only
     by the next, every weight and bias constant and read by that node alone."""
     inits = {t.name for t in model.graph.initializer}
-    uses = _uses(model)
+    uses = consumers(model)
     outputs = {o.name for o in model.graph.output}
 
     def own_const(node: onnx.NodeProto, idx: int) -> bool:
@@ -59,13 +51,12 @@ def equalizable_pairs(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, onnx
     return pairs
 
 
-def cross_layer_equalize(model: onnx.ModelProto, rounds: int = ROUNDS) -> int:
+def cross_layer_equalize(model: onnx.ModelProto) -> int:
     """Equalize ``model``'s Conv pairs in place (the float function is unchanged); how many pairs."""
     inits = {t.name: t for t in model.graph.initializer}
     arrays = {n: numpy_helper.to_array(t).astype(np.float64) for n, t in inits.items()}
     pairs = equalizable_pairs(model)
-    done = []
-    for _ in range(rounds):
+    for _ in range(ROUNDS):
         for first, second in pairs:
             w1, w2 = arrays[first.input[1]], arrays[second.input[1]]
             channels, group = w1.shape[0], int(attr(second, "group", 1))
@@ -80,7 +71,6 @@ def cross_layer_equalize(model: onnx.ModelProto, rounds: int = ROUNDS) -> int:
             if len(first.input) > 2 and first.input[2]:
                 arrays[first.input[2]] = arrays[first.input[2]] / s
             arrays[second.input[1]] = (blocks * s.reshape(group, 1, per_group, 1)).reshape(w2.shape)
-            done.append(first.name)
     for name in {i for f, s in pairs for i in (*f.input[1:3], s.input[1]) if i}:
         t = inits[name]
         t.CopyFrom(numpy_helper.from_array(arrays[name].astype(numpy_helper.to_array(t).dtype), name))
@@ -103,38 +93,31 @@ def clip_weights(model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme
 
 def bias_inputs(model: onnx.ModelProto, analysis: Analysis) -> dict[str, int]:
     """The inputs whose channel means bias correction needs: tensor -> its channel axis."""
-    axes = {}
-    for node, r in _corrected(model, analysis):
-        axes[node.input[r.activations[0]]] = 1 if node.op_type == "Conv" else -1
-    return axes
+    return {node.input[r.activations[0]]: 1 if node.op_type == "Conv" else -1 for node, r in _corrected(model, analysis)}
 
 
 def _corrected(model: onnx.ModelProto, analysis: Analysis):
-    uses = _uses(model)
+    uses = consumers(model)
     for node in model.graph.node:
-        r = analysis.rules.get(node.name)
+        r = analysis.rules.get(node.name)  # an int8 Gemm has no transA (rules.gemm)
         if r is None or r.weight is None or r.bias is None or node.op_type not in ("Conv", "Gemm"):
             continue
-        if node.op_type == "Gemm" and attr(node, "transA", 0):
-            continue
-        if len(uses.get(node.input[r.bias], [])) != 1:  # a shared bias serves other weights too
-            continue
-        yield node, r
+        if len(uses.get(node.input[r.bias], [])) == 1:  # a shared bias serves other weights too
+            yield node, r
 
 
 def correct_biases(
-    model: onnx.ModelProto, analysis: Analysis, means: ChannelMeans, scheme: QuantScheme, originals: dict[str, np.ndarray] | None = None
-) -> int:
+    model: onnx.ModelProto, analysis: Analysis, means: ChannelMeans, scheme: QuantScheme, originals: dict[str, np.ndarray]
+) -> None:
     """Subtract E[(W_q - W) x] from each corrected layer's bias, in ``analysis.consts`` and, when
-    the scheme keeps biases float, in the model's initializer; how many layers changed."""
+    the scheme keeps biases float, in the model's initializer."""
     inits = {t.name: t for t in model.graph.initializer}
-    changed = 0
     for node, r in _corrected(model, analysis):
         mu = means.get(node.input[r.activations[0]])
         w_name, b_name = node.input[r.weight], node.input[r.bias]
         if mu is None:
             continue
-        w = (originals or {}).get(w_name, analysis.consts[w_name]).astype(np.float64)
+        w = originals.get(w_name, analysis.consts[w_name]).astype(np.float64)
         used = analysis.consts[w_name]
         s, z = qmath.weight_params(used, r.weight_axis, scheme.weight_qmax)
         error = qmath.dequantize(qmath.quantize(used, s, z, "int8", r.weight_axis), s, z, r.weight_axis) - w
@@ -156,5 +139,3 @@ def correct_biases(
         analysis.consts[b_name] = fixed
         if not scheme.quantize_bias:
             inits[b_name].CopyFrom(numpy_helper.from_array(fixed, b_name))
-        changed += 1
-    return changed

@@ -29,6 +29,7 @@ from edgekit.errors import InputError, UsageError
 from edgekit.events import Events
 from edgekit.quantize import qmath, sensitivity
 from edgekit.quantize.calib import FeedSet
+from edgekit.quantize.report import session
 from edgekit.quantize.rewrite import Analysis
 
 METRICS = ("top1", "cosine", "snr", "iou", "ctc")
@@ -70,17 +71,19 @@ def _top1(labels: np.ndarray | None) -> Callable[[Outputs, Outputs], float]:
     return score
 
 
-def _per_sample(ref: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    n = max(1, len(ref)) if ref.ndim else 1
-    return ref.reshape(n, -1).astype(np.float64), q.reshape(n, -1).astype(np.float64)
+def _worst(ref: Outputs, q: Outputs, per_sample: Callable[[np.ndarray, np.ndarray], Sequence[float] | np.ndarray]) -> float:
+    """100 x the lowest, over the outputs, of the mean of ``per_sample`` (one figure per sample of
+    the [samples, values] arrays it gets)."""
+    worst = math.inf
+    for r, x in zip(ref, q):
+        n = max(1, len(r)) if r.ndim else 1
+        figures = per_sample(r.reshape(n, -1).astype(np.float64), x.reshape(n, -1).astype(np.float64))
+        worst = min(worst, float(np.mean(figures)))
+    return 100 * worst
 
 
 def _cosine(ref: Outputs, q: Outputs) -> float:
-    worst = math.inf
-    for r, x in zip(ref, q):
-        r, x = _per_sample(r, x)
-        worst = min(worst, float(np.mean([qmath.cosine(a, b) for a, b in zip(r, x)])))
-    return 100 * worst
+    return _worst(ref, q, lambda r, x: [qmath.cosine(a, b) for a, b in zip(r, x)])
 
 
 def _snr(ref: Outputs, q: Outputs) -> float:
@@ -89,14 +92,13 @@ def _snr(ref: Outputs, q: Outputs) -> float:
 
 def _iou(ref: Outputs, q: Outputs) -> float:
     """Mask IoU of the outputs thresholded at 0.5 (a text detector's probability map)."""
-    worst = math.inf
-    for r, x in zip(ref, q):
-        r, x = _per_sample(r, x)
+
+    def iou(r: np.ndarray, x: np.ndarray) -> np.ndarray:
         a, b = r > 0.5, x > 0.5
         union = (a | b).sum(axis=1)
-        inter = (a & b).sum(axis=1)
-        worst = min(worst, float(np.mean(np.where(union == 0, 1.0, inter / np.maximum(union, 1)))))
-    return 100 * worst
+        return np.where(union == 0, 1.0, (a & b).sum(axis=1) / np.maximum(union, 1))
+
+    return _worst(ref, q, iou)
 
 
 def ctc_greedy(probs: np.ndarray) -> list[list[int]]:
@@ -219,21 +221,18 @@ def decide(
         "metric": m.name, "metric_why": m.why, "unit": m.unit, "max_drop": max_drop, "samples": len(feeds),
         "reference": _r(reference), "goal": _r(goal), "before": _r(before),
     }  # fmt: skip
-    keep: list[str] = []
+    keep: list[str] | None = []
     sens = None
     if before < goal:
         with (events or Events()).progress(f"ranking {len(found)} int8 nodes by what they cost the outputs", total=len(found)) as prog:
             sens = sensitivity.measure(float_model, qmodel, analysis, feeds, local, samples=RANK_SAMPLES, budget=None, alone=False, board=board, progress=prog)
         order = [x["name"] for x in sens.layers]
         bound = max(1, int(len(order) * MAX_FLOAT_SHARE))
-        found_keep = search(order, lambda keep: value(keep) >= goal, bound)
-        doc["holds"] = found_keep is not None
-        keep = found_keep or []
-        doc["tried_float_layers"] = bound
-        doc["rank_samples"] = sens.samples
+        keep = search(order, lambda keep: value(keep) >= goal, bound)
+        doc.update(holds=keep is not None, tried_float_layers=bound, rank_samples=sens.samples)
     else:
         doc["holds"] = True
-    if not doc["holds"]:
+    if keep is None:
         doc["after"] = _r(value(order[:bound]))
         doc["sensitivity"] = sens.to_dict()
         keep = []
@@ -259,8 +258,6 @@ def check_dynamic(
     """Does the ``--method dynamic`` model (quantize.dynamic) hold the held-out ``metric`` within
     ``max_drop`` of ``float_model``'s? Its decision, shaped as ``decide``'s: it keeps no layer in
     float (the dynamic model is the one answer), so ``holds`` is the whole verdict."""
-    from edgekit.quantize.report import session
-
     t0 = time.perf_counter()
 
     def outs(model: onnx.ModelProto) -> Outputs:
@@ -312,14 +309,7 @@ def host_latency(models: dict[str, bytes], feed: dict[str, np.ndarray]) -> dict:
     """Median latency (ms) of each model on this host, ONNX Runtime on 1 thread with its usual
     optimizations, runs interleaved so a busy machine slows all alike: an estimate on the host,
     not the target's backend."""
-    import onnxruntime as ort
-
-    sessions = {}
-    for name, blob in models.items():
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3
-        sessions[name] = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
+    sessions = {name: session(blob, reference=False, threads=1) for name, blob in models.items()}
     times: dict[str, list[float]] = {n: [] for n in sessions}
     for r in range(LATENCY_ROUNDS + 2):
         for name, sess in sessions.items():

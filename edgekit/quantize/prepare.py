@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, version_converter
+from onnx import helper, numpy_helper, version_converter
 from onnx.reference import ReferenceEvaluator
 
 from edgekit.errors import ModelError
@@ -39,11 +39,16 @@ def prepare(model: onnx.ModelProto, inputs: tuple[IOSpec, ...], min_opset: int =
     _fold_batchnorm(m)
     _remove_dead(m)
     m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    return checked(m, "graph preparation produced an invalid model", "report this with the model attached")
+
+
+def checked(model: onnx.ModelProto, problem: str, hint: str) -> onnx.ModelProto:
+    """``model`` once onnx.checker passes it; else ModelError: ``problem``, the checker's words, ``hint``."""
     try:
-        onnx.checker.check_model(m)
-    except onnx.checker.ValidationError as exc:  # pragma: no cover - a bug in the passes above
-        raise ModelError(f"graph preparation produced an invalid model: {exc}", "report this with the model attached") from exc
-    return m
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:  # pragma: no cover - a bug in the passes that made it
+        raise ModelError(f"{problem}: {exc}", hint) from exc
+    return model
 
 
 def _inferred(m: onnx.ModelProto) -> onnx.ModelProto:
@@ -68,26 +73,21 @@ def _upgrade_opset(model: onnx.ModelProto, min_opset: int) -> onnx.ModelProto:
         ) from exc
 
 
+# The Constant attributes that become an initializer, and their dtype (None: a tensor's own).
+_CONSTANT_DTYPES = {"value": None, "value_float": np.float32, "value_floats": np.float32, "value_int": np.int64, "value_ints": np.int64}
+
+
 def _constants_to_initializers(m: onnx.ModelProto) -> None:
     keep = []
     for node in m.graph.node:
-        if node.op_type == "Constant" and len(node.attribute) == 1:
-            attr = node.attribute[0]
-            value = None
-            if attr.name == "value":
-                value = numpy_helper.to_array(attr.t)
-            elif attr.name == "value_float":
-                value = np.array(attr.f, dtype=np.float32)
-            elif attr.name == "value_floats":
-                value = np.array(list(attr.floats), dtype=np.float32)
-            elif attr.name == "value_int":
-                value = np.array(attr.i, dtype=np.int64)
-            elif attr.name == "value_ints":
-                value = np.array(list(attr.ints), dtype=np.int64)
-            if value is not None:
-                m.graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
-                continue
-        keep.append(node)
+        attr = node.attribute[0] if node.op_type == "Constant" and len(node.attribute) == 1 else None
+        if attr is None or attr.name not in _CONSTANT_DTYPES:
+            keep.append(node)
+        elif attr.name == "value":
+            m.graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(attr.t), node.output[0]))
+        else:
+            value = np.array(helper.get_attribute_value(attr), dtype=_CONSTANT_DTYPES[attr.name])
+            m.graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
     _set_nodes(m, keep)
 
 
@@ -106,7 +106,6 @@ def _fold_constants(m: onnx.ModelProto) -> None:
     consts = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
     shapes = _static_shapes(m)
     keep = []
-    folded_any = False
     for node in m.graph.node:
         ins = [i for i in node.input if i]
         if node.op_type == "Shape" and ins and ins[0] in shapes and ins[0] not in consts:
@@ -114,7 +113,6 @@ def _fold_constants(m: onnx.ModelProto) -> None:
             start = next((a.i for a in node.attribute if a.name == "start"), 0)
             end = next((a.i for a in node.attribute if a.name == "end"), None)
             consts[node.output[0]] = shape[start:end]
-            folded_any = True
             continue
         foldable = (
             ins
@@ -131,12 +129,9 @@ def _fold_constants(m: onnx.ModelProto) -> None:
             if results is not None and all(np.asarray(r).size <= _MAX_FOLD_ELEMENTS for r in results):
                 for name, value in zip(node.output, results):
                     consts[name] = np.asarray(value)
-                folded_any = True
                 continue
         keep.append(node)
-    if not folded_any:
-        return
-    _set_nodes(m, keep)
+    _set_nodes(m, keep)  # unchanged when nothing folded: every constant is an initializer already
     used = {i for n in keep for i in reads(n)} | {o.name for o in m.graph.output}
     existing = {t.name for t in m.graph.initializer}
     for name, value in consts.items():
@@ -161,16 +156,13 @@ def _fold_batchnorm(m: onnx.ModelProto) -> None:
             continue
         if conv.output[0] in outputs or not all(n in inits for n in bn.input[1:5]) or conv.input[1] not in inits:
             continue
-        if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
+        bias = conv.input[2] if len(conv.input) > 2 else ""
+        if bias and bias not in inits:
             continue
         eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
         gamma, beta, mean, var = (numpy_helper.to_array(inits[n]).astype(np.float64) for n in bn.input[1:5])
         w = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float64)
-        b = (
-            numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
-            if len(conv.input) > 2 and conv.input[2]
-            else np.zeros(w.shape[0])
-        )
+        b = numpy_helper.to_array(inits[bias]).astype(np.float64) if bias else np.zeros(w.shape[0])
         factor = gamma / np.sqrt(var + eps)
         w_new = (w * factor.reshape(-1, *([1] * (w.ndim - 1)))).astype(np.float32)
         b_new = ((b - mean) * factor + beta).astype(np.float32)

@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
-from edgekit.quantize import qmath
+from edgekit.quantize import dynamic, qmath
 from edgekit.quantize.calib import FeedSet
 
 HOST_ESTIMATE = "host (Q/DQ reference semantics)"
@@ -49,8 +50,9 @@ class AgreementReport:
         return d
 
 
-def session(model: bytes | str | Path, *, reference: bool):
-    """An ONNX Runtime CPU session; ``reference=True`` runs a QDQ model with Q/DQ reference semantics.
+def session(model: bytes | str | Path, *, reference: bool, threads: int | None = None):
+    """An ONNX Runtime CPU session; ``reference=True`` runs a QDQ model with Q/DQ reference semantics,
+    ``threads``: on that many threads (None: ORT's default).
 
     With graph optimizations on, ORT fuses Q/DQ pairs into its int8 kernels, whose results depend
     on the host CPU: on x86 without VNNI the u8s8 path (VPMADDUBSW) saturates its 16-bit
@@ -63,6 +65,8 @@ def session(model: bytes | str | Path, *, reference: bool):
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    if threads is not None:
+        opts.intra_op_num_threads = opts.inter_op_num_threads = threads
     if reference:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         model = _reference_model(model)
@@ -71,10 +75,6 @@ def session(model: bytes | str | Path, *, reference: bool):
 
 def _reference_model(model: bytes | str | Path) -> bytes | str | Path:
     """``model`` with its integer matmuls and convolutions computed in float (see ``session``)."""
-    import onnx
-
-    from edgekit.quantize import dynamic
-
     blob = model if isinstance(model, bytes) else Path(model).read_bytes()
     if not any(op.encode() in blob for op in dynamic.INTEGER_OPS):
         return model

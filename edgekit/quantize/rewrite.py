@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import heapq
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -43,11 +45,14 @@ class Analysis:
     def calibrated(self) -> list[str]:
         return [t for t, src in self.tensors.items() if src[0] == "own"]
 
+    def root(self, t: str) -> str:
+        """The tensor whose int8 scale ``t`` carries (itself, or a pass-through's source)."""
+        while self.tensors.get(t, ("",))[0] == "same":
+            t = self.tensors[t][1]
+        return t
+
     def summary(self) -> dict:
-        counts: dict[str, int] = {}
-        for d in self.decisions:
-            counts[d.kind] = counts.get(d.kind, 0) + 1
-        return counts
+        return dict(Counter(d.kind for d in self.decisions))
 
 
 def name_nodes(model: onnx.ModelProto) -> None:
@@ -59,6 +64,15 @@ def name_nodes(model: onnx.ModelProto) -> None:
             name = f"{name}_{i}"
         node.name = name
         seen.add(name)
+
+
+def consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    """Tensor -> the nodes that take it as an input, in graph order."""
+    found: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            found.setdefault(i, []).append(node)
+    return found
 
 
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -98,17 +112,14 @@ def analyze(model: onnx.ModelProto, scheme: QuantScheme, exclude: Sequence[str] 
     check_exclude(model, exclude)
     consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     ctx = RuleContext(consts=consts, elem_types=_elem_types(model), scheme=scheme)
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+    readers = consumers(model)
     graph_outputs = {o.name for o in model.graph.output}
 
     def fused_output(tensor: str) -> tuple[str, list[str]]:
         """Follow sole-consumer Relu/Clip chains: the Q goes after them."""
         fused = []
         while tensor not in graph_outputs:
-            cons = consumers.get(tensor, [])
+            cons = readers.get(tensor, [])
             if len(cons) != 1 or cons[0].op_type not in FUSED_ACTIVATIONS or cons[0].name in exclude:
                 break
             act = cons[0]
@@ -177,6 +188,10 @@ class QParams:
     scale: np.ndarray
     zero_point: np.ndarray
 
+    def scalars(self) -> tuple[np.ndarray, np.ndarray]:
+        """Scale (float32) and zero point as 0-d arrays: a per-tensor Q/DQ's initializers."""
+        return np.asarray(self.scale, dtype=np.float32).reshape(()), np.asarray(self.zero_point).reshape(())
+
 
 def tensor_params(
     analysis: Analysis, ranges: dict[str, tuple[float, float]], scheme: QuantScheme, known: dict[str, QParams] | None = None
@@ -190,17 +205,15 @@ def tensor_params(
             return params[t]
         src = analysis.tensors[t]
         if src[0] == "same":
-            p = resolve(src[1])
+            params[t] = resolve(src[1])
         else:
             if src[0] == "const":
                 v = analysis.consts[t]
                 lo, hi = float(v.min(initial=0.0)), float(v.max(initial=0.0))
             else:
                 lo, hi = ranges[t]
-            s, z = qmath.scale_zero_point(lo, hi, scheme.activation_dtype, scheme.activation_symmetric)
-            p = QParams(s, z)
-        params[t] = p
-        return p
+            params[t] = QParams(*qmath.scale_zero_point(lo, hi, scheme.activation_dtype, scheme.activation_symmetric))
+        return params[t]
 
     for t in analysis.tensors:
         resolve(t)
@@ -233,10 +246,7 @@ def float_wide_concats(model: onnx.ModelProto, analysis: Analysis, ranges: dict[
         if out in int8_inputs or out in followers:
             continue
         spans = []
-        for i in node.input:
-            src = i
-            while analysis.tensors.get(src, ("",))[0] == "same":
-                src = analysis.tensors[src][1]
+        for src in map(analysis.root, node.input):
             if src in ranges:
                 lo, hi = ranges[src]
             elif src in analysis.consts:
@@ -261,41 +271,32 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
     new_inits: list[onnx.TensorProto] = []
     new_nodes: list[onnx.NodeProto] = []
 
-    def scalar_params(base: str, p: QParams) -> tuple[str, str]:
-        s_name, z_name = f"{base}__scale", f"{base}__zp"
-        new_inits.append(numpy_helper.from_array(np.asarray(p.scale, dtype=np.float32).reshape(()), s_name))
-        new_inits.append(numpy_helper.from_array(np.asarray(p.zero_point).reshape(()), z_name))
-        return s_name, z_name
+    def dequantized(base: str, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, **attrs) -> str:
+        """A constant quantized (``q`` and its parameters, as initializers) and the DQ that reads it."""
+        names = [f"{base}__q", f"{base}__scale", f"{base}__zp"]
+        new_inits.extend(numpy_helper.from_array(v, n) for v, n in zip((q, scale, zero_point), names))
+        new_nodes.append(helper.make_node("DequantizeLinear", names, [f"{base}__dq"], name=f"{base}__DQ", **attrs))
+        return f"{base}__dq"
 
     # 1. activations: tensor t -> Q -> DQ -> every consumer reads the DQ output.
     renamed: dict[str, str] = {}
     for t, src in analysis.tensors.items():
         if src[0] == "const":
             continue
-        p = params[t]
-        s_name, z_name = scalar_params(t, p)
+        s_name, z_name = f"{t}__scale", f"{t}__zp"
+        new_inits.extend(numpy_helper.from_array(v, n) for v, n in zip(params[t].scalars(), (s_name, z_name)))
+        x, dq = t, f"{t}__dq"
         if t in graph_outputs:
-            # Keep the graph's output name: the producer writes t__fp, the DQ writes t.
-            fp = f"{t}__fp"
+            # Keep the graph's output name: the producer writes t__fp, the DQ writes t, and the
+            # consumers inside the graph keep reading t (the DQ output now).
+            x, dq = f"{t}__fp", t
             for node in g.node:
                 for i, o in enumerate(node.output):
                     if o == t:
-                        node.output[i] = fp
-            for node in g.node:
-                for i, name in enumerate(node.input):
-                    if name == t:
-                        node.input[i] = fp
-            new_nodes.append(helper.make_node("QuantizeLinear", [fp, s_name, z_name], [f"{t}__q"], name=f"{t}__Q"))
-            new_nodes.append(helper.make_node("DequantizeLinear", [f"{t}__q", s_name, z_name], [t], name=f"{t}__DQ"))
-            # Consumers inside the graph read the DQ output (named t) again.
-            for node in g.node:
-                for i, name in enumerate(node.input):
-                    if name == fp:
-                        node.input[i] = t
-            continue
-        dq = f"{t}__dq"
-        renamed[t] = dq
-        new_nodes.append(helper.make_node("QuantizeLinear", [t, s_name, z_name], [f"{t}__q"], name=f"{t}__Q"))
+                        node.output[i] = x
+        else:
+            renamed[t] = dq
+        new_nodes.append(helper.make_node("QuantizeLinear", [x, s_name, z_name], [f"{t}__q"], name=f"{t}__Q"))
         new_nodes.append(helper.make_node("DequantizeLinear", [f"{t}__q", s_name, z_name], [dq], name=f"{t}__DQ"))
     for node in g.node:
         for i, name in enumerate(node.input):
@@ -320,14 +321,10 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
             if key not in done:
                 base = f"{w_name}__w{'' if r.weight_axis is None else r.weight_axis}"
                 q = qmath.quantize(w, s, z, "int8", r.weight_axis)
-                new_inits.append(numpy_helper.from_array(q, f"{base}__q"))
-                new_inits.append(numpy_helper.from_array(s if r.weight_axis is not None else s.reshape(()), f"{base}__scale"))
-                new_inits.append(numpy_helper.from_array(z if r.weight_axis is not None else z.reshape(()), f"{base}__zp"))
-                attrs = {"axis": r.weight_axis} if r.weight_axis is not None else {}
-                new_nodes.append(
-                    helper.make_node("DequantizeLinear", [f"{base}__q", f"{base}__scale", f"{base}__zp"], [f"{base}__dq"], name=f"{base}__DQ", **attrs)
-                )
-                done[key] = f"{base}__dq"
+                if r.weight_axis is None:  # per tensor: a scalar scale and zero point
+                    done[key] = dequantized(base, q, s.reshape(()), z.reshape(()))
+                else:
+                    done[key] = dequantized(base, q, s, z, axis=r.weight_axis)
             node.input[r.weight] = done[key]
         for idx in r.activations:
             name = orig_inputs[idx]
@@ -337,11 +334,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
             if key not in done:
                 p = params[name]
                 q = qmath.quantize(analysis.consts[name], p.scale, p.zero_point, scheme.activation_dtype)
-                base = f"{name}__c"
-                new_inits.append(numpy_helper.from_array(q, f"{base}__q"))
-                s_name, z_name = scalar_params(base, p)
-                new_nodes.append(helper.make_node("DequantizeLinear", [f"{base}__q", s_name, z_name], [f"{base}__dq"], name=f"{base}__DQ"))
-                done[key] = f"{base}__dq"
+                done[key] = dequantized(f"{name}__c", q, *p.scalars())
             node.input[idx] = done[key]
         if r.bias is not None and w_scale is not None and r.activations and scheme.quantize_bias:
             act = orig_inputs[r.activations[0]]
@@ -350,14 +343,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
             b = analysis.consts[b_name]
             ws = np.broadcast_to(w_scale, b.shape) if w_scale.ndim == 0 else w_scale
             q, s = qmath.quantize_bias(b, x_scale, ws)
-            base = f"{node.name}__bias"
-            new_inits.append(numpy_helper.from_array(q, f"{base}__q"))
-            new_inits.append(numpy_helper.from_array(s, f"{base}__scale"))
-            new_inits.append(numpy_helper.from_array(np.zeros(s.shape, dtype=np.int32), f"{base}__zp"))
-            new_nodes.append(
-                helper.make_node("DequantizeLinear", [f"{base}__q", f"{base}__scale", f"{base}__zp"], [f"{base}__dq"], name=f"{base}__DQ", axis=0)
-            )
-            node.input[r.bias] = f"{base}__dq"
+            node.input[r.bias] = dequantized(f"{node.name}__bias", q, s, np.zeros(s.shape, dtype=np.int32), axis=0)
 
     g.initializer.extend(new_inits)
     nodes = list(g.node) + new_nodes
@@ -371,8 +357,6 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
 def _toposort(nodes: list[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
     """Kahn's algorithm, the lowest original index first among the ready nodes: an already sorted
     list comes back as it was, and each node's reads are looked at once."""
-    import heapq
-
     producer = {o: k for k, n in enumerate(nodes) for o in n.output}
     readers: dict[int, list[int]] = {}
     waits = [0] * len(nodes)

@@ -72,28 +72,17 @@ def _bias_index(node: onnx.NodeProto, ctx: RuleContext, index: int, channels: in
     return None
 
 
-@rule("Conv")
+@rule("Conv", "ConvTranspose")
 def conv(node: onnx.NodeProto, ctx: RuleContext) -> NodeRule | str:
     if not ctx.is_const(node.input[1]):
         return "weights are not constant"
-    w = ctx.consts[node.input[1]]
-    return NodeRule(
-        activations=(0,),
-        weight=1,
-        weight_axis=_weight_axis(ctx, 0),
-        bias=_bias_index(node, ctx, 2, w.shape[0]),
-    )
-
-
-@rule("ConvTranspose")
-def conv_transpose(node: onnx.NodeProto, ctx: RuleContext) -> NodeRule | str:
-    if not ctx.is_const(node.input[1]):
-        return "weights are not constant"
-    if attr(node, "group", 1) != 1:
+    if node.op_type == "ConvTranspose" and attr(node, "group", 1) != 1:
         return "grouped ConvTranspose has no int8 kernel"
     w = ctx.consts[node.input[1]]
-    # Weight layout is [C_in, C_out/group, k...]: output channels are axis 1.
-    return NodeRule(activations=(0,), weight=1, weight_axis=_weight_axis(ctx, 1), bias=_bias_index(node, ctx, 2, w.shape[1]))
+    # Output channels: axis 0 of a Conv weight [C_out, C_in/group, k...], axis 1 of a
+    # ConvTranspose's [C_in, C_out/group, k...].
+    axis = 1 if node.op_type == "ConvTranspose" else 0
+    return NodeRule(activations=(0,), weight=1, weight_axis=_weight_axis(ctx, axis), bias=_bias_index(node, ctx, 2, w.shape[axis]))
 
 
 @rule("Gemm")

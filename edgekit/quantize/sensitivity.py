@@ -28,10 +28,10 @@ from onnx import helper, numpy_helper
 
 from edgekit.errors import UsageError
 from edgekit.quantize import qmath
-from edgekit.quantize.calib import ElementSample, Feed
-from edgekit.quantize.prepare import reads
+from edgekit.quantize.calib import ElementSample, Feed, is_dynamic
+from edgekit.quantize.prepare import prepare, reads
 from edgekit.quantize.report import session
-from edgekit.quantize.rewrite import Analysis
+from edgekit.quantize.rewrite import Analysis, analyze, consumers
 
 if TYPE_CHECKING:
     from edgekit.modelio import LoadedModel
@@ -63,10 +63,7 @@ class Unit:
 def units(model: onnx.ModelProto, analysis: Analysis) -> list[Unit]:
     """The int8 nodes of a prepared float model (analysed by ``analysis``), in graph order."""
     kind = {d.name: d.kind for d in analysis.decisions}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            consumers.setdefault(i, []).append(node)
+    readers = consumers(model)
     owner: dict[str, str] = {}
     found = []
     for node in model.graph.node:
@@ -74,7 +71,7 @@ def units(model: onnx.ModelProto, analysis: Analysis) -> list[Unit]:
             continue
         out = node.output[0]
         while True:  # the Q goes after the Relu/Clip chain folded into this node's range
-            nxt = [c for c in consumers.get(out, []) if kind.get(c.name) == "fused"]
+            nxt = [c for c in readers.get(out, []) if kind.get(c.name) == "fused"]
             if len(nxt) != 1:
                 break
             out = nxt[0].output[0]
@@ -86,20 +83,14 @@ def units(model: onnx.ModelProto, analysis: Analysis) -> list[Unit]:
         for idx in analysis.rules[node.name].activations:
             t = node.input[idx]
             if t and analysis.tensors.get(t, ("const",))[0] != "const":
-                owner.setdefault(_root(analysis, t), node.name)
+                owner.setdefault(analysis.root(t), node.name)
     for t, src in analysis.tensors.items():  # pass-through outputs share their source's scale and unit
-        if src[0] == "same" and _root(analysis, t) in owner:
-            owner[t] = owner[_root(analysis, t)]
+        if src[0] == "same" and analysis.root(t) in owner:
+            owner[t] = owner[analysis.root(t)]
     return [
         Unit(node.name, node.op_type, out, tuple(t for t, who in owner.items() if who == node.name))
         for node, out in found
     ]
-
-
-def _root(analysis: Analysis, t: str) -> str:
-    while analysis.tensors.get(t, ("",))[0] == "same":
-        t = analysis.tensors[t][1]
-    return t
 
 
 def keep_float(qmodel: onnx.ModelProto, float_model: onnx.ModelProto, keep: Collection[Unit], *, switch: bool = False) -> onnx.ModelProto:
@@ -316,13 +307,8 @@ def measure_result(
 ) -> Sensitivity:
     """``measure`` for a ``QuantizeResult`` of ``loaded`` (a ``LoadedModel``), quantized with ``exclude``:
     the float model is prepared again (the same steps, the same node names) for the float side."""
-    from edgekit.quantize.calib import is_dynamic
-    from edgekit.quantize.prepare import prepare
-
     if is_dynamic(result.method):
         raise no_dynamic_report()
-    from edgekit.quantize.rewrite import analyze
-
     prepared = prepare(loaded.model, loaded.inputs, result.scheme.min_opset)
     analysis = analyze(prepared, result.scheme, exclude)
     local = {x["name"]: x["snr_db"] for x in result.layers}

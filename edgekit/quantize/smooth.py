@@ -19,6 +19,7 @@ the readers' products is least, or no smoothing when none beats it. A fixed alph
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -314,10 +315,7 @@ def smooth_model(
     if progress is not None and not sites:
         progress.advance(len(feeds))  # nothing to observe: no pass
     inits = {t.name: t for t in model.graph.initializer}
-    refs: dict[str, int] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            refs[i] = refs.get(i, 0) + 1
+    refs = Counter(i for node in model.graph.node for i in node.input)
     for site in sites:
         a = absmax.get(site.tensor)
         if a is None or a.size != site.channels:
