@@ -43,10 +43,7 @@ def runtime_version(facts: dict | None, *keys: str) -> str | None:
     if not facts:
         return None
     runtimes = (facts.get("device") or facts).get("runtimes") or {}
-    for key in keys:
-        if runtimes.get(key):
-            return runtimes[key]
-    return None
+    return next((runtimes[key] for key in keys if runtimes.get(key)), None)
 
 
 class Backend:

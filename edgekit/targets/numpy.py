@@ -30,7 +30,6 @@ WEIGHTS_FILE = "weights.npz"
 class NumpyBackend(Backend):
     name = "numpy"
     scheme = None  # float only
-    formats = ("onnx",)
     runtimes = ("numpy",)
 
     def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:

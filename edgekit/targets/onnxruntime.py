@@ -38,9 +38,7 @@ class OnnxRuntimeBackend(Backend):
 
     def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
         verdict = super().supports(model, profile, facts)
-        if not verdict.ok:
-            return verdict
-        if model.opset > MAX_OPSET:
+        if verdict.ok and model.opset > MAX_OPSET:
             return Verdict(True, (f"model opset {model.opset} needs onnxruntime newer than 1.17 on the device",))
-        return Verdict(True)
+        return verdict
 BACKEND = OnnxRuntimeBackend()

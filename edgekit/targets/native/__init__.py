@@ -27,7 +27,6 @@ class NativeBackend(Backend):
     scheme = NATIVE
     no_dynamic = "ekrt has no run-time-quantized int8; onnxruntime runs it"
     archs = ("x86_64", "aarch64")
-    formats = ("onnx",)
     runtimes = ()  # the runner is static and travels in the bundle
 
     def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:

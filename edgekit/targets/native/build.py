@@ -11,6 +11,7 @@ sources, the flags, the compiler and the target, so a second deploy reuses it.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
@@ -76,12 +77,6 @@ def _version(argv: list[str]) -> str | None:
     return (r.stdout or r.stderr).strip().splitlines()[0] if r.returncode == 0 and (r.stdout or r.stderr) else None
 
 
-def _zig_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("ziglang") is not None
-
-
 def find_compilers(arch: str) -> list[Compiler]:
     """The compilers that can build for ``arch``, best first (nothing is compiled to find out).
 
@@ -90,7 +85,7 @@ def find_compilers(arch: str) -> list[Compiler]:
     (NSS, dlopen). Then the system's compiler for the arch, linking glibc statically."""
     arch = sources.normalize_arch(arch)
     found: list[Compiler] = []
-    if arch in ZIG_TARGETS and _zig_available():
+    if arch in ZIG_TARGETS and importlib.util.find_spec("ziglang") is not None:
         argv = (sys.executable, "-m", "ziglang", "cc", "-target", ZIG_TARGETS[arch])
         found.append(Compiler(argv, "zig", f"ziglang {_zig_version()} {ZIG_TARGETS[arch]}"))
     names = [f"{GNU_PREFIX[arch]}gcc"] if arch in GNU_PREFIX else []
@@ -143,13 +138,8 @@ def _flags(compiler: Compiler, flags: tuple[str, ...]) -> tuple[str, ...]:
     ``-mcpu=generic+dotprod`` (the baseline CPU plus the features)."""
     if compiler.kind != "zig":
         return flags
-    out = []
-    for f in flags:
-        if f.startswith("-march=armv8") and "+" in f:
-            out.append("-mcpu=generic+" + f.split("+", 1)[1])
-        else:
-            out.append(f)
-    return tuple(out)
+    return tuple("-mcpu=generic+" + f.split("+", 1)[1] if f.startswith("-march=armv8") and "+" in f else f
+                 for f in flags)
 
 
 def _flags_ok(compiler: Compiler, flags: tuple[str, ...], tmp: Path) -> bool:
@@ -193,8 +183,7 @@ def build_runner(arch: str | None = None, *, force: bool = False, compiler: Comp
 def _build_with(cc: Compiler, arch: str, force: bool) -> Path:
     # The key is taken before probing which ISA flags the compiler takes: that is a function of
     # the compiler (in the key) and the flags (in the key), so a cached build needs no probe.
-    extra = SIZE_FLAGS
-    key = _key(cc, sources.c_sources(arch, "runner"), extra)
+    key = _key(cc, sources.c_sources(arch, "runner"), SIZE_FLAGS)
     with tempfile.TemporaryDirectory(prefix="ekrt-build-") as tmpdir:
         tmp = Path(tmpdir)
         out_dir = cache_root() / key
@@ -206,7 +195,7 @@ def _build_with(cc: Compiler, arch: str, force: bool) -> Path:
             _install(shared / RUNNER_NAME, out_dir, (shared / "build.txt").read_text() if (shared / "build.txt").is_file() else "")
             return runner
         ss = sources.c_sources(arch, "runner", supported=lambda isa, flags: _flags_ok(cc, flags, tmp))
-        common = [*ss.cflags, *extra, *(f"-I{d}" for d in ss.include_dirs), *(f"-D{d}=1" for d in ss.defines)]
+        common = [*ss.cflags, *SIZE_FLAGS, *(f"-I{d}" for d in ss.include_dirs), *(f"-D{d}=1" for d in ss.defines)]
         objects = [str(tmp / f"{i:03d}-{src.path.stem}.o") for i, src in enumerate(ss.sources)]
 
         def compile_one(i: int) -> None:

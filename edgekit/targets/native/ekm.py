@@ -30,7 +30,6 @@ N_PARAMS = 20
 # dtype
 F32, I8, I32 = 1, 2, 3
 DTYPE_NUMPY = {F32: np.dtype("<f4"), I8: np.dtype("i1"), I32: np.dtype("<i4")}
-DTYPE_NAMES = {F32: "float32", I8: "int8", I32: "int32"}
 # storage
 ARENA, CONST, IO = 1, 2, 3
 
@@ -143,13 +142,10 @@ class EkmModel:
         return len(self.tensors) - 1
 
     def add_op(self, type_: int, inputs: list[int], outputs: list[int],
-               params: dict[int, int] | list[int] | None = None, name: str = "") -> Op:
+               params: dict[int, int] | None = None, name: str = "") -> Op:
         full = [0] * N_PARAMS
-        if isinstance(params, dict):
-            for i, v in params.items():
-                full[i] = int(v)
-        elif params is not None:
-            full[: len(params)] = [int(v) for v in params]
+        for i, v in (params or {}).items():
+            full[i] = int(v)
         op = Op(type_, list(inputs), list(outputs), full, name)
         self.ops.append(op)
         return op

@@ -95,14 +95,9 @@ def _check_acc(acc: np.ndarray, op) -> None:
         raise ModelError(f"{op.name}: int32 accumulator overflow", "this is a lowering bug (K too large)")
 
 
-def _two(m, op):
-    a_t, b_t = (m.tensors[i] for i in op.inputs[:2])
-    return a_t, b_t
-
-
 def op_add(m, op, a, b, out):
     p = op.params
-    a_t, b_t = _two(m, op)
+    a_t, b_t = (m.tensors[i] for i in op.inputs[:2])
     a_s = mul_by_multiplier((_i(a) - a_t.zero_point) << p[4], p[0], p[1])
     b_s = mul_by_multiplier((_i(b) - b_t.zero_point) << p[4], p[2], p[3])
     return np.broadcast_to(requant(a_s + b_s, p[5], p[6], out.zero_point, p[11], p[12]), out.dims)
@@ -110,7 +105,7 @@ def op_add(m, op, a, b, out):
 
 def op_mul(m, op, a, b, out):
     p = op.params
-    a_t, b_t = _two(m, op)
+    a_t, b_t = (m.tensors[i] for i in op.inputs[:2])
     acc = (_i(a) - a_t.zero_point) * (_i(b) - b_t.zero_point)
     return np.broadcast_to(requant(acc, p[0], p[1], out.zero_point, p[11], p[12]), out.dims)
 
@@ -119,10 +114,8 @@ def op_concat(m, op, *xs_out):
     *xs, out = xs_out
     if out.dtype == ekm.F32:
         return np.concatenate(xs, axis=op.params[0])
-    parts = []
-    for k, (i, x) in enumerate(zip(op.inputs, xs)):
-        t = m.tensors[i]
-        parts.append(requant(_i(x) - t.zero_point, op.params[1 + 2 * k], op.params[2 + 2 * k], out.zero_point))
+    parts = [requant(_i(x) - m.tensors[i].zero_point, op.params[1 + 2 * k], op.params[2 + 2 * k], out.zero_point)
+             for k, (i, x) in enumerate(zip(op.inputs, xs))]
     return np.concatenate(parts, axis=op.params[0])
 
 

@@ -4,8 +4,7 @@
 runtime uses (``real = multiplier * 2**(shift - 31)``); ``requant`` is the integer pipeline
 the kernels run (one rounding of the exact product, docs/ekrt.md), vectorized in numpy (int64
 inside, so no overflow). Both are tested bit for bit against the C header through the
-extension (tests/test_ekrt_core.py). ``srdhm``/``rdivpot`` are gemmlowp's two-rounding pair,
-kept (as in the header) for comparison only.
+extension (tests/test_ekrt_core.py).
 """
 
 from __future__ import annotations
@@ -43,33 +42,6 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
     return int(q_fixed), int(e)
 
 
-def _trunc_div_pow2(x: np.ndarray, bits: int) -> np.ndarray:
-    """x / 2**bits rounded toward zero (C's integer division), int64."""
-    d = np.int64(1) << np.int64(bits)
-    q = np.floor_divide(x, d)
-    return np.where((x < 0) & (q * d != x), q + 1, q)
-
-
-def srdhm(a, b) -> np.ndarray:
-    """gemmlowp SaturatingRoundingDoublingHighMul, elementwise (int32 in, int64 out)."""
-    a = np.asarray(a, dtype=np.int64)
-    b = np.asarray(b, dtype=np.int64)
-    ab = a * b
-    nudge = np.where(ab >= 0, np.int64(1 << 30), np.int64(1 - (1 << 30)))
-    out = _trunc_div_pow2(ab + nudge, 31)
-    return np.where((a == _INT32_MIN) & (b == _INT32_MIN), np.int64(_INT32_MAX), out)
-
-
-def rdivpot(x, exponent) -> np.ndarray:
-    """gemmlowp RoundingDivideByPOT: x / 2**exponent, ties away from zero; exponent in [0, 31]."""
-    x = np.asarray(x, dtype=np.int64)
-    e = np.asarray(exponent, dtype=np.int64)
-    mask = (np.int64(1) << e) - 1
-    remainder = x & mask
-    threshold = (mask >> 1) + (x < 0)
-    return (x >> e) + (remainder > threshold)
-
-
 def mul_by_multiplier(x, multiplier, shift) -> np.ndarray:
     """``x * real`` as requant.h's ek_mul_by_multiplier: the exact product rounded once (ties
     toward +inf), saturated to int32. int64 in and out; shift in [-31, 30]."""
@@ -89,7 +61,4 @@ def requant(acc, multiplier, shift, zp, qmin=-128, qmax=127) -> np.ndarray:
     return np.clip(v, qmin, qmax).astype(np.int8)
 
 
-__all__ = [
-    "SHIFT_MAX", "SHIFT_MIN", "mul_by_multiplier", "multiplier_value", "quantize_multiplier", "rdivpot",
-    "requant", "srdhm",
-]
+__all__ = ["SHIFT_MAX", "SHIFT_MIN", "mul_by_multiplier", "multiplier_value", "quantize_multiplier", "requant"]

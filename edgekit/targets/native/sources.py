@@ -130,17 +130,13 @@ def c_sources(
         enabled[name] = chosen
     out.isas = [n for n in isas if n in enabled]
     patterns = list(desc.get("runtime", [])) + list(desc.get("kernels", [])) + list(desc.get(target, []))
-    seen: set[Path] = set()
-    for pattern in patterns:
-        for hit in sorted(glob.glob(os.path.join(str(csrc), pattern))):
-            path = Path(hit)
-            if path in seen:
-                continue
-            seen.add(path)
-            isa = isa_of(path, isas)
-            if isa is not None and isa not in enabled:
-                continue
-            out.sources.append(CSource(path, isa, enabled.get(isa, ()) if isa else ()))
+    hits = (sorted(glob.glob(os.path.join(str(csrc), pattern))) for pattern in patterns)
+    # a file that several patterns match is listed once, where it first appears
+    for path in dict.fromkeys(Path(hit) for group in hits for hit in group):
+        isa = isa_of(path, isas)
+        if isa is not None and isa not in enabled:
+            continue
+        out.sources.append(CSource(path, isa, enabled.get(isa, ()) if isa else ()))
     return out
 
 

@@ -86,14 +86,13 @@ def coverage(loaded) -> dict:
         return cov
     compute = [n for n in qmodel.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear", "Constant") and n.name not in lw.folded]
     failed = {n.name for n, _ in lw.failures if n is not None}
-    islands = set(lw.islands)
-    cov["int8"] = dict(Counter(n.op_type for n in compute if n.name in lw.lowered and n.name not in lw.tabled and n.name not in islands))
+    cov["int8"] = dict(Counter(n.op_type for n in compute if n.name in lw.lowered and n.name not in lw.tabled and n.name not in lw.islands))
     cov["float"] = dict(Counter(op for op, _ in lw.islands.values()))
     cov["float_nodes"] = [{"name": name, "op": op, "reason": why} for name, (op, why) in lw.islands.items()]
     cov["tables"] = dict(Counter(n.op_type for n in compute if n.name in lw.tabled))
     cov["unsupported"] = dict(Counter(n.op_type for n, _ in lw.failures if n is not None))
     cov["unsupported_nodes"] = [{"name": n.name if n is not None else "", "op": n.op_type if n is not None else "", "reason": msg} for n, msg in lw.failures]
-    cov["blocked"] = sum(1 for n in compute if n.name not in lw.lowered and n.name not in lw.tabled and n.name not in failed and n.name not in islands)
+    cov["blocked"] = sum(1 for n in compute if n.name not in lw.lowered and n.name not in lw.tabled and n.name not in failed and n.name not in lw.islands)
     if lw.failures:
         ops = ", ".join(f"{op} x{k}" for op, k in sorted(cov["unsupported"].items()))
         cov["reason"] = f"{len(lw.failures)} node(s) have no int8 lowering ({ops}); first: {lw.failures[0][1]}"

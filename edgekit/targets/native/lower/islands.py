@@ -41,17 +41,10 @@ def binary(lw: Lowerer, node: onnx.NodeProto, a: FT, b: FT, func: str, suffix: s
 
 def lower_f_binary(lw: Lowerer, node: onnx.NodeProto) -> FT:
     xs = [lw.float_value(i) for i in node.input if i]
+    sum_ = node.op_type == "Sum"
     y = xs[0]
     for k, x in enumerate(xs[1:]):  # Max / Min / Sum of more than two inputs: a chain
-        y = binary(lw, node, y, x, node.op_type, f"__{k}" if len(xs) > 2 else "")
-    return y
-
-
-def lower_f_sum(lw: Lowerer, node: onnx.NodeProto) -> FT:
-    xs = [lw.float_value(i) for i in node.input if i]
-    y = xs[0]
-    for k, x in enumerate(xs[1:]):
-        y = binary(lw, node, y, x, "Add", f"__{k}")
+        y = binary(lw, node, y, x, "Add" if sum_ else node.op_type, f"__{k}" if sum_ or len(xs) > 2 else "")
     return y
 
 
@@ -182,7 +175,7 @@ def lower_f_batchnorm(lw: Lowerer, node: onnx.NodeProto) -> FT:
 
 FLOAT_LOWERINGS: dict[str, FloatLowering] = {
     **{op: lower_f_binary for op in ekm.BINARY_FUNCS},
-    "Sum": lower_f_sum,
+    "Sum": lower_f_binary,
     **{op: lower_f_unary for op in ekm.UNARY_FUNCS},
     "Clip": lower_f_clip,
     **{op: lower_f_reshape for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast")},

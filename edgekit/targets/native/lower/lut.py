@@ -106,7 +106,7 @@ def lower_lut(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     if found is None and len(lw.shape(node.output[0], node)) in (2, 4):
         per_channel = lut_cone(lw, node.output[0], per_channel=True)
         if per_channel is not None:
-            return _channel_lut(lw, node, *per_channel, want, act)
+            return _channel_lut(lw, *per_channel, want, act)
     if found is None:
         raise LoweringError(f"{where(node)}: not a function of one int8 tensor", "ekrt turns only elementwise ops of one tensor (and scalar constants) into tables")
     chain, src = found
@@ -114,17 +114,13 @@ def lower_lut(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     x = lw.alias[src]
     name = "+".join(n.name for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
     if want is not None:
-        table = _eval_chain(lw, chain, src, x.q, want)
-        if act is not None:
-            table = np.clip(table, *lw.act_range(want, act)).astype(np.int8)
-        return lw.table(x, table, want, name)
-    values = _eval_chain(lw, chain, src, x.q, None)
-    if act is not None:
-        values = np.clip(values, act[0], act[1]).astype(np.float32)
-    return lw.lut(x, values, _natural_lut(lw, node, values), name)
+        return lw.table(x, _eval_chain(lw, chain, src, x.q, want, act), want, name)
+    values = _eval_chain(lw, chain, src, x.q, None, act)
+    q = QParams(SOFTMAX_SCALE, SOFTMAX_ZP) if node.op_type in ("Sigmoid", "HardSigmoid") else lw.natural(values)
+    return lw.lut(x, values, q, name)
 
 
-def _channel_lut(lw: Lowerer, node: onnx.NodeProto, chain: list[onnx.NodeProto], src: str, want, act) -> QT:
+def _channel_lut(lw: Lowerer, chain: list[onnx.NodeProto], src: str, want, act) -> QT:
     """A chain with per-channel constants (or a BatchNormalization): one table per channel, run
     by ONNX Runtime on every int8 value of every channel at once (LUT_CHANNEL)."""
     x = lw.alias[src]
@@ -133,33 +129,23 @@ def _channel_lut(lw: Lowerer, node: onnx.NodeProto, chain: list[onnx.NodeProto],
     grid = np.broadcast_to(codes, (1, c, 1, 256)) if len(x.shape) == 4 else np.broadcast_to(codes[:, None], (256, c))
     lw.tabled.update(n.name for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
     name = "+".join(n.name for n in chain if n.op_type not in ("QuantizeLinear", "DequantizeLinear"))
-    values = _eval_chain(lw, chain, src, x.q, None, np.ascontiguousarray(grid))
-    if act is not None:
-        values = np.clip(values, act[0], act[1]).astype(np.float32)
-    want = want or lw.natural(values)
-    table = _eval_chain(lw, chain, src, x.q, want, np.ascontiguousarray(grid))
-    if act is not None:
-        table = np.clip(table, *lw.act_range(want, act)).astype(np.int8)
+    want = want or lw.natural(_eval_chain(lw, chain, src, x.q, None, act, np.ascontiguousarray(grid)))
+    table = _eval_chain(lw, chain, src, x.q, want, act, np.ascontiguousarray(grid))
     table = table.reshape(c, 256) if len(x.shape) == 4 else table.T
     out = lw.new_i8(x.shape, want)
     lw.op(ekm.LUT_CHANNEL, [x.index, lw.const(ekm.I8, np.ascontiguousarray(table), f"{name}__tables")], out.index, name=name)
     return out
 
 
-def _natural_lut(lw: Lowerer, node: onnx.NodeProto, values: np.ndarray) -> QParams:
-    if node.op_type in ("Sigmoid", "HardSigmoid"):
-        return QParams(SOFTMAX_SCALE, SOFTMAX_ZP)
-    return lw.natural(values)
-
-
 def _eval_chain(lw: Lowerer, chain: list[onnx.NodeProto], src: str, xq: QParams, want: QParams | None,
-                grid: np.ndarray | None = None) -> np.ndarray:
+                act, grid: np.ndarray | None = None) -> np.ndarray:
     """The chain run by ONNX Runtime on all 256 int8 inputs, as the QDQ model has it:
     DequantizeLinear of the input (and of int8 constants), the float nodes, and the
     QuantizeLinear of ``want`` (int8 table) or nothing (float values). ORT then fuses the
     same patterns it fuses in the whole model (QLinearAdd, QLinearSigmoid, ...), so the table
-    holds exactly what ORT computes. ``grid``: the int8 inputs, when not the 256 values (per
-    channel: constants then keep their shapes)."""
+    holds exactly what ORT computes. ``act``: the real range the result is clamped to (None:
+    none). ``grid``: the int8 inputs, when not the 256 values (per channel: constants then keep
+    their shapes)."""
     i8, f32 = onnx.TensorProto.INT8, onnx.TensorProto.FLOAT
     nodes = [helper.make_node("DequantizeLinear", ["lut_x", "lut_xs", "lut_xz"], [src])]
     inits = [numpy_helper.from_array(np.float32(xq.scale), "lut_xs"), numpy_helper.from_array(np.int8(xq.zp), "lut_xz")]
@@ -169,11 +155,8 @@ def _eval_chain(lw: Lowerer, chain: list[onnx.NodeProto], src: str, xq: QParams,
             inits += [numpy_helper.from_array(c.q.reshape(()), name + "__lq"), numpy_helper.from_array(c.scale.reshape(()), name + "__ls"),
                       numpy_helper.from_array(c.zp.reshape(()).astype(c.q.dtype), name + "__lz")]
             nodes.append(helper.make_node("DequantizeLinear", [name + "__lq", name + "__ls", name + "__lz"], [name]))
-        elif name in lw.consts:  # as the model has it (a Q/DQ zero point stays int8)
-            v = np.asarray(lw.consts[name])
-            inits.append(numpy_helper.from_array(v.reshape(()) if v.size == 1 else v, name))
-        else:
-            v = lw.float_const(name).astype(np.float32)
+        else:  # a plain constant as the model has it (a Q/DQ zero point stays int8)
+            v = np.asarray(lw.consts[name]) if name in lw.consts else lw.float_const(name).astype(np.float32)
             inits.append(numpy_helper.from_array(v.reshape(()) if v.size == 1 else v, name))
     nodes += list(chain)
     out, elem = chain[-1].output[0], f32
@@ -197,4 +180,7 @@ def _eval_chain(lw: Lowerer, chain: list[onnx.NodeProto], src: str, xq: QParams,
         from onnx.reference import ReferenceEvaluator
 
         (y,) = ReferenceEvaluator(model).run(None, feed)
-    return np.asarray(y).reshape(grid.shape).astype(np.int8 if want is not None else np.float32)
+    y = np.asarray(y).reshape(grid.shape).astype(np.int8 if want is not None else np.float32)
+    if act is None:
+        return y
+    return np.clip(y, *(act if want is None else lw.act_range(want, act))).astype(y.dtype)

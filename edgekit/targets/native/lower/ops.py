@@ -18,6 +18,7 @@ from edgekit.targets.native.lower.movement import (
     lower_pad,
     lower_slice,
     lower_split,
+    moved_input,
     spatial_zero_pad,
     view_of,
 )
@@ -40,7 +41,7 @@ from edgekit.targets.native.lower.walk import (
 from edgekit.targets.native.requant import quantize_multiplier
 
 
-def _padding(lw: Lowerer, node: onnx.NodeProto, in_hw: tuple[int, int], kernel: tuple[int, int],
+def _padding(node: onnx.NodeProto, in_hw: tuple[int, int], kernel: tuple[int, int],
              strides: tuple[int, int], dilations: tuple[int, int], out_hw: tuple[int, int]) -> list[int]:
     a = attrs(node)
     auto = text(a.get("auto_pad", "NOTSET"))
@@ -94,13 +95,11 @@ def lower_conv(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     n, c, h, wd = x.shape
     if c != cpg * group or m_out % group:
         raise LoweringError(f"{where(node)}: {c} input channels do not fit weight {w.q.shape} with group {group}", "check the model")
-    pads = _padding(lw, node, (h + extra[0] + extra[2], wd + extra[1] + extra[3]), (kh, kw), strides, dil, out_shape[2:])
+    pads = _padding(node, (h + extra[0] + extra[2], wd + extra[1] + extra[3]), (kh, kw), strides, dil, out_shape[2:])
     pads = [p + e for p, e in zip(pads, extra)]
     s_w = np.broadcast_to(w.scale.astype(np.float64), (m_out,))
     real = np.float64(x.q.scale) * s_w / np.float64(want.scale)
-    bias = np.zeros(m_out, np.int32)
-    if len(node.input) > 2 and node.input[2]:
-        bias = _bias(lw, node, node.input[2], m_out)
+    bias = _bias(lw, node, m_out)
     wt = w.q.transpose(0, 2, 3, 1)  # [M][KH][KW][C/group]
     mult, shift = lw.requant_params(real)
     out = lw.new_i8(out_shape, want)
@@ -111,8 +110,11 @@ def lower_conv(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     return out
 
 
-def _bias(lw: Lowerer, node: onnx.NodeProto, name: str, n: int) -> np.ndarray:
-    b = lw.qconsts.get(name)
+def _bias(lw: Lowerer, node: onnx.NodeProto, n: int) -> np.ndarray:
+    """Input 2, the int32 bias of ``n`` output channels (zeros when the node has none)."""
+    if len(node.input) < 3 or not node.input[2]:
+        return np.zeros(n, np.int32)
+    b = lw.qconsts.get(node.input[2])
     if b is None or b.q.dtype != np.int32 or b.q.size != n:
         raise LoweringError(f"{where(node)}: the bias is not an int32 constant of {n} values", "quantize the model with edgekit")
     return b.q.reshape(n).astype(np.int32)
@@ -150,9 +152,7 @@ def lower_gemm(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
         raise LoweringError(f"{where(node)}: weight scales are not per output channel", "quantize with edgekit")
     s_w = np.broadcast_to(w.scale.reshape(-1).astype(np.float64), (n_out,))
     real = np.float64(x.q.scale) * s_w / np.float64(want.scale)
-    bias = np.zeros(n_out, np.int32)
-    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
-        bias = _bias(lw, node, node.input[2], n_out)
+    bias = _bias(lw, node, n_out) if node.op_type == "Gemm" else np.zeros(n_out, np.int32)
     out_shape = lw.shape(node.output[0], node)
     mult, shift = lw.requant_params(real)
     if rows > 1 and len(x.shape) != 2:  # MatMul of [.., M, K] by a constant: the M rows as a batch
@@ -275,7 +275,7 @@ def lower_concat(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     return lw.requant(out, None, act, node.output[0])
 
 
-def _pool_params(lw: Lowerer, node: onnx.NodeProto, x: QT, out_shape, extra=(0, 0, 0, 0)) -> dict[int, int]:
+def _pool_params(node: onnx.NodeProto, x: QT, out_shape, extra=(0, 0, 0, 0)) -> dict[int, int]:
     """Kernel, strides and pads of a 2-D pool; ``extra``: pads of a Pad folded into it."""
     a = attrs(node)
     if len(x.shape) != 4:
@@ -285,7 +285,7 @@ def _pool_params(lw: Lowerer, node: onnx.NodeProto, x: QT, out_shape, extra=(0, 
     if tuple(a.get("dilations", (1, 1))) != (1, 1) or a.get("storage_order", 0):
         raise LoweringError(f"{where(node)} has dilations or column-major storage", "ekrt pools have dilation 1")
     in_hw = (x.shape[2] + extra[0] + extra[2], x.shape[3] + extra[1] + extra[3])
-    pads = [p + e for p, e in zip(_padding(lw, node, in_hw, kernel, strides, (1, 1), out_shape[2:]), extra)]
+    pads = [p + e for p, e in zip(_padding(node, in_hw, kernel, strides, (1, 1), out_shape[2:]), extra)]
     return {0: kernel[0], 1: kernel[1], 2: strides[0], 3: strides[1], 6: pads[0], 7: pads[1], 8: pads[2], 9: pads[3]}
 
 
@@ -293,10 +293,9 @@ def lower_maxpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     if len(node.output) > 1 and node.output[1]:
         raise LoweringError(f"{where(node)} returns indices", "ekrt's MaxPool returns values only")
     # max commutes with a monotone quantization: quantize first (float islands), then pool
-    src = node.input[0]
-    x = lw.materialize(src, want if src not in lw.alias else None, act if src not in lw.alias else None)
+    x = moved_input(lw, node, want, act)
     out_shape = lw.shape(node.output[0], node)
-    params = _pool_params(lw, node, x, out_shape)
+    params = _pool_params(node, x, out_shape)
     params.update({4: 1, 5: 1})
     out = lw.new_i8(out_shape, x.q)
     lw.op(ekm.MAXPOOL, [x.index], out.index, params, node.name)
@@ -309,19 +308,16 @@ def lower_avgpool(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     folded = _avgpool_pad_fold(lw, node, out_shape)
     x = folded[0] if folded else lw.input_i8(node, 0)
     out = lw.new_i8(out_shape, want)
-    if folded:
-        params = folded[1]
-        params[13], params[14] = quantize_multiplier(x.q.scale / want.scale)
-        lw.op(ekm.AVGPOOL, [x.index], out.index, params, node.name)
-    elif node.op_type == "GlobalAveragePool":
+    if node.op_type == "GlobalAveragePool":  # never folded: only an AveragePool takes a Pad in
         if len(x.shape) != 4:
             raise LoweringError(f"{where(node)} is not 2-D", "ekrt runs 2-D pools only")
         hw = x.shape[2] * x.shape[3]
         m_, s_ = quantize_multiplier(x.q.scale / (want.scale * hw))
         lw.op(ekm.GLOBAL_AVGPOOL, [x.index], out.index, {0: m_, 1: s_}, node.name)
     else:
-        params = _pool_params(lw, node, x, out_shape)
-        params.update({4: 1, 5: 1, 10: int(attrs(node).get("count_include_pad", 0))})
+        params = folded[1] if folded else _pool_params(node, x, out_shape)
+        if not folded:
+            params.update({4: 1, 5: 1, 10: int(attrs(node).get("count_include_pad", 0))})
         params[13], params[14] = quantize_multiplier(x.q.scale / want.scale)
         lw.op(ekm.AVGPOOL, [x.index], out.index, params, node.name)
     return lw.requant(out, None, act, node.output[0])
@@ -339,7 +335,7 @@ def _avgpool_pad_fold(lw: Lowerer, node: onnx.NodeProto, out_shape) -> tuple[QT,
     if not a.get("count_include_pad", 0) and (any(a.get("pads", [])) or text(a.get("auto_pad", "NOTSET")) not in ("NOTSET", "", "VALID")):
         return None
     x = lw.materialize(src, q)
-    params = _pool_params(lw, node, x, out_shape, extra)
+    params = _pool_params(node, x, out_shape, extra)
     if any(params[6 + i] >= params[i % 2] for i in range(4)):
         return None
     params.update({4: 1, 5: 1, 10: 1})
@@ -347,10 +343,9 @@ def _avgpool_pad_fold(lw: Lowerer, node: onnx.NodeProto, out_shape) -> tuple[QT,
 
 
 def lower_reshape(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
-    src = node.input[0]
     if node.op_type == "Identity":
-        return lw.materialize(src, want, act)
-    x = lw.materialize(src, want if src not in lw.alias else None, act if src not in lw.alias else None)
+        return lw.materialize(node.input[0], want, act)
+    x = moved_input(lw, node, want, act)
     out_shape = lw.shape(node.output[0], node)
     if math.prod(out_shape) != math.prod(x.shape):
         raise LoweringError(f"{where(node)}: {x.shape} -> {out_shape} changes the element count", "check the model")
@@ -372,8 +367,7 @@ def lower_reshape(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
 
 
 def lower_transpose(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
-    src = node.input[0]
-    x = lw.materialize(src, want if src not in lw.alias else None, act if src not in lw.alias else None)
+    x = moved_input(lw, node, want, act)
     rank = len(x.shape)
     perm = list(attrs(node).get("perm", range(rank - 1, -1, -1)))
     out_shape = lw.shape(node.output[0], node)
@@ -418,9 +412,8 @@ def lower_resize(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     mode = text(a.get("mode", "nearest"))
     ctm = text(a.get("coordinate_transformation_mode", "half_pixel"))
     nearest_mode = text(a.get("nearest_mode", "round_prefer_floor"))
-    src = node.input[0]
     nearest = mode == "nearest"
-    x = lw.materialize(src, want if nearest and src not in lw.alias else None, act if nearest and src not in lw.alias else None)
+    x = moved_input(lw, node, want, act) if nearest else lw.materialize(node.input[0], None)
     out_shape = lw.shape(node.output[0], node)
     if len(x.shape) != 4 or out_shape[:2] != x.shape[:2]:
         raise LoweringError(f"{where(node)} resizes {x.shape} -> {out_shape}", "ekrt resizes the H and W of 4-D tensors only")
@@ -487,7 +480,7 @@ def lower_conv_transpose(lw: Lowerer, node: onnx.NodeProto, want, act) -> QT:
     if min(conv_pads) < 0 or c != c_in:
         raise LoweringError(f"{where(node)}: pads larger than the kernel or {c} channels for weight {w.q.shape}", "ekrt runs ConvTranspose with pads < kernel")
     s_w = np.broadcast_to(w.scale.reshape(-1).astype(np.float64), (m_out,))
-    bias = _bias(lw, node, node.input[2], m_out) if len(node.input) > 2 and node.input[2] else np.zeros(m_out, np.int32)
+    bias = _bias(lw, node, m_out)
     amin, amax = lw.act_range(want, act)
     if strides == (kh, kw) and dil == (1, 1) and tuple(out_shape[2:]) == (h * kh, wd * kw) and conv_pads == [kh - 1, kw - 1, kh - 1, kw - 1]:
         # kernel == stride, no overlap: a 1x1 conv to (i, j, m) channels, then pixels spread out by
@@ -640,22 +633,12 @@ LOWERINGS: dict[str, Lowering] = {
     "Conv": lower_conv,
     "Gemm": lower_gemm,
     "MatMul": lower_gemm,
-    "Add": lower_binary,
-    "Mul": lower_binary,
-    "Sub": lower_binary,
-    "Div": lower_binary,
-    "Pow": lower_binary,
-    "Max": lower_binary,
-    "Min": lower_binary,
+    **{op: lower_binary for op in ("Add", "Mul", "Sub", "Div", "Pow", "Max", "Min")},
     "Concat": lower_concat,
     "MaxPool": lower_maxpool,
     "AveragePool": lower_avgpool,
     "GlobalAveragePool": lower_avgpool,
-    "Reshape": lower_reshape,
-    "Flatten": lower_reshape,
-    "Squeeze": lower_reshape,
-    "Unsqueeze": lower_reshape,
-    "Identity": lower_reshape,
+    **{op: lower_reshape for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
     "Transpose": lower_transpose,
     "Resize": lower_resize,
     "Softmax": lower_softmax,

@@ -144,13 +144,7 @@ class Lowerer:
                 self.shapes[vi.name] = tuple(d.dim_value for d in dims)
         self.consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in g.initializer}
         self.qconsts: dict[str, QConst] = {}
-        self.producer: dict[str, onnx.NodeProto] = {}
-        self.consumers: dict[str, list[onnx.NodeProto]] = {}
-        for node in g.node:
-            for o in node.output:
-                self.producer[o] = node
-            for i in node.input:
-                self.consumers.setdefault(i, []).append(node)
+        self.producer: dict[str, onnx.NodeProto] = {o: node for node in g.node for o in node.output}
         self.graph_inputs = {i.name for i in g.input if i.name not in self.consts}
         self.m = ekm.EkmModel()
         self.alias: dict[str, QT] = {}  # ONNX tensor -> runtime int8 tensor holding it exactly
@@ -232,8 +226,6 @@ class Lowerer:
             raise LoweringError(f"node '{name}' reads a tensor of rank > {ekm.MAX_RANK}",
                                 f"ekrt tensors have rank <= {ekm.MAX_RANK}; a higher rank may only appear inside a Reshape/Transpose/Squeeze/Unsqueeze chain")
         self.m.add_op(type_, inputs, [output], params, name)
-        key = ekm.OP_NAMES[type_]
-        self.report.ops[key] = self.report.ops.get(key, 0) + 1
 
     # -- the walk ---------------------------------------------------------------------------
 
@@ -249,18 +241,15 @@ class Lowerer:
                     self._dequantize(node)
             elif node.op_type == "QuantizeLinear":
                 self._collecting(node, self._quantize)
-            elif node.input and all((not i) or self.is_const(i) for i in node.input) and node.op_type != "Shape":
+            elif node.op_type == "Shape" or (node.input and all((not i) or self.is_const(i) for i in node.input)):
                 self._fold(node)
-                self.folded.add(node.name)
-            elif node.op_type == "Shape":
-                self._fold_shape(node)
                 self.folded.add(node.name)
         for i, inp in enumerate(g.input):
             if inp.name in self.graph_inputs and inp.name not in self.io:
                 raise LoweringError(
                     f"graph input '{inp.name}' does not go through a QuantizeLinear",
                     "quantize the model with edgekit (the native scheme) so every input is quantized",
-                ) if any(True for _ in self.consumers.get(inp.name, [])) else LoweringError(
+                ) if any(inp.name in node.input for node in g.node) else LoweringError(
                     f"graph input {i} '{inp.name}' is unused", "remove it from the model")
         for out in g.output:
             qt = self.alias.get(out.name) or self._collecting(out, lambda o: self.output_value(o.name))
@@ -300,6 +289,11 @@ class Lowerer:
             return None
 
     def _fold(self, node: onnx.NodeProto) -> None:
+        if node.op_type == "Shape":  # a static shape, whether or not the tensor is constant
+            a = attrs(node)
+            shape = np.array(self.shape(node.input[0], node), dtype=np.int64)
+            self.consts[node.output[0]] = shape[a.get("start", 0):a.get("end", None)]
+            return
         from onnx.reference import ReferenceEvaluator
 
         feeds = {i: self.float_const(i) if i in self.qconsts else self.consts[i] for i in node.input if i}
@@ -316,12 +310,6 @@ class Lowerer:
             if r.size > FLOAT_CONST_MAX:
                 raise LoweringError(f"{where(node)} makes a constant of {r.size} elements", "simplify the model first")
             self.consts[o] = r
-
-    def _fold_shape(self, node: onnx.NodeProto) -> None:
-        shape = np.array(self.shape(node.input[0], node), dtype=np.int64)
-        a = attrs(node)
-        start, end = a.get("start", 0), a.get("end", None)
-        self.consts[node.output[0]] = shape[start:end]
 
     def _dequantize(self, node: onnx.NodeProto) -> None:
         x = node.input[0]
@@ -347,9 +335,9 @@ class Lowerer:
         key = (x, q, None)
         if key in self.memo:
             return self.memo[key]
-        self.quantized_input_io(x)
+        io = self.quantized_input_io(x)
         out = self.new_i8(self.shape(x), q)
-        self.op(ekm.QUANTIZE, [self.io[x]], out.index, {0: int(len(out.shape) == 4)}, name=name or f"{x}__Q")
+        self.op(ekm.QUANTIZE, [io], out.index, {0: int(len(out.shape) == 4)}, name=name or f"{x}__Q")
         self.memo[key] = out
         return out
 
@@ -443,8 +431,7 @@ class Lowerer:
         if name in self.alias:
             ft = self.dequantize_value(self.alias[name], name)
         elif name in self.graph_inputs:
-            self.quantized_input_io(name)
-            ft = FT(self.io[name], self.shape(name))
+            ft = FT(self.quantized_input_io(name), self.shape(name))
         elif self.is_const(name):
             v = self.float_const(name)
             ft = FT(self.const(ekm.F32, v, name), tuple(v.shape))
