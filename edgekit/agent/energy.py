@@ -1,4 +1,4 @@
-"""Energy over the timed loop, where the device exposes it (stdlib only; sysfs under facts.sysfs_root).
+"""Energy over the timed loop, where the device exposes it (stdlib only; sysfs under facts.sysfs).
 
 Sources, first found wins:
 
@@ -24,7 +24,7 @@ import re
 import threading
 import time
 
-from .facts import _read, sysfs
+from .facts import _listdir, _number, _read, sysfs
 
 PERIOD_S = 0.01
 _RAPL = "sys/class/powercap"
@@ -49,11 +49,10 @@ class Meter:
         if value is not None:
             self.samples.append((time.monotonic_ns(), value))
 
-    def start(self) -> Meter:
+    def start(self) -> None:
         self.sample()
         self._thread = threading.Thread(target=self._loop, name="edgekit-energy", daemon=True)
         self._thread.start()
-        return self
 
     def stop(self) -> None:
         self._stop.set()
@@ -125,33 +124,18 @@ def open_meter():
     return None
 
 
-def _int(path: str):
-    try:
-        with open(path, encoding="ascii") as fh:
-            return int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _listdir(path: str) -> list:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
 def _rapl():
     domains = [os.path.join(sysfs(_RAPL), n) for n in _listdir(sysfs(_RAPL)) if re.match(r"intel-rapl:\d+$", n)]
     # the package domains; "psys" (the whole platform) would count the packages twice
     named = [(d, (_text(os.path.join(d, "name")) or "")) for d in domains]
     packages = [d for d, name in named if name.startswith("package")] or [d for d, name in named if name != "psys"]
-    wraps = [_int(os.path.join(d, "max_energy_range_uj")) for d in packages]
+    wraps = [_number(os.path.join(d, "max_energy_range_uj")) for d in packages]
     if not packages or None in wraps:
         return None
     files = [os.path.join(d, "energy_uj") for d in packages]
 
     def read():
-        values = [_int(f) for f in files]
+        values = [_number(f) for f in files]
         return None if None in values else tuple(values)
 
     return Meter("rapl", "counter", read, wraps)
@@ -172,7 +156,7 @@ def _ina3221():
         def read(files=files):
             total = 0
             for volts, amps in files:
-                mv, ma = _int(volts), _int(amps)
+                mv, ma = _number(volts), _number(amps)
                 if mv is None or ma is None:
                     return None
                 total += mv * ma  # mV x mA = µW
@@ -190,7 +174,7 @@ def _hwmon_power():
         if files:
 
             def read(files=files):
-                values = [_int(f) for f in files]
+                values = [_number(f) for f in files]
                 return None if None in values else sum(values)
 
             return Meter("hwmon", "power", read)

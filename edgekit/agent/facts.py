@@ -144,13 +144,9 @@ def device_facts() -> dict:
     }
 
 
-def sysfs_root() -> str:
-    """Where /sys is read from: ``EDGEKIT_SYSFS_ROOT`` (tests point it at a fake tree), else "/"."""
-    return os.environ.get("EDGEKIT_SYSFS_ROOT") or "/"
-
-
 def sysfs(*parts: str) -> str:
-    return os.path.join(sysfs_root(), *parts)
+    """``parts`` under ``EDGEKIT_SYSFS_ROOT`` (tests point it at a fake tree), else under "/"."""
+    return os.path.join(os.environ.get("EDGEKIT_SYSFS_ROOT") or "/", *parts)
 
 
 def device_state() -> dict:
@@ -160,7 +156,7 @@ def device_state() -> dict:
     ``freq_mhz``/``freq_max_mhz`` every CPU's scaling_cur_freq/scaling_max_freq; ``thermal`` every
     zone by its type; ``throttled`` what the device says about throttling (see ``throttle_state``).
     """
-    cpus = _cpu_names()
+    cpus = _numbered(sysfs(_CPUS), "cpu")
     governor = _read(sysfs(_CPUS, "cpu0", "cpufreq", "scaling_governor"))
     governor = governor.strip() if governor else None
     freq = _cpu_mhz(cpus, "scaling_cur_freq")
@@ -175,12 +171,10 @@ def device_state() -> dict:
     }
 
 
-def _cpu_names() -> list:
-    try:
-        names = [n for n in os.listdir(sysfs(_CPUS)) if re.match(r"cpu\d+$", n)]
-    except OSError:
-        return []
-    return sorted(names, key=lambda n: int(n[3:]))
+def _numbered(directory: str, prefix: str) -> list:
+    """``prefix0``, ``prefix1``, ... in ``directory``, in numeric order."""
+    names = [n for n in _listdir(directory) if re.match(re.escape(prefix) + r"\d+$", n)]
+    return sorted(names, key=lambda n: int(n[len(prefix) :]))
 
 
 def _cpu_mhz(cpus: list, name: str):
@@ -201,11 +195,7 @@ def thermal_zones() -> tuple:
     """
     zones = {}
     zone0 = None
-    try:
-        names = sorted((n for n in os.listdir(sysfs(_THERMAL)) if re.match(r"thermal_zone\d+$", n)), key=lambda n: int(n[12:]))
-    except OSError:
-        names = []
-    for name in names:
+    for name in _numbered(sysfs(_THERMAL), "thermal_zone"):
         milli = _number(sysfs(_THERMAL, name, "temp"))
         if milli is None:
             continue
@@ -265,6 +255,13 @@ def _number(path: str):
         return int(text.strip()) if text else None
     except ValueError:
         return None
+
+
+def _listdir(path: str) -> list:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
 
 
 def _read(path: str) -> str | None:
@@ -346,9 +343,7 @@ def libc() -> dict:
         return {"name": name, "version": version or None}
     import glob
 
-    if glob.glob("/lib/ld-musl-*.so.1"):
-        return {"name": "musl", "version": None}
-    return {"name": None, "version": None}
+    return {"name": "musl" if glob.glob("/lib/ld-musl-*.so.1") else None, "version": None}
 
 
 def python_env() -> dict:

@@ -7,6 +7,7 @@ breaking and releasing, expiry in the device's own clock) is described in the ho
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -44,25 +45,23 @@ class _Lock:
             return holder, now - st.st_mtime > GRACE, True
         return holder, now >= holder["expires"], True
 
-    def guarded(self) -> int:
+    @contextlib.contextmanager
+    def guarded(self):
         fd = os.open(os.path.join(self.parent, "lock.guard"), os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return fd
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def remove(self) -> None:
         away = self.dir + ".stale." + uuid.uuid4().hex[:12]
         os.rename(self.dir, away)
         shutil.rmtree(away, ignore_errors=True)
 
-    def write_owner(self, info: dict) -> None:
-        tmp = os.path.join(self.dir, ".owner.json.tmp")
-        _dump_synced(info, tmp)
-        os.rename(tmp, self.owner_path)
-
     def acquire(self, info: dict, ttl: float) -> dict:
         out: dict = {}
-        if not os.path.isdir(self.parent):
-            os.makedirs(self.parent, exist_ok=True)
+        os.makedirs(self.parent, exist_ok=True)
         for attempt in (0, 1):
             # The lock appears with its owner file already inside (a renamed temp dir), so nobody
             # ever sees a lock without an owner: rename onto an existing, non-empty dir fails.
@@ -81,14 +80,11 @@ class _Lock:
                 if not stale or attempt:
                     out.update(acquired=False, holder=holder, stale=stale)
                     return out
-                fd = self.guarded()
-                try:
+                with self.guarded():
                     again, stale, exists = self.state()
                     if exists and stale and _token(again) == _token(holder):
                         self.remove()
                         out["broke"] = again
-                finally:
-                    os.close(fd)
                 continue
             out.update(acquired=True, holder=info)
             return out
@@ -99,18 +95,17 @@ class _Lock:
         """release / refresh / break, under the guard: only the holder ``token`` names (break "" : anyone)."""
         if not os.path.isdir(self.parent):
             return {"done": False, "holder": None}
-        fd = self.guarded()
-        try:
+        with self.guarded():
             holder, _, exists = self.state()
             mine = exists and (_token(holder) == token or (op == "break" and not token))
             if mine and op == "refresh":
                 holder["expires"] = time.time() + ttl
-                self.write_owner(holder)
+                tmp = os.path.join(self.dir, ".owner.json.tmp")
+                _dump_synced(holder, tmp)
+                os.rename(tmp, self.owner_path)
             elif mine:
                 self.remove()
             return {"done": bool(mine), "holder": holder if exists else None}
-        finally:
-            os.close(fd)
 
 
 def _dump_synced(doc: dict, path: str) -> None:

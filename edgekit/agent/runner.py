@@ -121,7 +121,6 @@ def bench(
     if duration_s is not None:
         min_time_s = 0.0  # a duration is the whole window (the loops below and the backends' rely on it)
     manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant)
-    model_rel = spec["model"]
     backend = load_backend(spec["backend"])
     facts = device_facts()
     before = device_state()
@@ -195,7 +194,7 @@ def bench(
         "backend": spec["backend"],
         "backend_version": session.version,
         "precision": spec["precision"],
-        "model": model_rel,
+        "model": spec["model"],
         "model_sha256": model_sha,
         "bundle_hash": bundle_hash(manifest),
         "config": {
@@ -288,16 +287,20 @@ def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: 
     session = load_backend(spec["backend"]).load(model_path, threads, dict(spec.get("options") or {}), bundle_dir)
     names = [t["name"] for t in spec.get("outputs") or []]
     got = {}
-    t0 = time.perf_counter_ns()
-    run_all = getattr(session, "run_all", None)  # a runtime in its own process: all samples at once
-    for i in range(n if run_all is None else 0):
+
+    def infer(fn, feeds, where: str = ""):
         try:
-            result = session.run({k: a[i : i + 1] for k, a in arrays.items()})
+            return fn(feeds)
         except AgentFailure:
             raise
         except Exception as exc:  # the runtime's own error types: name them, don't crash
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise AgentFailure(f"inference of variant '{variant}' failed on sample {i}: {first}", "check the samples match the model's inputs") from None
+            raise AgentFailure(f"inference of variant '{variant}' failed{where}: {first}", "check the samples match the model's inputs") from None
+
+    t0 = time.perf_counter_ns()
+    run_all = getattr(session, "run_all", None)  # a runtime in its own process: all samples at once
+    for i in range(n if run_all is None else 0):
+        result = infer(session.run, {k: a[i : i + 1] for k, a in arrays.items()}, f" on sample {i}")
         if isinstance(result, dict) and all(isinstance(k, str) for k in result):
             values = [result[k] for k in names] if names else list(result.values())
         else:
@@ -306,14 +309,7 @@ def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: 
             # copies: a runtime may hand out views of buffers it reuses on the next call
             got.setdefault(names[k] if k < len(names) else f"output{k}", []).append(np.array(value, copy=True))
     if run_all is not None and n:
-        try:
-            stacked = run_all(arrays)
-        except AgentFailure:
-            raise
-        except Exception as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise AgentFailure(f"inference of variant '{variant}' failed: {first}", "check the samples match the model's inputs") from None
-        for k, value in enumerate(stacked):
+        for k, value in enumerate(infer(run_all, arrays)):
             got[names[k] if k < len(names) else f"output{k}"] = [np.asarray(value)]
     seconds = (time.perf_counter_ns() - t0) / 1e9
     out_path = output if output.endswith(".npz") else output + ".npz"  # numpy.savez would add it

@@ -7,6 +7,7 @@ temp name, rename, switch ``current``), ``rollback``, ``status``. A failure is `
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -19,26 +20,13 @@ from . import sha256_file
 PART_MAX_AGE_S = 24 * 3600  # an upload temp file untouched this long belongs to a push given up on
 
 
-class _Done(Exception):
-    def __init__(self, doc: dict) -> None:
-        super().__init__()
-        self.doc = doc
-
-
-def _out(doc: dict) -> None:
-    raise _Done(doc)
-
-
 def answer(argv: list) -> dict:
     """The JSON answer of one store step (``argv``: ROOT MODE JSON)."""
     if len(argv) != 3:
         return {"error": "agent usage: store ROOT MODE JSON", "hint": "push with the same edgekit version"}
     root = argv[0]
     try:
-        _Store(root).run(argv[1], json.loads(argv[2]))
-        return {"error": f"store mode {argv[1]!r} returned nothing"}
-    except _Done as done:
-        return done.doc
+        return _Store(root).run(argv[1], json.loads(argv[2]))
     except OSError as exc:
         kind = "space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "os"
         hint = "free space on the device" if kind == "space" else f"check permissions of {root} on the device"
@@ -60,15 +48,15 @@ class _Store:
         self.prev = os.path.join(root, "previous")
         self.cache_path = os.path.join(self.objects, ".verified.json")
 
-    def run(self, mode: str, req: dict) -> None:
+    def run(self, mode: str, req: dict) -> dict:
         for d in (self.root, self.objects, self.bundles):
             os.makedirs(d, exist_ok=True)
         if mode not in ("plan", "commit", "rollback", "status"):
-            _out({"error": f"unknown store mode {mode!r}"})
-        getattr(self, mode)(req)
+            return {"error": f"unknown store mode {mode!r}"}
+        return getattr(self, mode)(req)
 
     # -- modes --------------------------------------------------------------------------------
-    def plan(self, req: dict) -> None:
+    def plan(self, req: dict) -> dict:
         cache = self._load_cache()
         missing = []
         for _rel, sha, size in req["files"]:
@@ -77,14 +65,14 @@ class _Store:
         self._save_cache(cache)
         self._clean_parts(set(missing))
         st = os.statvfs(self.objects)
-        _out({"missing": missing, "free": st.f_bavail * st.f_frsize, "current": _link_target(self.cur)})
+        return {"missing": missing, "free": st.f_bavail * st.f_frsize, "current": _link_target(self.cur)}
 
-    def commit(self, req: dict) -> None:
+    def commit(self, req: dict) -> dict:
         name = req["bundle"]
         final = os.path.join(self.bundles, name)
         for rel, sha, _size in req["files"]:
             if not os.path.isfile(os.path.join(self.objects, sha)):
-                _out({"error": f"object {sha[:12]} ({rel}) vanished from the device during the push", "hint": "push again"})
+                return {"error": f"object {sha[:12]} ({rel}) vanished from the device during the push", "hint": "push again"}
         if os.path.isdir(final):
             self._repair(final, req["files"])
         else:
@@ -93,10 +81,8 @@ class _Store:
         # remember that, so the next push of it needs no re-hashing
         cache = self._load_cache()
         for _rel, sha, _size in req["files"]:
-            try:
+            with contextlib.suppress(OSError):
                 cache[sha] = _stamp(os.stat(os.path.join(self.objects, sha)))
-            except OSError:
-                pass
         self._save_cache(cache)
         target = "bundles/" + name
         cur, prev = _link_target(self.cur), _link_target(self.prev)
@@ -107,20 +93,20 @@ class _Store:
             _switch(self.cur, target)
             cur = target
             _fsync_dir(self.root)
-        _out({"current": cur, "previous": prev})
+        return {"current": cur, "previous": prev}
 
-    def rollback(self, req: dict) -> None:
+    def rollback(self, req: dict) -> dict:
         cur, prev = _link_target(self.cur), _link_target(self.prev)
         if prev is None or not os.path.isdir(os.path.join(self.root, prev)):
-            _out({"error": "there is no previous bundle to roll back to on the device", "hint": "push the bundle you want instead"})
+            return {"error": "there is no previous bundle to roll back to on the device", "hint": "push the bundle you want instead"}
         _switch(self.cur, prev)
         if cur is not None:
             _switch(self.prev, cur)
         _fsync_dir(self.root)
-        _out({"current": prev, "previous": cur})
+        return {"current": prev, "previous": cur}
 
-    def status(self, req: dict) -> None:
-        _out({"current": _link_target(self.cur), "previous": _link_target(self.prev)})
+    def status(self, req: dict) -> dict:
+        return {"current": _link_target(self.cur), "previous": _link_target(self.prev)}
 
     # -- helpers ------------------------------------------------------------------------------
     def _good_object(self, sha: str, size: int, cache: dict) -> bool:
@@ -192,12 +178,10 @@ class _Store:
 
     def _save_cache(self, cache: dict) -> None:
         tmp = f"{self.cache_path}.{os.getpid()}.tmp"
-        try:
+        with contextlib.suppress(OSError):
             with open(tmp, "w") as fh:
                 json.dump(cache, fh)
             os.replace(tmp, self.cache_path)
-        except OSError:
-            pass
 
 
 def _stamp(st: os.stat_result) -> list:
@@ -205,21 +189,17 @@ def _stamp(st: os.stat_result) -> list:
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _fsync_dir(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    except OSError:
-        pass
 
 
 def _link_target(path: str):

@@ -116,10 +116,6 @@ class Session:
             info["threads"] = doc["backend_info"]["threads"]
         return samples, _named(doc.get("layers"), self.model_path) if profile else None, info
 
-    def run(self, feeds: dict):
-        """One inference through the runner (``ekrt run --save``): for evaluation, not timing."""
-        return self.run_all(feeds)
-
     def run_all(self, stacked: dict):
         """Every sample stacked along the first axis of ``stacked``'s arrays through one runner
         process (a process per sample cost ~2.7 ms each: 1 s of a 360-sample evaluation)."""
@@ -131,11 +127,13 @@ class Session:
             for k, value in enumerate(stacked.values()):
                 files.append(os.path.join(tmp, f"in{k}.npy"))
                 numpy.save(files[-1], numpy.ascontiguousarray(value, dtype=numpy.float32))
-            doc = _run_json([self.runner, "run", self.model_path, "--json", "--save", tmp]
-                            + (["--threads", str(int(self.threads))] if self.threads else []) + ["--inputs"] + files)
+            argv = [self.runner, "run"] + self._common() + ["--save", tmp, "--inputs"] + files
+            doc = _run_json(argv)
             return [numpy.load(os.path.join(tmp, f"output{i}.npy")) for i in range(len(doc.get("outputs") or []))]
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    run = run_all  # one inference through ``ekrt run --save``: for evaluation, not timing
 
 
 def _runner_path(workdir: str, options: dict) -> str:

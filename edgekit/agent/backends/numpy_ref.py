@@ -93,12 +93,8 @@ def Flatten(x, attrs):
     axis = attrs.get("axis", 1)
     if axis < 0:
         axis += x.ndim
-    outer = inner = 1
-    for d in x.shape[:axis]:
-        outer *= d
-    for d in x.shape[axis:]:
-        inner *= d
-    return x.reshape(outer, inner)
+    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+    return x.reshape(outer, int(np.prod(x.shape[axis:], dtype=np.int64)))
 
 
 def Reshape(x, shape, attrs):
@@ -109,8 +105,7 @@ def Reshape(x, shape, attrs):
 
 
 def Transpose(x, attrs):
-    perm = attrs.get("perm")
-    return np.transpose(x, perm if perm is not None else None)
+    return np.transpose(x, attrs.get("perm"))
 
 
 def Concat(*xs, attrs):
@@ -153,13 +148,9 @@ def Conv(x, w, b=None, attrs=None):
     pads = _pads(attrs, x.shape[2:], kernel, strides, dilations, squeeze)
     xp = _pad(x, pads, 0)
     oh, ow = (_out_len(xp.shape[2 + i], kernel[i], strides[i], dilations[i], False) for i in range(2))
-    s = xp.strides
-    cols = np.lib.stride_tricks.as_strided(
-        xp,
-        shape=(n, c, kh, kw, oh, ow),
-        strides=(s[0], s[1], s[2] * dilations[0], s[3] * dilations[1], s[2] * strides[0], s[3] * strides[1]),
-        writeable=False,
-    ).reshape(n, group, cg * kh * kw, oh * ow)
+    # (n, c, oh, ow, kh, kw) windows -> (n, c, kh, kw, oh, ow): channel x kernel rows, pixel columns
+    cols = _windows(xp, kernel, strides, dilations, (oh, ow)).transpose(0, 1, 4, 5, 2, 3)
+    cols = cols.reshape(n, group, cg * kh * kw, oh * ow)
     y = np.matmul(w.reshape(1, group, m // group, cg * kh * kw), cols).reshape(n, m, oh, ow)
     if b is not None:
         y += b.reshape(1, -1, 1, 1)
@@ -306,14 +297,10 @@ class Session:
         self._weights = weights
         self._outputs = list(graph["outputs"])
         self._nodes = []
-        last_use: dict = {}
-        for i, node in enumerate(graph["nodes"]):
-            for name in node["inputs"]:
-                last_use[name] = i
+        last_use = {name: i for i, node in enumerate(graph["nodes"]) for name in node["inputs"]}
         keep = set(self._outputs)
         for i, node in enumerate(graph["nodes"]):
-            attrs = dict(node.get("attrs") or {})
-            attrs["_opset"] = opset
+            attrs = dict(node.get("attrs") or {}, _opset=opset)
             # free intermediates after their last reader: peak memory like a runtime's, not a sum
             free = [n for n in node["inputs"] if n and last_use.get(n) == i and n not in keep and n not in weights]
             self._nodes.append((node.get("name") or f"{node['op']}_{i}", node["op"], OPS[node["op"]], node["inputs"], node["outputs"], attrs, free))
@@ -332,11 +319,7 @@ class Session:
             result = fn(*args, attrs=attrs)
             if _times is not None:
                 _times.append(clock() - t)
-            if isinstance(result, tuple):
-                for out, value in zip(outputs, result):
-                    values[out] = value
-            else:
-                values[outputs[0]] = result
+            values[outputs[0]] = result  # every op in OPS has one output
             for n in free:
                 values.pop(n, None)
         try:

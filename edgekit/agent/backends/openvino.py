@@ -8,6 +8,7 @@ compile with PERF_COUNT on, run after the timed loop, so counting never slows th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -114,18 +115,15 @@ def load(model_path: str, threads, options: dict = None, workdir: str = None) ->
     info["fallback"] = bool(executed) and primary not in _META_DEVICES and any(
         d.split(".")[0] != primary for d in executed
     )
-    try:  # the threads it really uses (with none asked: its own choice)
+    # the threads it really uses (with none asked: its own choice)
+    with contextlib.suppress(Exception):  # not every plugin (NPU, MYRIAD) has the property
         used = int(compiled.get_property("INFERENCE_NUM_THREADS"))
         if used > 0:
             info["threads"] = used
-    except Exception:  # not every plugin (NPU, MYRIAD) has the property
-        pass
     if "INFERENCE_PRECISION_HINT" in supported:
-        try:
+        with contextlib.suppress(Exception):  # a plugin may list it and still not report it
             precision = compiled.get_property("INFERENCE_PRECISION_HINT")
             info["inference_precision"] = precision.to_string() if hasattr(precision, "to_string") else str(precision)
-        except Exception:  # a plugin may list the property and still not report it
-            pass
     return Session(core, model_path, device, config, compiled, version, info)
 
 

@@ -15,17 +15,14 @@ from .. import AgentFailure
 
 # distributions that provide an Interpreter, in the order tried under numpy 1
 _PACKAGES = ("tflite-runtime", "ai-edge-litert")
+_INSTALL_HINT = (
+    f"install a LiteRT runtime there: {sys.executable} -m pip install ai-edge-litert (works with numpy 2), "
+    "or tflite-runtime with numpy<2"
+)
 
 
 # the runner may probe one thread against this runtime's default (runner.PROBE_*)
 PROBE_THREADS = True
-
-
-def _install_hint() -> str:
-    return (
-        f"install a LiteRT runtime there: {sys.executable} -m pip install ai-edge-litert (works with numpy 2), "
-        "or tflite-runtime with numpy<2"
-    )
 
 
 class Session:
@@ -86,7 +83,7 @@ def load(model_path: str, threads, options: dict = None, workdir: str = None) ->
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         hint = "check the .tflite file on the host (edgekit plan MODEL.tflite reads it)"
         if "_ARRAY_API" in str(exc) or "numpy" in str(exc).lower():
-            hint = f"{dist} was built for another numpy major version; {_install_hint()}"
+            hint = f"{dist} was built for another numpy major version; {_INSTALL_HINT}"
         raise AgentFailure(f"{dist} {version} cannot load {os.path.basename(model_path)}: {first}", hint) from None
     _SEEN_XNNPACK[0] = _SEEN_XNNPACK[0] or "XNNPACK" in log
     info = {
@@ -122,7 +119,7 @@ def _import():
         return module, dist
     raise AgentFailure(
         f"no LiteRT runtime imports on the device (for {sys.executable}): {'; '.join(errors)}",
-        _install_hint(),
+        _INSTALL_HINT,
     )
 
 
@@ -151,10 +148,7 @@ def _dist_version(dist: str, module) -> str:
 
 def _capture_stderr(fn):
     """Run ``fn`` with file descriptor 2 captured: LiteRT's C++ logging writes there, not to sys.stderr."""
-    try:
-        sys.stderr.flush()
-    except (AttributeError, ValueError):
-        pass
+    sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), 2)

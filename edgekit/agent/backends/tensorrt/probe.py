@@ -29,7 +29,6 @@ def find_trtexec():
     return None
 
 
-
 def tensorrt_version(ask_trtexec: bool = True) -> tuple:
     """``(version, source)``: the first of Python metadata, libnvinfer SONAME, dpkg, trtexec's banner."""
     installed = installed_versions()
@@ -56,7 +55,6 @@ def tensorrt_version(ask_trtexec: bool = True) -> tuple:
         if version:
             return version, "trtexec"
     return None, None
-
 
 
 def _dpkg_lists_nvinfer() -> bool:

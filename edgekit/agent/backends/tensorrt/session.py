@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tempfile
 import time
@@ -68,11 +69,10 @@ def _run(argv: list, timeout: float, what: str) -> str:
     return out
 
 
-def probe_version(trtexec: str, fallback=None) -> str:
-    """The TensorRT version trtexec belongs to: its own banner (``--help`` prints it), else ``fallback()``."""
+def probe_version(trtexec: str) -> str:
+    """The TensorRT version trtexec belongs to: its banner (``--help`` prints it), else the probe's."""
     version = banner_version(_run([trtexec, "--help"], 120, "--help"))
-    if version is None and fallback is not None:
-        version = fallback()
+    version = version or tensorrt_version(ask_trtexec=False)[0]  # without asking trtexec again
     if version is None:
         raise AgentFailure(
             f"cannot tell which TensorRT version {trtexec} belongs to (no banner in its --help output)",
@@ -183,9 +183,7 @@ class Session:
         try:
             return self._time(engine, key, work, warmup, iterations, duration_s, shapes, inputs, profile, min_time_s)
         finally:
-            for name in os.listdir(work):
-                os.unlink(os.path.join(work, name))
-            os.rmdir(work)
+            shutil.rmtree(work)
 
     def _build(self, engine: str, key: str, shapes: str | None) -> None:
         # Build under a temporary name: a killed build must not leave a half engine in the cache.
@@ -281,5 +279,5 @@ def load(model_path: str, threads: int | None, options: dict | None = None, work
             f"trtexec is not on this device (looked on PATH and in {TRTEXEC_JETPACK})",
             "install TensorRT with its trtexec (JetPack puts it in /usr/src/tensorrt/bin) or add trtexec's directory to PATH",
         )
-    version = probe_version(trtexec, lambda: tensorrt_version(ask_trtexec=False)[0])
+    version = probe_version(trtexec)
     return Session(trtexec, version, model_path, options, workdir or os.path.dirname(model_path))

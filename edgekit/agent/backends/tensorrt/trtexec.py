@@ -46,11 +46,6 @@ def banner_version(text: str) -> str | None:
 # -- command lines ------------------------------------------------------------------------
 
 
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-
-
 def build_flags(
     trt_version: str,
     precision: str,
@@ -69,7 +64,8 @@ def build_flags(
     * ``--memPoolSize=workspace:N`` from TensorRT 8.4 (it replaced ``--workspace=N``, gone in 10).
     * DLA: ``--useDLACore=N`` (+ ``--allowGPUFallback`` for the layers DLA cannot run).
     """
-    _check_precision(precision)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     version = version_tuple(trt_version)
     if version[:2] < MIN_VERSION:
         raise ValueError(f"TensorRT {trt_version} is older than {MIN_VERSION[0]}.{MIN_VERSION[1]}")
@@ -419,10 +415,7 @@ def layer_op(name: str) -> str:
     """
     if name.startswith("Reformatting CopyNode"):
         return "Reformat"
-    ops = []
-    for op in _ONNX_OP_RE.findall(name):
-        if op not in ops and op not in _QDQ_OPS:
-            ops.append(op)
+    ops = list(dict.fromkeys(op for op in _ONNX_OP_RE.findall(name) if op not in _QDQ_OPS))
     if not ops and any(op in name for op in _QDQ_OPS):
         ops = ["QuantizeLinear"] if "QuantizeLinear" in name else ["DequantizeLinear"]
     return "+".join(ops) if ops else "layer"
@@ -448,13 +441,12 @@ def parse_export_profile(doc) -> list:
         if average is None or average < 0:
             raise TrtexecOutputError(f"--exportProfile entry {i} ({row['name']}) has no averageMs")
         median = _ms(row, "medianMs")
-        percent = _ms(row, "percentage")
         layers.append({
             "name": row["name"],
             "op": layer_op(row["name"]),
             "ns": int(round(average * 1e6)),
             "median_ns": None if median is None else int(round(median * 1e6)),
-            "percent": percent,
+            "percent": _ms(row, "percentage"),
         })
     return layers
 
