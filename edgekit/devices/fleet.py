@@ -113,13 +113,10 @@ def run_fleet(
         raise ValueError("jobs must be >= 1")
     names = [name(i) for i in items]
     outcomes: list[DeviceOutcome[R] | None] = [None] * len(items)
-    started: dict[int, float] = {}
-    lock = threading.Lock()
+    started: dict[int, float] = {}  # each worker sets its own key (atomic); read after Ctrl-C
 
     def call(index: int) -> DeviceOutcome[R]:
-        with lock:
-            started[index] = time.monotonic()
-        t0 = started[index]
+        t0 = started[index] = time.monotonic()
         try:
             value = fn(items[index])
         except EdgekitError as exc:

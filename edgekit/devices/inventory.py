@@ -76,9 +76,6 @@ class Inventory:
     def get(self, name: str) -> DeviceEntry | None:
         return self.devices.get(name)
 
-    def tagged(self, tag: str) -> list[DeviceEntry]:
-        return [d for d in self.devices.values() if tag in d.tags]
-
 
 # -- finding and reading -------------------------------------------------------------------
 
@@ -108,12 +105,9 @@ def load_inventory(path: Path | str) -> Inventory:
         raise InputError(f"cannot read inventory {path}: {exc}", "check the file's permissions and encoding") from None
     suffix = path.suffix.lower()
     if suffix == ".toml":
-        devices = _read_toml(text, str(path))
-    elif suffix in (".yml", ".yaml"):
-        devices = _from_groups(_yaml_groups(text, str(path)), str(path))
-    else:
-        devices = _from_groups(_ini_groups(text, str(path)), str(path))
-    return Inventory(path, devices)
+        return Inventory(path, _read_toml(text, str(path)))
+    groups = _yaml_groups(text, str(path)) if suffix in (".yml", ".yaml") else _ini_groups(text, str(path))
+    return Inventory(path, _from_groups(groups, str(path)))
 
 
 def resolve_devices(names: Sequence[str], inventory: Path | str | None = None, *, cwd: Path | None = None) -> list[DeviceEntry]:
@@ -125,7 +119,8 @@ def resolve_devices(names: Sequence[str], inventory: Path | str | None = None, *
     one (./devices.toml, then the config dir's) is consulted when it exists.
     """
     explicit = inventory is not None
-    inv = load_inventory(inventory) if explicit else _default_inventory(cwd)
+    path = inventory if explicit else default_inventory_path(cwd)
+    inv = load_inventory(path) if path is not None else Inventory(None)
     if not names:
         if explicit:
             if not len(inv):
@@ -139,17 +134,12 @@ def resolve_devices(names: Sequence[str], inventory: Path | str | None = None, *
     return list(chosen.values())
 
 
-def _default_inventory(cwd: Path | None) -> Inventory:
-    path = default_inventory_path(cwd)
-    return load_inventory(path) if path is not None else Inventory(None)
-
-
 def _resolve_one(name: str, inv: Inventory, explicit: bool) -> list[DeviceEntry]:
     name = name.strip()
     if not name:
         raise UsageError("empty --device name", "give an inventory name, user@host[:port], or local")
     if name.startswith("@"):
-        found = inv.tagged(name[1:])
+        found = [d for d in inv.devices.values() if name[1:] in d.tags]
         if not found:
             groups = sorted({t for d in inv.devices.values() for t in d.tags})
             where = f"inventory {inv.path}" if inv.path else "the inventory (none found)"
@@ -298,8 +288,6 @@ def _ini_groups(text: str, source: str) -> dict[str, _Group]:
             words = shlex.split(line, comments=True)
         except ValueError as exc:
             raise InputError(f"{where}: {exc}", "check the quotes on this line") from None
-        if not words:
-            continue
         group = groups[section]
         if kind == "vars":
             key, sep, value = line.partition("=")
@@ -407,17 +395,12 @@ def _from_groups(groups: dict[str, _Group], source: str) -> dict[str, DeviceEntr
                     todo.append(p)
         return found
 
-    order: list[str] = []
-    member: dict[str, set[str]] = {}
+    member: dict[str, set[str]] = {}  # host -> the groups that list it, hosts in file order
     for name, group in groups.items():
         for host in group.hosts:
-            if host not in member:
-                order.append(host)
-                member[host] = set()
-            member[host].add(name)
+            member.setdefault(host, set()).add(name)
     devices: dict[str, DeviceEntry] = {}
-    for host in order:
-        direct = member[host]
+    for host, direct in member.items():
         every = set(direct).union(*(ancestors(g) for g in direct)) | {"all"}
         merged: dict[str, Any] = {}
         for g in sorted(every, key=lambda n: (depth_of(n), n)):

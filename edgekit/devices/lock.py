@@ -48,7 +48,6 @@ DEFAULT_TTL = 300.0  # seconds without a heartbeat after which a lock counts as 
 DEFAULT_WAIT = 600.0  # how long deploy/bench queue behind another job by default
 
 
-
 def lock_path(transport: Transport) -> str:
     return posixpath.join(transport.root, LOCK_DIR)
 
@@ -101,7 +100,7 @@ class DeviceLock:
         self.path = lock_path(transport)
         self.ttl = float(ttl)
         self.wait = max(0.0, float(wait))
-        self.on_wait = on_wait
+        self.on_wait = on_wait or (lambda _message: None)
         self.heartbeat = heartbeat
         self.info = {
             "token": uuid.uuid4().hex,
@@ -134,7 +133,7 @@ class DeviceLock:
         delay = 0.05
         told = False
         while True:
-            doc = self._call("acquire", json.dumps(self.info), repr(self.ttl))
+            doc = run_lock_op(self.transport, "acquire", json.dumps(self.info), repr(self.ttl))
             if doc.get("acquired"):
                 self.held = True
                 self.broke = doc.get("broke")
@@ -143,9 +142,8 @@ class DeviceLock:
                     self._beat.start()
                 return
             holder = doc.get("holder")
-            if _died_here(holder) and self._call("break", holder["token"]).get("done"):
-                if self.on_wait is not None:
-                    self.on_wait(f"broke the lock on {self.transport.name} held by {describe_holder(holder)}: that process on this host is gone")
+            if _died_here(holder) and run_lock_op(self.transport, "break", holder["token"]).get("done"):
+                self.on_wait(f"broke the lock on {self.transport.name} held by {describe_holder(holder)}: that process on this host is gone")
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
@@ -156,7 +154,7 @@ class DeviceLock:
                     f"that died expires by itself (TTL {(holder or {}).get('ttl', self.ttl):g}s), or remove it: "
                     "edgekit devices unlock DEVICE",
                 )
-            if not told and self.on_wait is not None:
+            if not told:
                 self.on_wait(f"{self.transport.name} is locked by {describe_holder(holder, doc.get('now'))}; waiting up to {self.wait:g}s")
                 told = True
             time.sleep(min(delay, left))  # polling a remote condition; each poll is one command
@@ -168,7 +166,7 @@ class DeviceLock:
         with self._mutex:
             if not self.held:
                 return False
-            doc = self._call("refresh", self.token, repr(self.ttl), serve=serve)
+            doc = run_lock_op(self.transport, "refresh", self.token, repr(self.ttl), serve=serve)
             if not doc.get("done"):
                 self._mark_lost(doc.get("holder"))
             return self.held
@@ -206,7 +204,7 @@ class DeviceLock:
             if not self.held:
                 return False
             self.held = False
-            doc = self._call("release", self.token)  # never removes the lock of whoever broke ours
+            doc = run_lock_op(self.transport, "release", self.token)  # never removes the lock of whoever broke ours
             if not doc.get("done"):
                 self._mark_lost(doc.get("holder"))
             return bool(doc.get("done"))
@@ -218,9 +216,6 @@ class DeviceLock:
                     return
             except Exception:  # noqa: BLE001 - a failed beat is retried; the work itself reports the outage
                 continue
-
-    def _call(self, op: str, *args: str, serve: bool = True) -> dict[str, Any]:
-        return run_lock_op(self.transport, op, *args, serve=serve)
 
     def __enter__(self) -> DeviceLock:
         self.acquire()

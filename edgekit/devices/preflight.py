@@ -121,12 +121,11 @@ def preflight(
     report = PreflightReport(name, transport.name, profile.name, facts, transport.python)
     checks = report.checks
     checks += _cpu_checks(profile, d)
-    checks.append(_python_check(d, probe, transport.python, transport.python == venv_python(transport)))
-    runtime_check, to_provision = _runtime_check(profile, plan, facts, name)
-    checks.append(runtime_check)
-    report.runtime_to_provision = to_provision
-    checks.append(_memory_check(d, probe, bundle_bytes))
-    checks.append(_disk_check(probe, bundle_bytes))
+    venv = " (edgekit's venv)" if transport.python == venv_python(transport) else ""
+    where = (probe.get("python") or {}).get("executable") or transport.python
+    checks.append(Check("python", OK, f"Python {d.get('python') or '?'} at {where}{venv}"))
+    runtime_check, report.runtime_to_provision = _runtime_check(profile, plan, facts, name)
+    checks += [runtime_check, _memory_check(d, probe, bundle_bytes), _disk_check(probe, bundle_bytes)]
     return report
 
 
@@ -183,10 +182,9 @@ def _cpu_checks(profile: Profile, d: dict) -> list[Check]:
     model = d.get("cpu_model")
     if profile.probe or not profile.cpu.arch:
         return [Check("arch", OK, f"{arch} ({model or 'unknown CPU'}), ISA {' '.join(isa) or 'baseline'}; {profile.name} takes the device's own CPU facts")]
-    checks = []
     if arch != profile.cpu.arch:
         fits = matching_profiles(arch, isa, model)
-        checks.append(
+        return [
             Check(
                 "arch",
                 FAIL,
@@ -194,9 +192,8 @@ def _cpu_checks(profile: Profile, d: dict) -> list[Check]:
                 f"pick a profile for this device: --target {fits[0]}" + (f" (or {', '.join(fits[1:4])})" if len(fits) > 1 else "")
                 if fits else "pick a profile for this device (edgekit profiles list), or --target linux-cpu",
             )
-        )
-        return checks
-    checks.append(Check("arch", OK, f"{arch}, as profile {profile.name} says"))
+        ]
+    checks = [Check("arch", OK, f"{arch}, as profile {profile.name} says")]
     missing = [f for f in profile.cpu.isa if f not in isa]
     if missing:
         fits = matching_profiles(arch, isa, model)
@@ -226,13 +223,6 @@ def _cpu_checks(profile: Profile, d: dict) -> list[Check]:
     return checks
 
 
-def _python_check(d: dict, probe: dict, python: str, provisioned: bool) -> Check:
-    env = probe.get("python") or {}
-    where = env.get("executable") or python
-    venv = " (edgekit's venv)" if provisioned else ""
-    return Check("python", OK, f"Python {d.get('python') or '?'} at {where}{venv}")
-
-
 def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tuple[Check, str | None]:
     """A runtime for the backend(s) that can run: ok, warn (not the paper plan's, another) or fail."""
     from edgekit.devices.provision import provisionable
@@ -252,20 +242,18 @@ def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tup
     kinds: list[str] = []
     for name in names:
         impl = get_backend(name)
-        if not impl.implemented:
-            continue
-        if fmt and fmt not in impl.formats:
+        if not impl.implemented or (fmt and fmt not in impl.formats):
             continue
         candidates.append(name)
-        problem, kind = _backend_problem(profile, name, facts)
-        if problem is None:
+        verdict = impl.runs_on(profile, facts)
+        if verdict.ok:
             version = runtime_version(facts, *impl.runtimes) if impl.runtimes else None
             what = f"{name} can run ({' / '.join(impl.runtimes)} {version})" if version else f"{name} can run"
             if plan is not None and name != plan.backend:
                 return Check("runtime", WARN, f"the plan on paper chose {plan.backend}, which the device lacks ({reasons[0]}); {what}, so deploy runs {name}"), None
             return Check("runtime", OK, what), None
-        reasons.append(f"{name}: {problem}")
-        kinds.append(kind)
+        reasons.append(f"{name}: {'; '.join(verdict.reasons)}")
+        kinds.append(verdict.kind)
     if not candidates:
         return Check("runtime", FAIL, f"none of profile {profile.name}'s backends is available in this edgekit version", "pick another --target"), None
     # Provisioning helps only where a runtime is missing, not where it is the wrong version or
@@ -282,13 +270,6 @@ def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tup
     else:
         hint = "install the runtime on the device, or pick another --target"
     return Check("runtime", FAIL, "no runtime for this profile on the device: " + "; ".join(reasons), hint), runtime
-
-
-def _backend_problem(profile: Profile, name: str, facts: dict) -> tuple[str | None, str]:
-    """Why backend ``name`` cannot run on the probed device (None: it can), and the kind of
-    problem: arch, missing (the runtime), version, device (e.g. no NPU plugin/driver)."""
-    verdict = get_backend(name).runs_on(profile, facts)
-    return (None, "") if verdict.ok else ("; ".join(verdict.reasons), verdict.kind)
 
 
 def _memory_check(d: dict, probe: dict, bundle_bytes: int | None) -> Check:

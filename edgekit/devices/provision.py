@@ -208,28 +208,21 @@ class _Env:
     @classmethod
     def create(cls, transport: Transport, facts: dict, say) -> _Env:
         """edgekit's environment on the device, made if missing; ``transport.python`` then points at it."""
-        probe = (facts.get("probe") or {}).get("python") or {}
+        base = ((facts.get("probe") or {}).get("python") or {}).get("executable") or transport.python
         target = venv_python(transport)
         venv_dir = posixpath.join(transport.root, VENV)
         if transport.python == target:  # made before
-            layout = "target" if _is_launcher(transport, target) else "venv"
-            base = probe.get("executable") or target
-            env = cls(transport, base, target, layout, False, facts)
-            env.has_pip = env._pip_works()
-            return env
-        base = probe.get("executable") or transport.python
-        say(f"creating edgekit's venv on the device: {venv_dir}")
-        # --without-pip: the system's pip (a system site package) serves the venv too, and
-        # ensurepip is slow and missing on Debian without python3-venv. No pip at all: the
-        # host sends pip's wheel.
-        made = transport.run([base, "-m", "venv", "--system-site-packages", "--without-pip", venv_dir], timeout=600, check=False)
-        if made.returncode == 0:
-            transport.python = target
-            env = cls(transport, base, target, "venv", False, facts)
+            env = cls(transport, base, target, "target" if _is_launcher(transport, target) else "venv", False, facts)
         else:
-            say(f"no venv module on the device ({_pip_tail(made)}): using pip --target {venv_dir}/site")
-            env = cls(transport, base, target, "target", False, facts)
-            env._write_launcher()
+            say(f"creating edgekit's venv on the device: {venv_dir}")
+            # --without-pip: the system's pip (a system site package) serves the venv too, and
+            # ensurepip is slow and missing on Debian without python3-venv. No pip at all: the
+            # host sends pip's wheel.
+            made = transport.run([base, "-m", "venv", "--system-site-packages", "--without-pip", venv_dir], timeout=600, check=False)
+            env = cls(transport, base, target, "venv" if made.returncode == 0 else "target", False, facts)
+            if made.returncode != 0:
+                say(f"no venv module on the device ({_pip_tail(made)}): using pip --target {venv_dir}/site")
+                env._write_launcher()
             transport.python = target
         env.has_pip = env._pip_works()
         return env
@@ -255,18 +248,14 @@ class _Env:
             self.transport.put(local, self.python)
         self.transport.run(["chmod", "755", self.python], timeout=60)
 
-    def _pip(self, pip_argv: list[str]) -> list[str]:
-        """The argv that runs ``pip ...`` for this environment."""
-        if self.layout == "target":
-            return [self.base, *pip_argv, "--target", self.site]
-        return [self.python, *pip_argv]
-
     def pip_install(self, pkgs: tuple[str, ...], *, timeout: float, extra: tuple[str, ...] = (), pip: list[str] | None = None) -> CommandResult:
         argv = (pip or ["-m", "pip"]) + [
             "install", "--disable-pip-version-check", "--no-input", "--only-binary=:all:",
             "--retries", "1", "--timeout", "20", *extra, *pkgs,
         ]  # fmt: skip
-        return self.transport.run(self._pip(argv), timeout=timeout, check=False)
+        if self.layout == "target":  # pip --target: the launcher's directory, with the base interpreter
+            return self.transport.run([self.base, *argv, "--target", self.site], timeout=timeout, check=False)
+        return self.transport.run([self.python, *argv], timeout=timeout, check=False)
 
 
 def _is_launcher(transport: Transport, path: str) -> bool:
@@ -307,9 +296,7 @@ def platform_args(facts: dict) -> list[str]:
         tags += [f"musllinux_1_{n}_{machine}" for n in (1, 2)]
     tags.append(f"linux_{machine}")
     args = ["--only-binary=:all:", "--implementation", "cp", "--python-version", f"{match.group(1)}.{match.group(2)}", "--abi", f"cp{py}"]
-    for tag in tags:
-        args += ["--platform", tag]
-    return args
+    return args + [arg for tag in tags for arg in ("--platform", tag)]
 
 
 def download_wheels(facts: dict, pkgs: tuple[str, ...], dest: Path, timeout: float = 1800.0) -> list[Path]:

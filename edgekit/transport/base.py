@@ -143,10 +143,10 @@ class Transport(Protocol):
         local = Path(local)
         if not local.is_file():
             raise TransportError(f"cannot upload {local}: no such file", "check the local path")
-        return self._put(local, remote, sha256 or sha256_file(local), resume, progress)
+        return self._put(local, remote, sha256 or sha256_file(local), resume, progress or (lambda sent, on_device: None))
 
-    def _put(self, local: Path, remote: str, digest: str, resume: bool, progress: PutProgress | None) -> PutStats:
-        """``put`` of an existing local file whose sha256 is ``digest``."""
+    def _put(self, local: Path, remote: str, digest: str, resume: bool, progress: PutProgress) -> PutStats:
+        """``put`` of an existing local file whose sha256 is ``digest`` (a no-op ``progress`` when none)."""
         ...
 
     def get(self, remote: str, local: Path) -> None:

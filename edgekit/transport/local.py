@@ -51,14 +51,12 @@ class LocalTransport(Transport):
         workdir = self._path(cwd if cwd is not None else self._ensure_root())
         if not workdir.is_dir():
             raise TransportError(f"working directory does not exist on the device: {workdir}", "create it first")
-        full_env = dict(os.environ)
-        full_env.update(env or {})
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
                 argv,
                 cwd=workdir,
-                env=full_env,
+                env={**os.environ, **(env or {})},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -81,7 +79,7 @@ class LocalTransport(Transport):
         return CommandResult(argv, proc.returncode, stdout, stderr, time.monotonic() - start)
 
     # -- files ------------------------------------------------------------------------------
-    def _put(self, local: Path, remote: str, digest: str, resume: bool, progress: PutProgress | None) -> PutStats:
+    def _put(self, local: Path, remote: str, digest: str, resume: bool, progress: PutProgress) -> PutStats:
         dest = self._path(remote)
         if not dest.parent.is_dir():
             raise TransportError(
@@ -95,7 +93,7 @@ class LocalTransport(Transport):
         offset = tmp.stat().st_size if resume and tmp.is_file() else 0
         if not 0 < offset <= size or sha256_file(tmp) != sha256_file(local, offset):
             offset = 0
-        if offset and progress is not None:
+        if offset:
             progress(0, offset)
         sent = 0
         try:
@@ -105,8 +103,7 @@ class LocalTransport(Transport):
                 while block := src.read(1 << 20):
                     out.write(block)
                     sent += len(block)
-                    if progress is not None:
-                        progress(len(block), offset + sent)
+                    progress(len(block), offset + sent)
                 out.truncate()
                 out.flush()
                 os.fsync(out.fileno())
@@ -219,14 +216,11 @@ class _LocalConversation(Conversation):
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     try:
         proc.communicate(timeout=5)  # reap it and drain the pipes
     except subprocess.TimeoutExpired:  # a child that left the group still holds the pipes
         for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+            pipe.close()
         proc.wait()

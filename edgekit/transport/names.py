@@ -19,23 +19,22 @@ _HOST_BAD = re.compile(rb"[\x00-\x20\x7f'`\"$\\;&<>|(){},]")
 _USER_BAD = re.compile(rb"[\x00-\x1f\x7f'`\";&<>|(){}]| -|\\\Z")
 
 
-def _utf8(text: str) -> bytes:
+def _ok(text: str, bad: re.Pattern[bytes]) -> bool:
     try:
-        return text.encode("utf-8")
+        raw = text.encode("utf-8")
     except UnicodeEncodeError:  # lone surrogates: no byte string ssh could be given
-        return b""
+        return False
+    return bool(raw) and raw[:1] != b"-" and not bad.search(raw)
 
 
 def host_ok(host: str) -> bool:
     """True when OpenSSH would accept ``host`` as a host name."""
-    raw = _utf8(host)
-    return bool(raw) and raw[:1] != b"-" and not _HOST_BAD.search(raw)
+    return _ok(host, _HOST_BAD)
 
 
 def user_ok(user: str) -> bool:
     """True when OpenSSH would accept ``user`` as a remote user name (and it is not empty)."""
-    raw = _utf8(user)
-    return bool(raw) and raw[:1] != b"-" and not _USER_BAD.search(raw)
+    return _ok(user, _USER_BAD)
 
 
 def _check(value: str, where: str, error: type[EdgekitError], kind: str, ok, rule: str) -> str:

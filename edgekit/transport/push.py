@@ -141,12 +141,11 @@ def push_bundle(
             state.retries += 1
             sleep(wait)
             wait = min(wait * 2, max_backoff_s)
-    skipped = len(entries) - state.files_sent_unique
     return PushResult(
-        remote_dir=posixpath.join(transport.root, "bundles", bundle_hash),
+        remote_dir=remote_bundle_dir(transport, bundle),
         bytes_sent=state.bytes_sent,
-        files_sent=state.files_sent_unique,
-        files_skipped=max(0, skipped),
+        files_sent=len(state.sent),
+        files_skipped=max(0, len(entries) - len(state.sent)),
         duration_s=time.monotonic() - start,
         resumed=state.resumed,
         retries=state.retries,
@@ -181,10 +180,6 @@ class _Counters:
         self.started: float | None = None  # when the device first answered
         self.completed_bytes = 0  # sizes of the objects finished so far
         self.position = 0  # how much of the current object is on the device
-
-    @property
-    def files_sent_unique(self) -> int:
-        return len(self.sent)
 
     @property
     def done(self) -> int:

@@ -7,10 +7,11 @@ import contextlib
 import hashlib
 import posixpath
 import shlex
+import stat
 import struct
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from edgekit.errors import DeviceError, LinkError, TransportError
@@ -101,7 +102,7 @@ class SftpFiles:
         """Map paramiko's link failures to LinkError (and drop the connection)."""
         try:
             yield
-        except (EOFError, OSError, Exception) as exc:
+        except Exception as exc:
             if isinstance(exc, TransportError) or not self._is_link_failure(exc):
                 raise
             raise self.ssh._lost(what, exc) from None
@@ -118,7 +119,7 @@ class SftpFiles:
             return t is None or not t.is_active() or (chan is not None and chan.closed) or self.ssh._stalled
         return False
 
-    def put(self, local: Path, remote: str, digest: str, resume: bool, progress: PutProgress | None) -> PutStats:
+    def put(self, local: Path, remote: str, digest: str, resume: bool, progress: PutProgress) -> PutStats:
         """``Transport._put``: over SFTP, the hash checked by the device."""
         dest = self.ssh._abs(remote)
         parent = posixpath.dirname(dest)
@@ -136,7 +137,7 @@ class SftpFiles:
             offset = 0
         sent = 0
         resumed_from = offset
-        if offset and progress is not None:
+        if offset:
             progress(0, offset)
         follower: dict[str, Any] = {}
 
@@ -173,12 +174,11 @@ class SftpFiles:
                 try:
                     sftp.posix_rename(tmp, dest)
                 except OSError as exc:
-                    if exc.errno is None and "not supported" in str(exc).lower():  # no posix-rename@openssh.com
-                        with contextlib.suppress(FileNotFoundError):
-                            sftp.remove(dest)
-                        sftp.rename(tmp, dest)
-                    else:
+                    if exc.errno is not None or "not supported" not in str(exc).lower():
                         raise
+                    with contextlib.suppress(FileNotFoundError):  # no posix-rename@openssh.com
+                        sftp.remove(dest)
+                    sftp.rename(tmp, dest)
             except OSError as exc:
                 if self._is_link_failure(exc):
                     raise
@@ -187,8 +187,6 @@ class SftpFiles:
         return PutStats(sent, resumed_from)
 
     def _check_upload_target(self, sftp, dest: str, parent: str) -> None:
-        import stat as stat_mod
-
         try:
             st = sftp.stat(dest)
         except FileNotFoundError:
@@ -199,10 +197,10 @@ class SftpFiles:
                     f"cannot upload to {dest}: directory {parent} does not exist on the device",
                     "create it first (Transport.mkdir)",
                 ) from None
-            if not stat_mod.S_ISDIR(pst.st_mode or 0):
+            if not stat.S_ISDIR(pst.st_mode or 0):
                 raise TransportError(f"cannot upload to {dest}: {parent} is not a directory", "check the remote path") from None
             return
-        if stat_mod.S_ISDIR(st.st_mode or 0):
+        if stat.S_ISDIR(st.st_mode or 0):
             raise TransportError(f"cannot upload to {dest}: it is a directory", "give the file's full remote path")
 
     def _start_follower(self, tmp: str, size: int):
@@ -222,10 +220,7 @@ class SftpFiles:
         out = bytearray()
         try:
             chan.settimeout(max(self.ssh.idle_timeout, 10.0))
-            while True:
-                data = chan.recv(4096)
-                if not data:
-                    break
+            while data := chan.recv(4096):
                 out += data
             text = out.decode("ascii", errors="replace").strip()
             return text if chan.recv_exit_status() == 0 and len(text) == 64 else None
@@ -312,8 +307,7 @@ class SftpFiles:
             fh.write(block)
             sent += len(block)
             self.ssh.beat()
-            if progress is not None:
-                progress(len(block), offset + sent)
+            progress(len(block), offset + sent)
         return sent
 
     def _write_all(self, sftp, handle: bytes, src, offset: int, progress) -> int:
@@ -332,10 +326,7 @@ class SftpFiles:
         pending: deque[int] = deque()
         sent = 0
         try:
-            while True:
-                n = src.readinto(view[head:])
-                if not n:
-                    break
+            while n := src.readinto(view[head:]):
                 with sftp._lock:  # the request ids and the table of awaited answers are paramiko's
                     num = sftp.request_number
                     sftp._expecting[num] = type(None)  # what SFTPClient._request files a plain request under
@@ -353,8 +344,7 @@ class SftpFiles:
                 while len(pending) * chunk > IN_FLIGHT:
                     self._expect_status(sftp, pending.popleft(), CMD_STATUS)
                 self.ssh.beat()
-                if progress is not None:
-                    progress(n, offset + sent)
+                progress(n, offset + sent)
             while pending:
                 self._expect_status(sftp, pending.popleft(), CMD_STATUS)
         finally:
@@ -379,8 +369,7 @@ class SftpFiles:
         if packet <= header:
             return MIN_WRITE
         packets = max(1, (self._max_write + header) // packet)
-        size = packets * packet - header
-        return size if size <= self._max_write else self._max_write
+        return min(packets * packet - header, self._max_write)
 
     def _server_max_write(self, sftp) -> int:
         """The largest write the SFTP server takes: its limits@openssh.com answer, else ``MIN_WRITE``."""
@@ -410,22 +399,18 @@ class SftpFiles:
 
     def _diagnose_write_failure(self, tmp: str, directory: str, needed: int) -> None:
         """A write failed or arrived short: raise DeviceError if the device's disk is full."""
-        free = self.free_bytes(directory)
+        free = None  # bytes free for this user there (None: unknown)
+        with contextlib.suppress(TransportError):
+            res = self.ssh._exec(["sh", "-c", DF, "sh", self.ssh._abs(directory)], timeout=min(60.0, self.ssh.idle_timeout))
+            text = res.stdout.decode().strip()
+            if res.returncode == 0 and text.isdigit():
+                free = int(text)
         if free is not None and free < max(needed, 1) + 64 * 1024:
             self._remove_quietly(tmp)
             raise DeviceError(
                 f"the device's disk is full: {free // 1024} KiB free in {directory}, the upload needs {max(needed, 0) // 1024 + 1} KiB",
                 f"free space on {self.ssh.target.hostname} (old bundles live under {self.ssh.root}/bundles and {self.ssh.root}/objects)",
             )
-
-    def free_bytes(self, directory: str) -> int | None:
-        """Free bytes for this user in the file system holding ``directory`` (None: unknown)."""
-        with contextlib.suppress(TransportError):
-            res = self.ssh._exec(["sh", "-c", DF, "sh", self.ssh._abs(directory)], timeout=min(60.0, self.ssh.idle_timeout))
-            text = res.stdout.decode().strip()
-            if res.returncode == 0 and text.isdigit():
-                return int(text)
-        return None
 
     def _remove_quietly(self, path: str) -> None:
         if self._sftp is None:
@@ -470,26 +455,19 @@ class SftpFiles:
         return word.lower()
 
     def mkdir(self, remote: str) -> None:
-        import stat as stat_mod
-
         path = self.ssh._abs(remote)
         sftp = self._sftp_client()
         with self._sftp_op(f"creating {path}"):
             missing = []
-            probe = path
-            while True:
+            for probe in [path, *map(str, PurePosixPath(path).parents)]:
                 try:
                     st = sftp.stat(probe)
                 except FileNotFoundError:
                     missing.append(probe)
-                    parent = posixpath.dirname(probe)
-                    if parent == probe:
-                        break
-                    probe = parent
                     continue
                 except OSError as exc:
                     raise TransportError(f"cannot create directory {path}: {exc.strerror or exc}", "check permissions") from None
-                if not stat_mod.S_ISDIR(st.st_mode or 0):
+                if not stat.S_ISDIR(st.st_mode or 0):
                     raise TransportError(f"cannot create directory {path}: a file is in the way ({probe})", "remove that file")
                 break
             for d in reversed(missing):
@@ -497,7 +475,7 @@ class SftpFiles:
                     sftp.mkdir(d, 0o755)
                 except OSError as exc:
                     with contextlib.suppress(OSError):
-                        if stat_mod.S_ISDIR(sftp.stat(d).st_mode or 0):
+                        if stat.S_ISDIR(sftp.stat(d).st_mode or 0):
                             continue  # made meanwhile by someone else
                     raise TransportError(f"cannot create directory {d}: {exc.strerror or exc}", "check permissions") from None
 

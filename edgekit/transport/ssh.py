@@ -89,7 +89,6 @@ class SshTransport(Transport):
         password: str | None = None,
         connect_timeout: float | None = None,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        alive_interval: float = ALIVE_INTERVAL,
         ssh_config: Any = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
@@ -101,7 +100,6 @@ class SshTransport(Transport):
         self._workdir = workdir
         self.connect_timeout = connect_timeout if connect_timeout is not None else self.target.connect_timeout
         self.idle_timeout = idle_timeout
-        self.alive_interval = alive_interval
         self._connector = SshConnector(config, self.connect_timeout, trust_new_host, password, log or (lambda message: None))
         self._transport = None  # paramiko.Transport
         self._hops: list[Any] = []  # jump-host transports, outermost first
@@ -248,52 +246,48 @@ class SshTransport(Transport):
             raise self._lost(f"starting {display}", exc) from None
         out, err = bytearray(), bytearray()
         pid: int | None = None
-        activity = self._activity()
-        activity.__enter__()
         try:
-            chan.exec_command(command)
-            chan.shutdown_write()  # stdin: nothing (like /dev/null)
-            fd = chan.fileno()
-            last = time.monotonic()
-            while True:
-                got = False
-                while chan.recv_ready():
-                    out += chan.recv(65536)
-                    got = True
-                while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
-                    got = True
-                if report_pid and pid is None and b"\n" in out:
-                    line, _, rest = bytes(out).partition(b"\n")
-                    out = bytearray(rest)
-                    with contextlib.suppress(ValueError):
-                        pid = int(line)
-                now = time.monotonic()
-                if got:
-                    last = now
-                self.beat()  # the loop itself is alive; the link is checked by _ping
-                if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break
-                if now >= deadline:
+            with self._activity():
+                chan.exec_command(command)
+                chan.shutdown_write()  # stdin: nothing (like /dev/null)
+                fd = chan.fileno()
+                last = time.monotonic()
+                while True:
+                    got = False
+                    while chan.recv_ready():
+                        out += chan.recv(65536)
+                        got = True
+                    while chan.recv_stderr_ready():
+                        err += chan.recv_stderr(65536)
+                        got = True
+                    if report_pid and pid is None and b"\n" in out:
+                        line, _, rest = bytes(out).partition(b"\n")
+                        out = bytearray(rest)
+                        with contextlib.suppress(ValueError):
+                            pid = int(line)
+                    now = time.monotonic()
+                    if got:
+                        last = now
+                    self.beat()  # the loop itself is alive; the link is checked by _ping
+                    if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
+                        break
+                    if now >= deadline:
+                        self._kill(pid)
+                        raise timed_out(timeout, display)
+                    if not t.is_active():
+                        raise self._lost(f"running {display}", EOFError("the server closed the connection"))
+                    if now - last >= ALIVE_INTERVAL:
+                        self._ping(t, f"running {display}")
+                        last = time.monotonic()
+                    select.select([fd], [], [], min(deadline - now, ALIVE_INTERVAL, 1.0))
+                if not chan.status_event.wait(max(0.0, min(deadline - time.monotonic(), self.idle_timeout))):
                     self._kill(pid)
-                    raise timed_out(timeout, display)
-                if not t.is_active():
-                    raise self._lost(f"running {display}", EOFError("the server closed the connection"))
-                if now - last >= self.alive_interval:
-                    self._ping(t, f"running {display}")
-                    last = time.monotonic()
-                select.select([fd], [], [], min(deadline - now, self.alive_interval, 1.0))
-            if not chan.status_event.wait(max(0.0, min(deadline - time.monotonic(), self.idle_timeout))):
-                self._kill(pid)
-                raise TransportError(f"command timed out after {timeout:g}s: {display}", "allow more time")
-            code = chan.exit_status
-            sig = getattr(chan, "_edgekit_signal", None)
-            if sig is not None:
-                code = -sig
+                    raise TransportError(f"command timed out after {timeout:g}s: {display}", "allow more time")
+                sig = getattr(chan, "_edgekit_signal", None)
+                code = -sig if sig is not None else chan.exit_status
         except (paramiko.SSHException, EOFError, TimeoutError, ConnectionError) as exc:
             raise self._lost(f"running {display}", exc) from None
         finally:
-            activity.__exit__(None, None, None)
             with contextlib.suppress(Exception):
                 chan.close()
         return CommandResult(tuple(argv), code, bytes(out), bytes(err), time.monotonic() - start)
@@ -356,7 +350,7 @@ class _SshConversation(Conversation):
         owner, chan, what = self._owner, self._chan, f"running {shlex.join(self.argv)}"
         out, err = bytearray(), bytearray()
         try:
-            select.select([chan.fileno()], [], [], min(timeout, owner.alive_interval))
+            select.select([chan.fileno()], [], [], min(timeout, ALIVE_INTERVAL))
             while chan.recv_ready():
                 out += chan.recv(65536)
             while chan.recv_stderr_ready():
@@ -371,7 +365,7 @@ class _SshConversation(Conversation):
         now = time.monotonic()
         if out or err:
             self._last = now
-        elif now - self._last >= owner.alive_interval:
+        elif now - self._last >= ALIVE_INTERVAL:
             owner._ping(owner.connect(), what)
             self._last = time.monotonic()
         owner.beat()

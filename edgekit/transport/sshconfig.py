@@ -70,10 +70,6 @@ class SshTarget:
         return f"{self.user}@{host}:{self.port}"
 
 
-def ssh_config_path() -> Path:
-    return Path(os.path.expanduser("~/.ssh/config"))
-
-
 def parse_device(device: str, where: str = "--device", error: type[EdgekitError] = UsageError) -> tuple[str | None, str, int | None]:
     """``[ssh://][user@]host[:port]`` (IPv6 in brackets) -> (user, host, port), each part as
     OpenSSH would accept it (``names``); else ``error`` naming ``where``."""
@@ -128,7 +124,7 @@ def load_config(path: Path | None = None):
     """paramiko's SSHConfig for ``path`` (default ~/.ssh/config); an empty one when absent."""
     paramiko = import_paramiko()
 
-    path = path or ssh_config_path()
+    path = path or Path(os.path.expanduser("~/.ssh/config"))
     if not path.is_file():
         return paramiko.SSHConfig()
     try:
@@ -163,7 +159,7 @@ def resolve_target(device: str, config=None, *, _hop: bool = False) -> SshTarget
         except ValueError:
             raise TransportError(f"~/.ssh/config: Port for {host} is not a number: {opts.get('port')!r}", "fix the Port line") from None
     user = user or (opts.get("user") and check_user(opts["user"], f"{where}: User")) or getpass.getuser()
-    identities_only = _yes(opts.get("identitiesonly"))
+    identities_only = str(opts.get("identitiesonly") or "").lower() in ("yes", "true", "on")
     configured = [os.path.expanduser(p) for p in opts.get("identityfile", [])]
     defaults = [] if identities_only and configured else [os.path.expanduser(p) for p in DEFAULT_IDENTITIES]
     identity_files = tuple(dict.fromkeys([*configured, *[p for p in defaults if os.path.exists(p)]]))
@@ -199,10 +195,6 @@ def resolve_target(device: str, config=None, *, _hop: bool = False) -> SshTarget
         host_key_alias=opts.get("hostkeyalias"),
         strict_host_key_checking=strict,
     )
-
-
-def _yes(value) -> bool:
-    return str(value or "").lower() in ("yes", "true", "on")
 
 
 def _split_files(value, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -247,12 +239,6 @@ def match_hostname(name: str, patterns: str) -> int:
     return got
 
 
-def hash_hostname(name: str, salt: bytes) -> str:
-    """A hashed known_hosts name (``|1|salt|HMAC-SHA1(salt, name)``, as ``ssh-keygen -H`` writes)."""
-    digest = hmac.new(salt, name.encode("utf-8"), hashlib.sha1).digest()
-    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
-
-
 def _hosts_match(name: str, hosts: str) -> bool:
     """Does a known_hosts line's host field cover ``name`` (OpenSSH's ``match_maybe_hashed``)?"""
     if not hosts.startswith("|"):
@@ -264,7 +250,10 @@ def _hosts_match(name: str, hosts: str) -> bool:
         salt = base64.b64decode(parts[2], validate=True)
     except ValueError:
         return False
-    return len(salt) == 20 and hmac.compare_digest(hash_hostname(name, salt), hosts)
+    # ``|1|salt|HMAC-SHA1(salt, name)``, as ``ssh-keygen -H`` writes it
+    digest = hmac.new(salt, name.encode("utf-8"), hashlib.sha1).digest()
+    hashed = f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+    return len(salt) == 20 and hmac.compare_digest(hashed, hosts)
 
 
 def _lower(text: str) -> str:
@@ -349,21 +338,6 @@ def host_key_status(target: SshTarget, keytype: str, key_b64: str) -> tuple[str,
     return verdict, line
 
 
-def host_key_known(target: SshTarget, keytype: str, key_b64: str) -> bool:
-    """True when known_hosts vouches for the server's key; a TransportError when it is revoked;
-    False leaves "changed" or "unknown" to the caller."""
-    verdict, line = host_key_status(target, keytype, key_b64)
-    if verdict == "revoked" and line is not None:
-        fingerprint = base64.b64encode(hashlib.sha256(base64.b64decode(key_b64)).digest()).decode().rstrip("=")
-        raise TransportError(
-            f"the host key of {target.known_hosts_name} ({keytype} SHA256:{fingerprint}) is REVOKED "
-            f"by {line.path} line {line.lineno}; refusing to connect",
-            "a revoked key is never accepted (not even with --trust-new-host): give the device a new host key, "
-            "or remove the @revoked line if it is wrong",
-        )
-    return verdict == "ok"
-
-
 def add_known_host(target: SshTarget, keytype: str, key_b64: str) -> str:
     """Append the host's key to the first user known_hosts file (created 0600); its path."""
     if not target.user_known_hosts:
@@ -374,8 +348,7 @@ def add_known_host(target: SshTarget, keytype: str, key_b64: str) -> str:
     path = target.user_known_hosts[0]
     parent = os.path.dirname(path) or "."
     try:
-        if not os.path.isdir(parent):
-            os.makedirs(parent, mode=0o700, exist_ok=True)
+        os.makedirs(parent, mode=0o700, exist_ok=True)
         needs_newline = False
         if os.path.exists(path) and os.path.getsize(path) > 0:
             with open(path, "rb") as fh:

@@ -19,7 +19,7 @@ from edgekit.errors import LinkError, TransportError
 from edgekit.transport.sshconfig import (
     SshTarget,
     add_known_host,
-    host_key_known,
+    host_key_status,
     known_keys,
     resolve_target,
 )
@@ -86,7 +86,7 @@ class SshConnector:
                     f"the SSH handshake with {target.display} did not finish within {self.connect_timeout:g}s",
                     "the device or the network is very slow; raise ConnectTimeout in ~/.ssh/config",
                 ) from None
-            self._check_host_key(target, server_key, known)
+            self._check_host_key(target, server_key)
             self._authenticate(target, t)
             t.set_keepalive(30)
         except BaseException:
@@ -144,17 +144,20 @@ class SshConnector:
         raise AssertionError("unreachable")
 
     # -- host keys --------------------------------------------------------------------------
-    def _check_host_key(self, target: SshTarget, key, known) -> None:
+    def _check_host_key(self, target: SshTarget, key) -> None:
         keytype, key_b64 = key.get_name(), key.get_base64()
-        if host_key_known(target, keytype, key_b64):  # raises when the key is @revoked
+        verdict, k = host_key_status(target, keytype, key_b64)
+        if verdict == "ok":
             return
         fingerprint = "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
         name = target.known_hosts_name
-        same_type = [k for k in known if k.keytype == keytype]
-        if any(k.key_b64 == key_b64 for k in same_type):
-            return
-        if same_type or known:
-            k = (same_type or known)[0]
+        if verdict == "revoked":
+            raise TransportError(
+                f"the host key of {name} ({keytype} {fingerprint}) is REVOKED by {k.path} line {k.lineno}; refusing to connect",
+                "a revoked key is never accepted (not even with --trust-new-host): give the device a new host key, "
+                "or remove the @revoked line if it is wrong",
+            )
+        if verdict == "changed":
             raise TransportError(
                 f"the host key of {name} has CHANGED: it now offers {keytype} {fingerprint}, "
                 f"but {k.path} line {k.lineno} holds a different key; refusing to connect",
@@ -282,8 +285,7 @@ def _catch_exit_signals(t) -> None:
     def handle(chan: Channel, m) -> None:
         pos = m.packet.tell()
         try:
-            kind = m.get_text()
-            if kind == "exit-signal":
+            if m.get_text() == "exit-signal":
                 m.get_boolean()  # want_reply
                 name = m.get_text()
                 chan._edgekit_signal = getattr(signal, f"SIG{name}", None) or getattr(signal, name, 0) or 0
@@ -303,9 +305,8 @@ def _fingerprints(paths: Sequence[str]) -> set[bytes]:
 
     out = set()
     for path in paths:
-        pub = path + ".pub"
         with contextlib.suppress(Exception):
-            blob = base64.b64decode(open(pub).read().split()[1])
+            blob = base64.b64decode(open(path + ".pub").read().split()[1])
             out.add(hashlib.md5(blob).digest())
         with contextlib.suppress(Exception):
             out.add(paramiko.PKey.from_path(path).get_fingerprint())
