@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.bench.record import round_slices, validate_record
-from edgekit.bench.stats import Stats
+from edgekit.bench.stats import Stats, stat
 from edgekit.bench.store import EXPORT_KIND, ResultsStore, check_export
 from edgekit.bench.verdict import CONFIDENCE, MACHINE_UNSURE, machine_allowance, speedup_interval
 from edgekit.errors import ResultsError
@@ -116,13 +116,8 @@ def run_wander(samples_ns: Sequence[int], q: float | None = 50.0) -> float:
     blocks = min(DRIFT_BLOCKS, ns.size // per_block)
     if blocks < 2:
         return 0.0
-    values = [_stat(b, q) for b in np.array_split(ns, blocks)]
-    return (max(values) - min(values)) / 2 / _stat(ns, q)
-
-
-def _stat(x: Sequence[int] | np.ndarray, q: float | None) -> float:
-    """Percentile ``q`` of ``x`` (None: the mean)."""
-    return float(np.mean(x) if q is None else np.percentile(x, q))
+    values = [float(stat(b, q)) for b in np.array_split(ns, blocks)]
+    return (max(values) - min(values)) / 2 / float(stat(ns, q))
 
 
 def run_noise(agent: dict, q: float | None = 50.0) -> float:
@@ -132,8 +127,8 @@ def run_noise(agent: dict, q: float | None = 50.0) -> float:
     within = max(run_wander(p, q) for p in parts)
     if len(parts) < 2:
         return within
-    values = [_stat(p, q) for p in parts]
-    return max(within, (max(values) - min(values)) / 2 / _stat(agent["samples_ns"], q))
+    values = [float(stat(p, q)) for p in parts]
+    return max(within, (max(values) - min(values)) / 2 / float(stat(agent["samples_ns"], q)))
 
 
 def latency_change(baseline: dict, candidate: dict, q: float | None = 50.0) -> LatencyChange:
@@ -215,7 +210,6 @@ class Comparison:
     a: dict
     b: dict
     rows: tuple[MetricChange, ...]
-    confidence: float = CONFIDENCE
     machine: float = 0.0  # machine_shift between the runs
 
     def row(self, metric: str) -> MetricChange:
@@ -223,8 +217,8 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "a": _ident(self.a), "b": _ident(self.b), "confidence": self.confidence,
-            "rule": f"change beyond max({MIN_CHANGE * 100:g}%, the runs' drift, the device's speed change) with the {self.confidence * 100:g}% bootstrap CI excluding no change",
+            "a": _ident(self.a), "b": _ident(self.b), "confidence": CONFIDENCE,
+            "rule": f"change beyond max({MIN_CHANGE * 100:g}%, the runs' drift, the device's speed change) with the {CONFIDENCE * 100:g}% bootstrap CI excluding no change",
             "machine_shift": round(self.machine, 4),
             "metrics": [r.to_dict() for r in self.rows],
         }  # fmt: skip
@@ -236,11 +230,10 @@ _LATENCY = (("p50", 50.0), ("p99", 99.0), ("mean", None))
 def compare(a: dict, b: dict) -> Comparison:
     """Per-metric verdicts of ``b`` against ``a`` (check ``comparable`` first)."""
     sa, sb = Stats.of_record(a), Stats.of_record(b)
-    rows = []
-    for name, q in _LATENCY:
-        ch = latency_change(a["agent"], b["agent"], q)
-        rows.append(MetricChange(name, "ms", sa.get(name), sb.get(name), ch.change, (ch.low - 1, ch.high - 1), ch.verdict, ch.why()))
-    mean = latency_change(a["agent"], b["agent"], None)
+    changes = {name: latency_change(a["agent"], b["agent"], q) for name, q in _LATENCY}
+    rows = [MetricChange(name, "ms", sa.get(name), sb.get(name), ch.change, (ch.low - 1, ch.high - 1), ch.verdict, ch.why())
+            for name, ch in changes.items()]  # fmt: skip
+    mean = changes["mean"]
     ta, tb = sa.throughput, sb.throughput
     rows.append(MetricChange("throughput", "/s", ta, tb, tb / ta - 1, (1 / mean.high - 1, 1 / mean.low - 1), mean.verdict, mean.why()))
     for name, unit, get in (("rss", "B", _rss), ("energy", "mJ", _energy)):
@@ -333,12 +326,10 @@ def resolve(
 
 def check_ref(ref: str) -> None:
     """Fail early (before a long run) on a reference that cannot name a run: a missing file, an empty branch."""
-    if ref.isdigit() or (ref.startswith("latest@") and len(ref) > len("latest@")):
-        return
-    if ref.startswith("latest@"):
+    if ref == "latest@":
         raise ResultsError(f"no branch in {ref!r}", _REF_HINT)
     path = Path(ref.partition("#")[0])
-    if not path.is_file():
+    if not (ref.isdigit() or ref.startswith("latest@") or path.is_file()):
         raise ResultsError(f"no such file: {path}", _REF_HINT)
 
 

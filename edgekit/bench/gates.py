@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgekit.bench.compare import (
+    _energy,
+    _rss,
     accuracy,
     comparable,
     default_baseline,
@@ -38,6 +40,7 @@ from edgekit.bench.compare import (
 )
 from edgekit.bench.store import ResultsStore
 from edgekit.errors import GateError, ResultsError, UsageError
+from edgekit.jsonable import FieldsDict
 
 _MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
 _BYTES = {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -51,7 +54,6 @@ class Metric:
     higher_is_better: bool
     get: Callable[[dict], float | None]
     q: float | None | bool = False  # the bootstrap statistic (percentile, None: mean); False: no samples behind it
-    describe: str = ""
 
 
 def _stat(name: str) -> Callable[[dict], float | None]:
@@ -67,19 +69,15 @@ def _drop(record: dict) -> float | None:
     return None if value is None else value * 100
 
 
-def _energy(record: dict) -> float | None:
-    return (record["agent"].get("energy") or {}).get("mj_per_inference")
-
-
 _LATENCY = {name: Metric(name, "ms", _MS, False, _stat(name), q) for name, q in
             (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("mean", None), ("min", False), ("max", False))}  # fmt: skip
 METRICS: dict[str, Metric] = {
     **_LATENCY,
     "throughput": Metric("throughput", "/s", {"/s": 1.0, "": 1.0}, True, _stat("throughput"), None),
-    "accuracy": Metric("accuracy", "%", {"%": 1.0, "pt": 1.0}, True, accuracy, describe="accuracy on --labels, in %"),
-    "drop": Metric("drop", "pt", {"pt": 1.0, "%": 1.0}, False, _drop, describe="int8's accuracy drop vs fp32, in points"),
-    "rss": Metric("rss", "B", _BYTES, False, lambda r: r["agent"].get("peak_rss_bytes"), describe="peak RSS; 1 MB = 2^20 B"),
-    "energy": Metric("energy", "mJ", {"mj": 1.0, "uj": 1e-3, "j": 1e3}, False, _energy, describe="mJ per inference"),
+    "accuracy": Metric("accuracy", "%", {"%": 1.0, "pt": 1.0}, True, accuracy),
+    "drop": Metric("drop", "pt", {"pt": 1.0, "%": 1.0}, False, _drop),
+    "rss": Metric("rss", "B", _BYTES, False, _rss),
+    "energy": Metric("energy", "mJ", {"mj": 1.0, "uj": 1e-3, "j": 1e3}, False, _energy),
     "load": Metric("load", "ms", _MS, False, _agent_ms("load_ns")),
     "first": Metric("first", "ms", _MS, False, _agent_ms("first_inference_ns")),
 }
@@ -91,7 +89,7 @@ _GATE = re.compile(r"^\s*(?P<metric>[A-Za-z0-9_]+)(?P<opt>\?)?\s*:\s*(?P<op><=|>
 
 
 @dataclass(frozen=True)
-class Gate:
+class Gate(FieldsDict):
     """One parsed gate. ``limit`` is in ``unit``: the metric's unit for absolute gates, % or pt for relative ones."""
 
     text: str
@@ -127,17 +125,18 @@ class Gate:
             return self._result(None, value, old, f"{shown}: the baseline is 0, no relative change to gate on")
         change = value / old - 1
         beyond = sign * change * 100 > self.limit
+        passed, status, ci = not beyond, "FAIL" if beyond else "pass", None
         text = f"{change * 100:+.1f}%"
         if m.q is not False:  # latency: the slowdown must also stand out of the noise
             lat = latency_change(baseline["agent"], record["agent"], m.q)
             lo, hi = (lat.low, lat.high) if not m.higher_is_better else (1 / lat.high, 1 / lat.low)
             text += f", 95% CI {(lo - 1) * 100:+.1f}..{(hi - 1) * 100:+.1f}%"
+            ci = (lo - 1, hi - 1)
             if beyond and lat.unsure:
-                return self._result(None, value, old, f"{shown} ({text}, {self._limit_text()}): not decided ({lat.why()})", change=change, ci=(lo - 1, hi - 1))
-            if beyond and not lat.significant:
-                return self._result(True, value, old, f"{shown} ({text}, {self._limit_text()}): pass (not significant: {lat.why()})", change=change, ci=(lo - 1, hi - 1))
-            return self._result(not beyond, value, old, f"{shown} ({text}, {self._limit_text()}): {'FAIL' if beyond else 'pass'}", change=change, ci=(lo - 1, hi - 1))
-        return self._result(not beyond, value, old, f"{shown} ({text}, {self._limit_text()}): {'FAIL' if beyond else 'pass'}", change=change)
+                passed, status = None, f"not decided ({lat.why()})"
+            elif beyond and not lat.significant:
+                passed, status = True, f"pass (not significant: {lat.why()})"
+        return self._result(passed, value, old, f"{shown} ({text}, {self._limit_text()}): {status}", change=change, ci=ci)
 
     def _limit_text(self) -> str:
         if self.relative:
@@ -145,11 +144,9 @@ class Gate:
         m = METRICS[self.metric]
         return f"limit {self.op} {_fmt(m, self.limit)}"
 
-    def _result(self, passed: bool | None, value, baseline, line: str, **extra: Any) -> GateResult:
-        return GateResult(self, passed, value, baseline, self.limit, line, extra.get("change"), extra.get("ci"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "metric": self.metric, "relative": self.relative, "op": self.op, "limit": self.limit, "unit": self.unit, "optional": self.optional}
+    def _result(self, passed: bool | None, value, baseline, line: str,
+                change: float | None = None, ci: tuple[float, float] | None = None) -> GateResult:  # fmt: skip
+        return GateResult(self, passed, value, baseline, self.limit, line, change, ci)
 
 
 @dataclass(frozen=True)
@@ -245,17 +242,6 @@ def check_gates(gates: Sequence[Gate], record: dict, baseline: dict | None) -> l
     return [g.check(record, baseline) for g in gates]
 
 
-def gate_error(results: Sequence[GateResult]) -> GateError | None:
-    """The GateError to raise when any gate failed (None when none did)."""
-    failed = [r for r in results if r.passed is False]
-    if not failed:
-        return None
-    return GateError(
-        f"{len(failed)} of {len(results)} gate(s) failed: {', '.join(r.gate.text for r in failed)}",
-        "each gate's line above says by how much; compare the runs with: edgekit results compare A B",
-    )
-
-
 def gated_record(records: Sequence[dict]) -> dict:
     """The run the gates judge among one deploy's or bench's records: int8's when there is one
     (it carries the on-device agreement and the int8 gate's recommendation), else the first."""
@@ -283,7 +269,14 @@ class GateReport:
         return [f"gate {r.gate.text} ({where}): {r.line}" for r in self.results]
 
     def error(self) -> GateError | None:
-        return gate_error(self.results)
+        """The GateError to raise when any gate failed (None when none did)."""
+        failed = self.failed
+        if not failed:
+            return None
+        return GateError(
+            f"{len(failed)} of {len(self.results)} gate(s) failed: {', '.join(r.gate.text for r in failed)}",
+            "each gate's line above says by how much; compare the runs with: edgekit results compare A B",
+        )
 
     def to_dict(self) -> list[dict[str, Any]]:
         extra = {

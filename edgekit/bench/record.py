@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import uuid
 from datetime import datetime, timezone
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -84,19 +85,16 @@ def merge_rounds(docs: list[dict]) -> dict:
     merged["device_state"] = {"before": (first.get("device_state") or {}).get("before"), "after": (docs[-1].get("device_state") or {}).get("after")}
     rss = [doc["peak_rss_bytes"] for doc in docs if doc.get("peak_rss_bytes") is not None]
     merged["peak_rss_bytes"] = max(rss) if rss else None
+    merged["energy"] = merged["speed_probe"] = None  # unless every round has one, of one source / loop
     energy = [doc.get("energy") for doc in docs]
     if all(energy) and len({e["source"] for e in energy}) == 1:
         joules = sum(e["joules"] for e in energy)
         inferences = len(merged["samples_ns"]) * first["config"]["batch"]
         merged["energy"] = {"source": energy[0]["source"], "joules": round(joules, 6), "mj_per_inference": round(joules * 1000.0 / inferences, 6)}
-    else:
-        merged["energy"] = None
     probes = [doc.get("speed_probe") for doc in docs]
     if all(probes) and len({p["loop"] for p in probes}) == 1:
         ns = sorted(p["ns"] for p in probes)
         merged["speed_probe"] = {"loop": probes[0]["loop"], "ns": ns[len(ns) // 2], "bursts": sum(p["bursts"] for p in probes)}
-    else:
-        merged["speed_probe"] = None
     merged["rounds"] = [
         {"samples": len(doc["samples_ns"]), "started_at": doc.get("started_at"), "speed_probe_ns": (doc.get("speed_probe") or {}).get("ns")}
         for doc in docs
@@ -106,11 +104,9 @@ def merge_rounds(docs: list[dict]) -> dict:
 
 def round_slices(agent: dict) -> list[list[int]]:
     """The samples of each agent process a run was timed in (one list when it had one)."""
-    samples, rounds = agent["samples_ns"], agent.get("rounds") or []
-    out, at = [], 0
-    for r in rounds:
-        out.append(samples[at : at + r["samples"]])
-        at += r["samples"]
+    samples = agent["samples_ns"]
+    ends = list(accumulate(r["samples"] for r in agent.get("rounds") or []))
+    out = [samples[start:end] for start, end in zip([0, *ends], ends)]
     return out if len(out) > 1 else [samples]
 
 
@@ -277,8 +273,6 @@ def _is_number(value: Any) -> bool:
 
 def _kind(value: Any) -> str:
     return kind(value, none="null or nothing")
-
-
 
 
 def _utc_iso(value: Any) -> str | None:

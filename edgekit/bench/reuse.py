@@ -54,20 +54,13 @@ def key(kind: str, *, bundle_hash: str, variant: dict, settings: dict, device: s
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def find_run(k: str, *, model: str, target: str, device: str, variant: str, store: ResultsStore | None = None) -> dict | None:
+def find_run(k: str, *, model: str, target: str, device: str, variant: str) -> dict | None:
     """The newest stored run measured under key ``k`` (with its ``id``), or None."""
-    own = store is None
-    store = store or ResultsStore()
-    try:
+    with ResultsStore() as store:
         if not store.path.exists():
             return None
-        for record in store.records(limit=_SCAN, model=model, target=target, device=device, variant=variant):
-            if record.get(RECORD_FIELD) == k:
-                return record
-        return None
-    finally:
-        if own:
-            store.close()
+        stored = store.records(limit=_SCAN, model=model, target=target, device=device, variant=variant)
+        return next((r for r in stored if r.get(RECORD_FIELD) == k), None)
 
 
 def outputs_path(k: str) -> Path | None:

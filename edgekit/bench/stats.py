@@ -7,9 +7,11 @@ gate shows is computed here, on the host, so two tools can never disagree about 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
+
+from edgekit.jsonable import FieldsDict
 
 STAT_FIELDS = ("min", "p50", "p90", "p99", "max", "mean", "stddev")  # all in milliseconds
 _PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
@@ -17,7 +19,7 @@ _NS_PER_MS = 1e6
 
 
 @dataclass(frozen=True)
-class Stats:
+class Stats(FieldsDict):
     """Summary of one run. Latencies in milliseconds, throughput in inferences per second."""
 
     n: int
@@ -57,9 +59,7 @@ class Stats:
         return cls(
             n=int(ns.size),
             min=float(ns.min()) / _NS_PER_MS,
-            p50=pct["p50"],
-            p90=pct["p90"],
-            p99=pct["p99"],
+            **pct,
             max=float(ns.max()) / _NS_PER_MS,
             mean=mean,
             stddev=stddev,
@@ -73,9 +73,6 @@ class Stats:
             raise KeyError(f"unknown statistic {field!r}; known: {known}")
         return getattr(self, field)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class Drift:
@@ -85,6 +82,11 @@ class Drift:
     last_p50: float  # ms
     change_pct: float  # (last - first) / first, in %
     n: int  # samples in each tenth
+
+
+def stat(x: Sequence[float] | np.ndarray, q: float | None, axis: int | None = None) -> np.ndarray:
+    """Percentile ``q`` of ``x`` (None: the mean), along ``axis``."""
+    return np.mean(x, axis=axis) if q is None else np.percentile(x, q, axis=axis)
 
 
 def drift(samples_ns: Sequence[int], fraction: float = 0.1, min_samples: int = 5) -> Drift | None:

@@ -21,6 +21,7 @@ import platformdirs
 
 from edgekit.bench.record import validate_record
 from edgekit.errors import ResultsError
+from edgekit.jsonable import is_int
 
 DB_SCHEMA_VERSION = 1  # PRAGMA user_version; bump with a migration when the tables change
 EXPORT_KIND = "edgekit.results"
@@ -87,9 +88,7 @@ class ResultsStore:
         """Validate and store one record (raw samples included); return its run id."""
         record = validate_record(record)
         with self._write() as conn:
-            if conn.execute(
-                "SELECT 1 FROM runs WHERE run_uuid = ?", (record["run_uuid"],)
-            ).fetchone():
+            if self._stored(conn, record):
                 raise ResultsError(
                     f"run {record['run_uuid']} is already in the results store",
                     "each record is stored once; make a new record for a new run",
@@ -104,17 +103,13 @@ class ResultsStore:
         """
         records = check_export(document)
         with self._write() as conn:
-            imported = skipped = 0
+            skipped = 0
             for record in records:
-                seen = conn.execute(
-                    "SELECT 1 FROM runs WHERE run_uuid = ?", (record["run_uuid"],)
-                ).fetchone()
-                if seen:
+                if self._stored(conn, record):
                     skipped += 1
                 else:
                     self._insert(conn, record)
-                    imported += 1
-        return imported, skipped
+        return len(records) - skipped, skipped
 
     # -- reads --------------------------------------------------------------------------
     def get(self, run_id: int) -> dict:
@@ -190,12 +185,10 @@ class ResultsStore:
                 if version == 0:
                     version = self._create_schema(conn)
                 break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    conn.close()
-                    raise self._db_error(exc) from None
-                time.sleep(0.01)
             except sqlite3.Error as exc:
+                if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc) and time.monotonic() <= deadline:
+                    time.sleep(0.01)
+                    continue
                 conn.close()
                 raise self._db_error(exc) from None
         if version > DB_SCHEMA_VERSION:
@@ -236,12 +229,16 @@ class ResultsStore:
         try:
             yield conn
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except BaseException as exc:
             conn.execute("ROLLBACK")
-            raise self._db_error(exc) from None
-        except BaseException:
-            conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise self._db_error(exc) from None
             raise
+
+    @staticmethod
+    def _stored(conn: sqlite3.Connection, record: dict) -> bool:
+        """Is a run of ``record``'s run_uuid in the store already?"""
+        return conn.execute("SELECT 1 FROM runs WHERE run_uuid = ?", (record["run_uuid"],)).fetchone() is not None
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, record: dict) -> int:
@@ -276,7 +273,7 @@ def check_export(document: Any) -> list[dict]:
             f"not an edgekit results export (kind is {got!r}, expected {EXPORT_KIND!r})", hint
         )
     schema = document.get("schema")
-    if not isinstance(schema, int) or isinstance(schema, bool) or schema < 1:
+    if not is_int(schema) or schema < 1:
         raise ResultsError(
             f"export field 'schema' must be a positive integer, got {schema!r}", hint
         )

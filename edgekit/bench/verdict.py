@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.bench.stats import stat
+
 BOOTSTRAP = 1000
 CONFIDENCE = 0.95
 MIN_COSINE = 0.99  # without labels: every output this close to float
@@ -61,14 +63,9 @@ def speedup_interval(
     bootstrap confidence interval (resampling both runs)."""
     a, b = np.asarray(baseline_ns, dtype=np.float64), np.asarray(candidate_ns, dtype=np.float64)
     rng = np.random.default_rng(seed)
-
-    def stat(x: np.ndarray, axis: int | None = None) -> np.ndarray:
-        return np.mean(x, axis=axis) if q is None else np.percentile(x, q, axis=axis)
-
-    ratios = stat(rng.choice(a, (BOOTSTRAP, a.size)), 1) / stat(rng.choice(b, (BOOTSTRAP, b.size)), 1)
+    ratios = stat(rng.choice(a, (BOOTSTRAP, a.size)), q, 1) / stat(rng.choice(b, (BOOTSTRAP, b.size)), q, 1)
     tail = (1 - CONFIDENCE) / 2
-    return float(stat(a) / stat(b)), float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
-
+    return float(stat(a, q) / stat(b, q)), float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
 
 def accuracy_holds(agreement: dict, max_drop: float) -> tuple[bool, str]:
     """Does int8 keep float's quality? Against labels: drop <= ``max_drop`` (a fraction);

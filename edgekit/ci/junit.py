@@ -27,13 +27,11 @@ def junit_xml(result: CiResult) -> bytes:
             for key, value in run.facts().items():
                 ET.SubElement(props, "property", name=f"{run.target}/{run.device}.{key}", value=str(value))
             ET.SubElement(props, "property", name=f"{run.target}/{run.device}.baseline", value=run.baseline_note or "-")
-        counts = dict.fromkeys(totals, 0)
-        for run in runs:
-            for case in _cases(run, spec.gates):
-                suite.append(case)
-                counts["tests"] += 1
-                for kind, key in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
-                    counts[key] += case.find(kind) is not None
+        cases = [case for run in runs for case in _cases(run, spec.gates)]
+        suite.extend(cases)
+        counts = {"tests": len(cases)}
+        for kind, key in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
+            counts[key] = sum(case.find(kind) is not None for case in cases)
         suite.set("time", f"{sum(r.seconds for r in runs):.3f}")
         for key, n in counts.items():
             suite.set(key, str(n))

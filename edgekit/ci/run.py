@@ -151,16 +151,13 @@ def run_ci(config: CiConfig, events: Events, *, output_root: Path = Path("edgeki
         for target, entries in spec.runs:
             runs.extend(_deploy(spec, target, list(entries), config.jobs, events, output_root))
     mine = {r["id"] for run in runs for r in run.records}
+    gates = {spec.name: spec.gates for spec in config.models}
     with ResultsStore() as store:
         for run in runs:
             if run.record is not None:
                 run.baseline, run.baseline_note = pick_baseline(store, config.baseline, run.record, exclude=mine)
-                run.gates = [gate.check(run.record, run.baseline) for gate in _spec(config, run.model).gates]
+                run.gates = [gate.check(run.record, run.baseline) for gate in gates[run.model]]
     return CiResult(config, runs, time.monotonic() - t0)
-
-
-def _spec(config: CiConfig, name: str) -> ModelSpec:
-    return next(s for s in config.models if s.name == name)
 
 
 def _deploy(spec: ModelSpec, target: str, entries: list[DeviceEntry], jobs: int, events: Events, root: Path) -> list[Run]:

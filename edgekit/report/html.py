@@ -271,8 +271,7 @@ def _distribution(group: list[_Run], unit: str, scale: float, sfx: str) -> str:
 def _timeline(group: list[_Run], unit: str, scale: float, sfx: str) -> str:
     charts = []
     for r in group:
-        warm = r.agent.get("warmup_samples_ns")
-        warm = [s for s in warm if _f(s) and s > 0] if isinstance(warm, list) else []
+        warm = r.agent.get("warmup_samples_ns") or []  # validate_record: positive integers or null
         start, end, alert, notes = _state(r.agent)
         chart = svg.timeline(
             f"chart-timeline-{_slug(r.variant)}{sfx}", [s * scale / 1e6 for s in warm],

@@ -90,10 +90,10 @@ def use_log(values: Sequence[float]) -> bool:
     return lo > 0 and max(values) / lo >= 5
 
 
-def _svg(chart_id: str, kind: str, height: float, label: str, body: list[str], extra: str = "") -> str:
+def _svg(chart_id: str, kind: str, height: float, label: str, body: list[str]) -> str:
     return (
         f'<svg id="{esc(chart_id)}" class="chart chart-{kind}" viewBox="0 0 {WIDTH} {height:.0f}" '
-        f'role="img" aria-label="{esc(label)}"{extra} xmlns="http://www.w3.org/2000/svg">'
+        f'role="img" aria-label="{esc(label)}" xmlns="http://www.w3.org/2000/svg">'
         f"<title>{esc(label)}</title>{''.join(body)}</svg>"
     )
 
