@@ -25,13 +25,13 @@ def _register() -> None:
     # Imported here so `import edgekit.cli` stays cheap and the order of --help is fixed.
     from edgekit.cli import bench, ci, deploy, devices, plan, profiles, quantize, report, results
 
-    for module in (quantize, plan, deploy, bench):
-        module.register(app)
+    for command in (quantize.quantize, plan.plan, deploy.deploy, bench.bench):
+        app.command(command.__name__)(command)
     app.add_typer(profiles.app, name="profiles")
     app.add_typer(results.app, name="results")
     app.add_typer(devices.app, name="devices")
-    ci.register(app)
-    report.register(app)
+    app.command("ci")(ci.ci)
+    app.command("report")(report.report)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,10 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     except typer.TyperException as exc:  # usage errors: unknown option, missing argument
         if type(exc).__name__ == "NoArgsIsHelpError":
             print(exc.format_message(), file=sys.stderr)
-            sys.exit(EXIT_USAGE)
-        msg = exc.format_message()
-        print(f"error: {msg}", file=sys.stderr)
-        print("hint: run with --help for usage", file=sys.stderr)
+        else:
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+            print("hint: run with --help for usage", file=sys.stderr)
         sys.exit(EXIT_USAGE)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -65,7 +65,7 @@ def bench(
     from edgekit.errors import UsageError
 
     inventory = opts["inventory"]
-    out = common.output(json_out)
+    out = Output()
     gates = common.gates(opts, fleet=common.is_fleet(device or [], inventory))
     entries = resolve_devices(device or [], inventory)
     entry = entries[0] if entries else None
@@ -100,7 +100,6 @@ def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, optio
     """The same bundle on every device in parallel; the records of each are stored under its name."""
     from edgekit import api
     from edgekit.bundle import load_bundle
-    from edgekit.devices.fleet import run_fleet
     from edgekit.events import DeviceEvents
     from edgekit.profiles import load_profile
 
@@ -112,17 +111,13 @@ def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, optio
     def one(entry):
         return api.bench_bundle(bundle, entry, profile, req, selected, DeviceEvents(out, entry.name))
 
-    def done(outcome) -> None:
-        out.info(f"[{outcome.device}] {'done' if outcome.succeeded else 'FAILED: ' + (outcome.error or '')}")
-
-    fleet = run_fleet(entries, one, jobs=jobs, name=lambda e: e.name, on_done=done)
-
     def row(result) -> list[str]:
         p50 = {r["agent"]["variant"]: r["stats"]["p50"] for r in result.records}
         return [render.fmt_latency(p50[name]) if name in p50 else "-" for name in selected] + [", ".join(map(str, result.run_ids))]
 
     render.report_fleet(
-        out, fleet, title=f"{bundle.manifest.model_name} on {len(entries)} device(s) (target {profile.name})",
+        out, entries, one, jobs=jobs,
+        title=f"{bundle.manifest.model_name} on {len(entries)} device(s) (target {profile.name})",
         columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=row, json_out=json_out,
         to_json=lambda r: [{"id": rid, **rec} for rid, rec in zip(r.run_ids, r.records)],
     )  # fmt: skip
@@ -139,7 +134,3 @@ def _print(out: Output, result, title: str, json_out: bool, gates: list, baselin
     else:
         render.print_runs(out, result.to_dict(), title)
     common.finish_gates(out, report, json_out)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("bench")(bench)

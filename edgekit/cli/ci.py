@@ -9,10 +9,7 @@ from typing import Annotated
 import typer
 
 from edgekit.cli import common
-
-
-def register(app: typer.Typer) -> None:
-    app.command("ci")(ci)
+from edgekit.cli.output import Output
 
 
 def ci(
@@ -42,7 +39,7 @@ def ci(
     from edgekit.errors import EdgekitError, GateError
     from edgekit.fsutil import check_output_path, write_bytes_atomic
 
-    o = common.output(json_out)
+    o = Output()
     for path in (junit, report, summary):
         if path is not None:
             check_output_path(path)

@@ -203,10 +203,6 @@ def finish_gates(o: Output, report, json_out: bool) -> None:
         raise err
 
 
-def output(json_mode: bool) -> Output:
-    return Output("json" if json_mode else "human")
-
-
 def preprocess(text: str | None) -> Preprocess | None:
     from edgekit.quantize.calib import Preprocess
 

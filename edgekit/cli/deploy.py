@@ -13,10 +13,6 @@ from edgekit.devices.fleet import DEFAULT_JOBS
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 
 
-def register(app: typer.Typer) -> None:
-    app.command("deploy")(deploy)
-
-
 @common.options("quantize", "bench", "gates", "ssh")
 def deploy(
     model: Annotated[Path, typer.Argument(help="The float ONNX model (or a .tflite, which runs as it is).", show_default=False)],
@@ -51,7 +47,7 @@ def deploy(
     from edgekit.deploy import open_job, run
     from edgekit.devices import resolve_devices
 
-    o = common.output(json_out)
+    o = Output()
     gates = common.gates(opts, fleet=common.is_fleet(device or [], opts["inventory"]), runs=not (no_bench or dry_run))
     inventory = opts["inventory"]
     entries = resolve_devices(device or [], inventory)
@@ -107,12 +103,9 @@ def _deploy_fleet(o: Output, req, entries: list, target: str | None, jobs: int, 
     runs of each device's own (a plan made with its facts may differ); one row per device."""
     from edgekit.api import deploy_job
     from edgekit.deploy import open_job
-    from edgekit.devices.fleet import run_fleet, safe_name
-    from edgekit.errors import UsageError
+    from edgekit.devices.fleet import safe_name
     from edgekit.events import DeviceEvents
 
-    if not entries:
-        raise UsageError("no devices to deploy to", "give --device NAME (repeatable) or an --inventory that lists devices")
     root = req.output or Path("edgekit-out")
     root.mkdir(parents=True, exist_ok=True)
     job = open_job(req, entries[0])
@@ -121,11 +114,6 @@ def _deploy_fleet(o: Output, req, entries: list, target: str | None, jobs: int, 
         name = safe_name(entry.name)
         output = root / name if req.output else root / f"{req.model.stem}-{name}"
         return deploy_job(job, entry, DeviceEvents(o, entry.name), target=target or entry.profile or "local", output=output)
-
-    def done(outcome) -> None:
-        o.info(f"[{outcome.device}] {'done' if outcome.succeeded else 'FAILED: ' + (outcome.error or '')}")
-
-    fleet = run_fleet(entries, one, jobs=jobs, name=lambda e: e.name, on_done=done)
 
     def row(result) -> list[str]:
         s = result.summary()
@@ -140,7 +128,7 @@ def _deploy_fleet(o: Output, req, entries: list, target: str | None, jobs: int, 
         ]  # fmt: skip
 
     render.report_fleet(
-        o, fleet, title=f"{req.model.name} on {len(entries)} device(s)",
+        o, entries, one, jobs=jobs, title=f"{req.model.name} on {len(entries)} device(s)",
         columns=["target", "backend", "fp32 p50", "int8 p50", "speed-up", "sent"],
         row=row, json_out=json_out, to_json=lambda r: r.to_dict(),
     )  # fmt: skip

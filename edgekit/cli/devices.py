@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 
 from edgekit.cli import common
+from edgekit.cli.output import Output
 
 app = typer.Typer(
     help="Devices: list an inventory, check a device against a profile, provision a runtime, unlock.",
@@ -33,17 +33,13 @@ def _entry_and_profile(opts: dict):
     return entry, load_profile(opts["target"] or entry.profile or ("local" if entry.is_local else "linux-cpu"))
 
 
-@contextlib.contextmanager
-def _connect(entry, profile, opts: dict, o) -> Iterator:
-    """The device's transport for one command, closed on the way out."""
+def _connect(entry, profile, opts: dict, o) -> contextlib.closing:
+    """The device's transport for one command, closed on the way out of its ``with``."""
     from edgekit.devices import connect
 
     password = common.ssh_password(opts["password"], entry)
     transport = connect(entry, profile, trust_new_host=opts["trust_new_host"], password=password, log=o.info)
-    try:
-        yield transport
-    finally:
-        transport.close()
+    return contextlib.closing(transport)
 
 
 @app.command("list")
@@ -65,7 +61,7 @@ def list_devices(inventory: common.Inventory = None, json_out: common.Json = Fal
             "pass --inventory FILE (devices.toml, Ansible INI or YAML; see docs/devices.md)",
         )
     inv = load_inventory(path)
-    o = common.output(json_out)
+    o = Output()
     if json_out:
         o.json({"inventory": str(inv.path), "devices": [d.to_dict() for d in inv.devices.values()]})
         return
@@ -92,7 +88,7 @@ def check(
     from edgekit.devices.preflight import fact_rows, preflight
 
     entry, profile = _entry_and_profile(opts)
-    o = common.output(json_out)
+    o = Output()
     with _connect(entry, profile, opts, o) as transport, o.progress(f"probing {entry.name}"):
         report = preflight(transport, profile, device=entry.name)
         lock = lock_status(transport)
@@ -144,7 +140,7 @@ def provision(
         runtime = next((n for n in usable if "onnx" in get_backend(n).formats), usable[0] if usable else None)
         if runtime is None:
             raise UsageError(f"profile {profile.name} names no runtime edgekit can provision", f"pass --runtime ({', '.join(RUNTIMES)})")
-    o = common.output(json_out)
+    o = Output()
     with _connect(entry, profile, opts, o) as transport:
         result = run_provision(transport, runtime, offline=offline, device=entry.name, events=o, lock_wait=lock_wait)
     if json_out:
@@ -175,7 +171,7 @@ def unlock(
     from edgekit.devices.lock import break_lock, describe_holder
 
     entry, profile = _entry_and_profile(opts)
-    o = common.output(json_out)
+    o = Output()
     with _connect(entry, profile, opts, o) as transport:
         holder = break_lock(transport)
     if json_out:

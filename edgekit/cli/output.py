@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 from rich.console import Console
@@ -29,10 +30,7 @@ def _plain() -> bool:
 class Output(Events):
     """The terminal: an ``Events`` for the library, plus the data channels (json, table, line)."""
 
-    def __init__(self, mode: str = "human") -> None:
-        if mode not in ("human", "json", "quiet"):
-            raise ValueError(mode)
-        self.mode = mode
+    def __init__(self) -> None:
         # markup/highlight off: user strings (paths, node names) are printed verbatim.
         # Piped output (CI logs, `| grep`) gets wide lines instead of rich's 80-column default.
         width = None if sys.stdout.isatty() else 200
@@ -41,8 +39,7 @@ class Output(Events):
 
     # -- stderr -----------------------------------------------------------------------
     def info(self, message: str) -> None:
-        if self.mode != "quiet":
-            self.err.print(message)
+        self.err.print(message)
 
     def warn(self, message: str) -> None:
         self.err.print(f"warning: {message}", style="yellow" if not _plain() else None)
@@ -55,24 +52,22 @@ class Output(Events):
     @contextlib.contextmanager
     def progress(self, description: str, total: int | None = None) -> Iterator[Any]:
         """A progress reporter with ``advance(n=1)`` and ``update(description)``."""
-        if self.mode == "quiet":
-            yield QuietProgress()
-            return
         if _plain():
             self.err.print(f"{description} ...")
             yield QuietProgress()
             return
-        columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}")]
-        if total is None:
-            columns = [TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn()]
+        count = TimeElapsedColumn() if total is None else TextColumn("{task.completed}/{task.total}")
+        columns = (TextColumn("{task.description}"), BarColumn(), count)
         with Progress(*columns, console=self.err, transient=True) as prog:
             task = prog.add_task(description, total=total)
-            yield _RichProgress(prog, task)
+            yield SimpleNamespace(
+                advance=lambda n=1: prog.advance(task, n),
+                update=lambda description: prog.update(task, description=description),
+            )
 
     # -- stdout -----------------------------------------------------------------------
     def json(self, document: Any) -> None:
-        sys.stdout.write(json.dumps(document, indent=2, sort_keys=False, default=_json_default))
-        sys.stdout.write("\n")
+        sys.stdout.write(json.dumps(document, indent=2, default=_json_default) + "\n")
         sys.stdout.flush()
 
     def table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
@@ -87,29 +82,15 @@ class Output(Events):
         self.out.print(text)
 
 
-class _RichProgress:
-    def __init__(self, prog: Progress, task: Any) -> None:
-        self._prog, self._task = prog, task
-
-    def advance(self, n: int = 1) -> None:
-        self._prog.advance(self._task, n)
-
-    def update(self, description: str) -> None:
-        self._prog.update(self._task, description=description)
-
-
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "to_dict"):
         return obj.to_dict()
-    try:
-        import numpy as np
+    import numpy as np  # a dependency: imported only when a document holds a value JSON lacks
 
-        if isinstance(obj, np.generic):
-            return obj.item()
-        if isinstance(obj, np.ndarray):
-            return obj.tolist()
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

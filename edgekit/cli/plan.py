@@ -8,10 +8,7 @@ from typing import Annotated
 import typer
 
 from edgekit.cli import common, render
-
-
-def register(app: typer.Typer) -> None:
-    app.command("plan")(plan)
+from edgekit.cli.output import Output
 
 
 def plan(
@@ -34,7 +31,7 @@ def plan(
     """
     from edgekit import api
 
-    o = common.output(json_out)
+    o = Output()
     doc = api.plan(
         model, target=target, device=device, backend=backend, quantize=not no_quantize, calib=calib,
         method=common.check_method(method), exclude=exclude, shapes=common.shapes(shape),

@@ -56,7 +56,7 @@ def list_command(json_: common.Json = False) -> None:
       edgekit profiles list
       edgekit profiles list --json | jq -r '.profiles[].name'
     """
-    out = Output("json" if json_ else "human")
+    out = Output()
     profiles = [_resolved(p) for p in list_profiles()]
     if json_:
         out.json({"profiles": [p.to_dict() for p in profiles], "search_path": [str(d) for d in profile_dirs()]})
@@ -80,7 +80,7 @@ def show_command(
       edgekit profiles show rpi5
       edgekit profiles show ./profiles/my-board.toml --json
     """
-    out = Output("json" if json_ else "human")
+    out = Output()
     profile = resolve(load_profile(target))
     if json_:
         out.json(profile.to_dict())
@@ -128,7 +128,7 @@ def validate_command(
       edgekit profiles validate profiles/my-board.toml
       edgekit profiles validate my-board.toml --json
     """
-    out = Output("json" if json_ else "human")
+    out = Output()
     profile = validate_file(file)
     if json_:
         out.json({"ok": True, "file": str(file), "name": profile.name, "profile": profile.to_dict()})

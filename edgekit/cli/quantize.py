@@ -8,10 +8,7 @@ from typing import Annotated
 import typer
 
 from edgekit.cli import common, render
-
-
-def register(app: typer.Typer) -> None:
-    app.command("quantize")(quantize)
+from edgekit.cli.output import Output
 
 
 @common.options("quantize")
@@ -59,7 +56,7 @@ def quantize(
     from edgekit import api
     from edgekit.errors import GateError, UsageError
 
-    o = common.output(json_out)
+    o = Output()
     if (report or report_full) and opts["method"] == common.DYNAMIC:
         from edgekit.quantize.sensitivity import no_dynamic_report
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from edgekit.cli.output import Output
 
@@ -23,11 +22,11 @@ def fmt_pct(value: float | None) -> str:
 def fmt_bytes(n: float | None) -> str:
     if n is None:
         return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return str(n)
+    return f"{n:.1f} GB"
 
 
 def print_plan(o: Output, doc: dict) -> None:
@@ -263,14 +262,21 @@ def print_layer_report(o: Output, doc: dict, rows: int = 20) -> None:
     o.info(f"sensitivity measured in {sens['seconds']:.1f} s")
 
 
-def report_fleet(o: Output, fleet: Any, *, title: str, columns: list[str], row, json_out: bool, to_json=None) -> None:
-    """One row per device (or a JSON list of outcomes); then an error naming the failed devices.
+def report_fleet(
+    o: Output, entries: list, one, *, jobs: int, title: str, columns: list[str], row, json_out: bool, to_json=None
+) -> None:
+    """Run ``one(entry)`` on every device, ``jobs`` at once, a line each as it finishes; then
+    one row per device (or a JSON list of outcomes), and an error naming the failed devices.
 
     ``row(value) -> list[str]`` gives the ``columns`` of a device that succeeded.
     """
-    from edgekit.devices.fleet import exit_now, workers_alive
+    from edgekit.devices.fleet import exit_now, run_fleet, workers_alive
     from edgekit.errors import DeviceError
 
+    def done(outcome) -> None:
+        o.info(f"[{outcome.device}] {'done' if outcome.succeeded else 'FAILED: ' + (outcome.error or '')}")
+
+    fleet = run_fleet(entries, one, jobs=jobs, name=lambda e: e.name, on_done=done)
     if json_out:
         o.json([out.to_dict(to_json) for out in fleet.outcomes])
     else:

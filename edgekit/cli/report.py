@@ -8,10 +8,7 @@ from typing import Annotated
 import typer
 
 from edgekit.cli import common
-
-
-def register(app: typer.Typer) -> None:
-    app.command("report")(report)
+from edgekit.cli.output import Output
 
 
 def report(
@@ -37,7 +34,7 @@ def report(
     from edgekit.fsutil import check_output_path
     from edgekit.report import earlier_runs, write_report
 
-    o = common.output(json_out)
+    o = Output()
     check_output_path(output)  # before any work: a bad -o fails fast and leaves nothing
     records: list[dict] = []
     with ResultsStore() as store:

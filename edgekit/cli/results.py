@@ -24,10 +24,6 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-_EMPTY_HINT = (
-    "no results yet; run `edgekit deploy MODEL --target TARGET` (or `edgekit bench`) to record one"
-)
-
 
 @app.command("list")
 def list_(
@@ -47,7 +43,7 @@ def list_(
       edgekit results list --target rpi5 --model resnet18 -n 5 --json
       edgekit results list --branch main
     """
-    out = Output("json" if json_ else "human")
+    out = Output()
     filters = {"model": model, "target": target, "device": device, "variant": variant, "branch": branch}
     with ResultsStore() as store:
         rows = store.list(limit=limit, **filters)
@@ -56,7 +52,7 @@ def list_(
         out.info(
             f"no results match {given}; see all runs with: edgekit results list"
             if given
-            else _EMPTY_HINT
+            else "no results yet; run `edgekit deploy MODEL --target TARGET` (or `edgekit bench`) to record one"
         )
     if json_:
         out.json(rows)
@@ -88,7 +84,7 @@ def show(
       edgekit results show 12
       edgekit results show 12 --json > run12.json
     """
-    out = Output("json" if json_ else "human")
+    out = Output()
     with ResultsStore() as store:
         record = store.get(run_id)
     if json_:
@@ -150,7 +146,7 @@ def export(
       edgekit results export -o lab-results.json
       edgekit results export 3 4 7 > three-runs.json
     """
-    out = Output("human")
+    out = Output()
     if output is not None:
         check_output_path(output)
     with ResultsStore() as store:
@@ -182,7 +178,7 @@ def import_(
       edgekit results import lab-results.json
       ssh pi@10.0.0.7 edgekit results export | edgekit results import -
     """
-    out = Output("json" if json_ else "human")
+    out = Output()
     document = _read_json(file)
     with ResultsStore() as store:
         imported, skipped = store.import_(document)
@@ -225,7 +221,7 @@ def compare(
     from edgekit.bench.gates import GateReport, check_gates, parse_gates
     from edgekit.errors import InputError
 
-    out = Output("json" if json_ else "human")
+    out = Output()
     gates = parse_gates(fail)
     filters = {"model": model, "target": target, "device": device, "variant": variant}
     refs = {"A": a, "B": b}
@@ -256,11 +252,7 @@ def compare(
              for r in result.rows],
             title=f"B {_describe(rb)} vs A {_describe(ra)}",
         )  # fmt: skip
-        for line in report.lines() if report else ():
-            out.line(line)
-    err = report.error() if report else None
-    if err:
-        raise err
+    common.finish_gates(out, report, json_)
 
 
 def _exact(ref: str) -> bool:

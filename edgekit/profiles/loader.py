@@ -96,8 +96,7 @@ def load_profile(name_or_path: str | os.PathLike[str], *, cwd: Path | None = Non
             candidate = directory / f"{text}.toml"
             if candidate.is_file():
                 return _load_file(candidate)
-    names = _visible_names(cwd)
-    close = difflib.get_close_matches(text, names, n=3, cutoff=0.5)
+    close = difflib.get_close_matches(text, sorted(_visible_files(cwd)), n=3, cutoff=0.5)
     hint = "`edgekit profiles list` shows every profile; add your own as ./profiles/<name>.toml"
     if close:
         hint = "did you mean " + " or ".join(repr(c) for c in close) + "? " + hint
@@ -106,14 +105,8 @@ def load_profile(name_or_path: str | os.PathLike[str], *, cwd: Path | None = Non
 
 def list_profiles(*, cwd: Path | None = None) -> list[Profile]:
     """Every visible profile, sorted by name; a user file shadows a built-in of the same name."""
-    seen: dict[str, Profile] = {}
-    for directory in profile_dirs(cwd):
-        if not directory.is_dir():
-            continue
-        for path in sorted(directory.glob("*.toml")):
-            if path.stem not in seen:
-                seen[path.stem] = _load_file(path)
-    return [seen[name] for name in sorted(seen)]
+    loaded = {name: _load_file(path) for name, path in _visible_files(cwd).items()}
+    return [loaded[name] for name in sorted(loaded)]
 
 
 def validate_file(path: Path | str) -> Profile:
@@ -132,12 +125,14 @@ def resolve(profile: Profile, *, cpu: CpuSpec | None = None) -> Profile:
     return replace(profile, cpu=cpu if cpu is not None else probe_host())
 
 
-def _visible_names(cwd: Path) -> list[str]:
-    names: set[str] = set()
+def _visible_files(cwd: Path | None) -> dict[str, Path]:
+    """Each visible profile's file by name, in search order (the first file of a name wins)."""
+    files: dict[str, Path] = {}
     for directory in profile_dirs(cwd):
         if directory.is_dir():
-            names.update(p.stem for p in directory.glob("*.toml"))
-    return sorted(names)
+            for path in sorted(directory.glob("*.toml")):
+                files.setdefault(path.stem, path)
+    return files
 
 
 def _absolute(text: str, cwd: Path) -> Path:
@@ -166,16 +161,12 @@ def _load_file(path: Path) -> Profile:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(
-            f"{file}: invalid TOML: {_one_line(str(exc))}",
+            f"{file}: invalid TOML: {' '.join(str(exc).split())}",
             "fix the syntax at that line (https://toml.io), then run: edgekit profiles validate "
             + shlex.quote(file),
         ) from None
     source = "builtin" if path.resolve().parent == BUILTIN_DIR else file
     return _Parser(file).profile(doc, stem=path.stem, source=source)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 # -- validation -------------------------------------------------------------------------
@@ -186,10 +177,7 @@ def _join(prefix: str, key: str) -> str:
 
 
 def _type_name(value: Any) -> str:
-    for typ, name in _TOML_TYPES.items():
-        if type(value) is typ:
-            return name
-    return f"a {type(value).__name__}"  # datetimes
+    return _TOML_TYPES.get(type(value), f"a {type(value).__name__}")  # else a datetime
 
 
 class _Parser:

@@ -12,7 +12,7 @@ from typing import Any
 from edgekit.agent import version_tuple
 from edgekit.agent.backends import BACKENDS as AGENT_BACKENDS
 from edgekit.agent.facts import ARM_ISA, ISA_ORDER, X86_ISA
-from edgekit.jsonable import FieldsDict
+from edgekit.jsonable import FieldsDict, fields_dict
 
 BACKENDS = tuple(AGENT_BACKENDS)  # the one registry of backend names (the agent's)
 PRECISIONS = ("int8", "fp16", "fp32")
@@ -91,26 +91,9 @@ class Profile:
 
     def backend(self, name: str) -> BackendSpec | None:
         """The spec of backend ``name``, or None when this device cannot use it."""
-        for spec in self.backends:
-            if spec.name == name:
-                return spec
-        return None
-
-    @property
-    def resolved(self) -> bool:
-        """False for a probe profile whose cpu facts have not been filled in yet."""
-        return bool(self.cpu.arch)
+        return next((spec for spec in self.backends if spec.name == name), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "source": self.source,
-            "probe": self.probe,
-            "cpu": self.cpu.to_dict(),
-            "accelerator": self.accelerator,
-            "backends": [b.to_dict() for b in self.backends],
-            "workdir": self.workdir,
-            "python": self.python,
-            "bench": self.bench.to_dict(),
-        }
+        # the fields in order, except that the document has probe right after source
+        doc = fields_dict(self)
+        return {**{key: doc.pop(key) for key in ("name", "description", "source", "probe")}, **doc}

@@ -15,20 +15,15 @@ from edgekit.agent.facts import parse_cpuinfo
 from edgekit.errors import ProfileError
 from edgekit.profiles.model import ARCHES, CpuSpec
 
-_ARCH_ALIASES = {
-    "x86_64": "x86_64",
-    "amd64": "x86_64",
-    "aarch64": "aarch64",
-    "arm64": "aarch64",
-    "armv7l": "armv7l",
-    # a 32-bit userland on an ARMv8 core reports armv8l; it runs armv7l binaries
-    "armv8l": "armv7l",
-}
+# Other names of ARCHES; a 32-bit userland on an ARMv8 core reports armv8l: it runs armv7l binaries.
+_ARCH_ALIASES = {"amd64": "x86_64", "arm64": "aarch64", "armv8l": "armv7l"}
+
 
 def normalize_arch(machine: str) -> str:
     """``platform.machine()`` / ``uname -m`` -> one of ARCHES."""
-    arch = _ARCH_ALIASES.get(machine.strip().lower())
-    if arch is None:
+    arch = machine.strip().lower()
+    arch = _ARCH_ALIASES.get(arch, arch)
+    if arch not in ARCHES:
         raise ProfileError(
             f"unsupported CPU architecture '{machine}'; allowed: {', '.join(ARCHES)}",
             "edgekit targets x86_64, aarch64 and armv7l devices; for another machine write a "
