@@ -12,10 +12,10 @@ from typing import Any
 
 from edgekit.agent import SCHEMA as AGENT_SCHEMA
 from edgekit.errors import AgentError
-from edgekit.transport.agentzip import agent_server, ask_server, close_agent_server, push_agent
+from edgekit.transport.agentzip import agent_server, ask_server, push_agent
 from edgekit.transport.base import CommandResult, Transport
 
-__all__ = ["BenchConfig", "bench_variant", "close_agent", "device_facts", "eval_variant", "parse_agent_output", "push_agent", "run_agent"]
+__all__ = ["BenchConfig", "bench_variant", "device_facts", "eval_variant", "parse_agent_output", "push_agent", "run_agent"]
 
 _OUT_OF_STEP = "the agent on the device is out of step with this edgekit; bench again to push the current one"
 
@@ -56,13 +56,7 @@ def bench_variant(
     args = ["bench", remote_bundle_dir, "--variant", variant, *config.agent_args(), *([] if probe_threads else ["--no-thread-probe"])]
     if config.duration_s is not None or config.min_time_s > 0:
         timeout = max(timeout, (config.duration_s or config.min_time_s) + 300)  # loading and warmup come on top
-    doc = run_agent(transport, args, timeout=timeout)
-    if doc.get("variant") != variant:
-        raise AgentError(
-            f"the agent benchmarked variant {doc.get('variant')!r}, not '{variant}'",
-            _OUT_OF_STEP,
-        )
-    return doc
+    return _of_variant(run_agent(transport, args, timeout=timeout), variant, "benchmarked")
 
 
 def eval_variant(
@@ -75,9 +69,7 @@ def eval_variant(
     args = ["eval", remote_bundle_dir, "--variant", variant, "--samples", samples, "--output", remote_out]
     if threads is not None:
         args += ["--threads", str(threads)]
-    doc = run_agent(transport, args, timeout=timeout, kind="edgekit.eval")
-    if doc.get("variant") != variant:
-        raise AgentError(f"the agent evaluated variant {doc.get('variant')!r}, not '{variant}'", _OUT_OF_STEP)
+    doc = _of_variant(run_agent(transport, args, timeout=timeout, kind="edgekit.eval"), variant, "evaluated")
     transport.get(remote_out, local_out)
     return doc
 
@@ -98,11 +90,6 @@ def run_agent(transport: Transport, args: list[str], *, timeout: float, kind: st
     if result is None:  # no server, or it ended (killed, or never started): say why the usual way
         result = transport.run([transport.python, push_agent(transport), *args], timeout=timeout, check=False)
     return parse_agent_output(result, kind=kind)
-
-
-def close_agent(transport: Transport) -> None:
-    """End the connection's agent server, if one runs (its workers have all finished)."""
-    close_agent_server(transport)
 
 
 def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> dict[str, Any]:
@@ -148,6 +135,13 @@ def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> di
             "the agent's document has no usable samples_ns (a non-empty list of positive integers)",
             _OUT_OF_STEP,
         )
+    return doc
+
+
+def _of_variant(doc: dict[str, Any], variant: str, did: str) -> dict[str, Any]:
+    """``doc``, when it is about ``variant`` (an agent out of step may answer for another)."""
+    if doc.get("variant") != variant:
+        raise AgentError(f"the agent {did} variant {doc.get('variant')!r}, not '{variant}'", _OUT_OF_STEP)
     return doc
 
 

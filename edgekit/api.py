@@ -84,8 +84,7 @@ def quantize(
     >>> r = ek.quantize("examples/digits/digits_cnn.onnx", "digits.int8.onnx", calib="examples/digits/calib.npz")  # doctest: +SKIP
     >>> r.agreement.accuracy_int8  # doctest: +SKIP
     """
-    output = Path(output)
-    check_output_path(output)
+    output = check_output_path(output)
     if metric is not None and max_drop is None:
         raise UsageError(f"metric {metric!r} is what mixed precision holds, and no max_drop was given", "add max_drop (--max-drop POINTS)")
     check_metric(metric)
@@ -197,10 +196,7 @@ def bench_bundle(
     for name in selected:
         if name not in known:
             raise UsageError(f"the bundle has no variant '{name}'", f"pass one of: {', '.join(known)}")
-    config = bench_config(
-        profile.bench, warmup=req.warmup, iterations=req.iterations, duration_s=req.duration_s, min_time_s=req.min_time_s,
-        threads=req.threads, layers=req.layers, rounds=req.rounds,
-    )  # fmt: skip
+    config = bench_config(profile.bench, req)
     planned = plan_bundle(manifest, profile, device=device.name, variants=selected, config=config)
     transport = connect(device, profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)
     try:

@@ -112,9 +112,7 @@ class Manifest(FieldsDict):
                 raise _bad("variants", f"has two variants named '{v.name}'")
             if v.model not in paths:
                 raise _bad(f"variants[{names.index(v.name)}].model", f"is {v.model}, which is not in 'files'")
-        plan = d.get("plan")
-        if not isinstance(plan, dict):
-            raise _bad("plan", f"must be an object, got {kind(plan)}")
+        plan = _obj(d.get("plan"), "plan")
         return cls(
             schema=schema,
             edgekit_version=_str(d, "edgekit_version"),
@@ -310,7 +308,6 @@ def _check_relpath(rel: Any, field: str) -> str:
     """Bundle paths are plain relative POSIX paths: they must not escape the bundle."""
     ok = (
         isinstance(rel, str)
-        and rel != ""
         and not rel.startswith("/")
         and "\\" not in rel
         and posixpath.normpath(rel) == rel
@@ -323,8 +320,6 @@ def _check_relpath(rel: Any, field: str) -> str:
 
 def _bad(field: str, what: str) -> InputError:
     return InputError(f"manifest field '{field}' {what}", _REBUILD)
-
-
 
 
 def _str(d: Mapping[str, Any], key: str, prefix: str = "") -> str:
@@ -354,7 +349,7 @@ def _list(d: Mapping[str, Any], key: str, prefix: str = "") -> list:
     return value
 
 
-def _obj(value: Any, field: str) -> Mapping[str, Any]:
+def _obj(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _bad(field, f"must be an object, got {kind(value)}")
     return value

@@ -1,10 +1,10 @@
 """Execute a plan: walk its typed steps, nothing decided here.
 
 ``open_job`` loads what a request names, once: the model, the profile, the device entry and
-(on first use) the data. ``deploy`` plans on paper, connects, checks the device (preflight),
-re-plans with its facts and ``execute``s the plan under the device's lock. ``execute`` runs
-each step with the handler for its type and returns what happened, including the list of
-steps it ran (the very objects ``deploy --dry-run`` prints).
+(on first use) the data. ``run`` takes the job's plan on paper, connects, checks the device
+(preflight), re-plans with its facts and ``execute``s the plan under the device's lock.
+``execute`` runs each step with the handler for its type and returns what happened, including
+the list of steps it ran (the very objects ``deploy --dry-run`` prints).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from edgekit.agentclient import bench_variant, eval_variant
 from edgekit.bench import reuse
@@ -33,12 +34,13 @@ from edgekit.devices.lock import device_lock
 from edgekit.devices.preflight import ensure_ready
 from edgekit.errors import GateError, ModelError, OutputPathError
 from edgekit.events import Events
-from edgekit.modelio import LoadedModel, load_model
+from edgekit.modelio import LoadedModel, load_model, read_sidecar
 from edgekit.plan import (
     Bench,
     Compile,
     Eval,
     Gate,
+    Options,
     Plan,
     Push,
     Quantize,
@@ -146,36 +148,18 @@ class Job:
         """The calibration and held-out sets, read on first use (random only with a loud warning)."""
         return self.memo.get("feeds", lambda: _load_feeds(self, events))
 
-    @property
-    def has_data(self) -> bool:
-        return self.calib is not None or self.eval is not None
-
     def plan(self) -> Plan:
         """The plan on paper (no device facts yet)."""
-        req = self.request
+        decided = {"device", "calibration", "evaluation", "output"}  # by loading: given below
+        asks = {k: getattr(self.request, k) for k in Options.__dataclass_fields__.keys() - decided}
         plan = make_plan(
             self.model,
             self.profile,
             device=self.device.name,
-            backend=req.backend,
-            quantize=req.quantize,
-            method=req.method,
-            exclude=req.exclude,
             calibration=str(self.calib) if self.calib else "random",
             evaluation=str(self.eval) if self.eval else (f"last {int(HELD_OUT_FRACTION * 100)}% of the calibration data" if self.calib else "random"),
-            goal=req.goal,
-            warmup=req.warmup,
-            iterations=req.iterations,
-            duration_s=req.duration_s,
-            min_time_s=req.min_time_s,
-            threads=req.threads,
-            rounds=req.rounds,
-            layers=req.layers,
             output=str(self.output),
-            max_drop=req.max_drop,
-            require_int8=req.require_int8,
-            remeasure=req.remeasure,
-            choose=req.choose,
+            **asks,
         )
         return dataclasses.replace(plan, notes=self.notes + plan.notes)
 
@@ -190,7 +174,7 @@ def open_job(req: DeployRequest, device: DeviceEntry | None = None) -> Job:
         profile = resolve(profile)  # a probe profile on this machine: its CPU is the host's, known now
     sc = loaded.sidecar
     calib = req.calib or sc.calibration
-    evaluation = req.eval or (sc.evaluation if req.eval is None else None)
+    evaluation = req.eval or sc.evaluation
     labels = req.labels or (sc.labels if evaluation is not None and evaluation == sc.evaluation else None)
     output = req.output or Path("edgekit-out") / f"{loaded.name}-{profile.name}"
     if req.output is not None and not output.parent.exists():
@@ -208,8 +192,6 @@ def _load(req: DeployRequest) -> tuple[Any, tuple[str, ...]]:
     except ModelError as exc:
         if "dynamic shape" not in exc.message:
             raise
-        from edgekit.modelio import read_sidecar
-
         sidecar = read_sidecar(Path(req.model))
         guessed = {**_sample_shapes(req.calib or sidecar.calibration or req.eval or sidecar.evaluation, req.model), **req.shapes}
         if guessed == req.shapes:
@@ -226,8 +208,6 @@ def _sample_shapes(data: Path | None, model: Path) -> dict[str, tuple[int, ...]]
         return {}
     try:
         if Path(data).suffix == ".npy":
-            import onnx
-
             graph = onnx.load(str(model), load_external_data=False).graph
             names = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
             arr = np.load(data, mmap_mode="r", allow_pickle=False)
@@ -236,12 +216,6 @@ def _sample_shapes(data: Path | None, model: Path) -> dict[str, tuple[int, ...]]
             return {k: (1, *z[k].shape[1:]) for k in z.files if z[k].ndim >= 1}
     except (OSError, ValueError, KeyError):
         return {}  # the data loader reports a bad file, with its own words
-
-
-def deploy(req: DeployRequest, events: Events | None = None) -> DeployResult:
-    """Load, plan, connect, check the device, re-plan with its facts, execute under its lock."""
-    job = open_job(req)
-    return run(job, job.plan(), events or Events())
 
 
 def run(job: Job, plan: Plan, events: Events) -> DeployResult:
@@ -289,15 +263,11 @@ class DeployResult:
     reused: set[int] = field(default_factory=set)  # run ids of earlier measurements that stood in for new ones
     agreements: dict[str, AgreementReport] = field(default_factory=dict)  # each int8 variant's, on the device (--choose measure: several)
 
-    @property
-    def agreement_reported(self) -> AgreementReport | None:
-        """The agreement that counts: the device's when it was measured, else the host's estimate."""
-        return self.agreement or (self.quantize.agreement if self.quantize else None)
-
     def summary(self) -> dict[str, Any]:
         by_variant = {r["agent"]["variant"]: (r, rid) for r, rid in zip(self.records, self.run_ids)}
         variants: dict[str, dict] = {}
-        agreement = self.agreement_reported
+        # the agreement that counts: the device's when it was measured, else the host's estimate
+        agreement = self.agreement or (self.quantize.agreement if self.quantize else None)
         for v in self.plan.variants:
             rec, rid = by_variant.get(v.name, (None, None))
             entry: dict[str, Any] = {
@@ -434,9 +404,7 @@ class _Walk:
     rounds: dict[str, list[dict]] = field(default_factory=dict)  # variant -> the agent documents of its rounds so far
 
     def source(self, name: str) -> Path:
-        if name not in self.sources:
-            self.sources[name] = self.job.model.path  # unquantized: the model as it is
-        return self.sources[name]
+        return self.sources.get(name, self.job.model.path)  # unquantized: the model as it is
 
     def device(self) -> Transport:
         if self.transport is None:
@@ -454,8 +422,7 @@ def _quantize(w: _Walk, step: Quantize) -> None:
     mp = result.mixed_precision
     if mp and not mp["holds"] and job.request.goal != "quantize":
         w.events.warn(f"keeping layers in float did not hold the held-out {mp['metric']} within {mp['max_drop']:g} points: the {step.variant} variant stays all int8 (the gate decides)")
-    backend = w.plan.variant(step.variant).backend if any(v.name == step.variant for v in w.plan.variants) else w.plan.backend
-    get_backend(backend).check_quantized(result.model)  # e.g. TensorRT's Q/DQ rules
+    get_backend(w.plan.variant(step.variant).backend).check_quantized(result.model)  # e.g. TensorRT's Q/DQ rules
     w.sources[step.variant] = w.tmp / f"model.{step.variant}.onnx"
     save_model(result.model, w.sources[step.variant])
 
@@ -481,7 +448,7 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
     with w.events.progress(what, total=passes * len(calibration.feeds) or None) as prog:
         result = quantize_model(
             job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog, max_drop=step.max_drop, metric=step.metric,
-            events=w.events, dynamic_fallback=not get_backend(w.plan.backend if step.variant == "int8" else w.plan.variant(step.variant).backend).no_dynamic,
+            events=w.events, dynamic_fallback=not get_backend(w.plan.variant(step.variant).backend).no_dynamic,
         )
     path = w.tmp / f"quantized-{k[:12]}.onnx"
     save_model(result.model, path)
@@ -508,7 +475,7 @@ def _compile(w: _Walk, step: Compile) -> None:
 def _sample_file(w: _Walk) -> Path | None:
     """One real held-out sample (when there is real data): what the device times."""
     path = w.tmp / "inputs.npz"
-    if not path.exists() and w.job.has_data:
+    if not path.exists() and (w.job.calib is not None or w.job.eval is not None):
         _, heldout = w.job.feeds(w.events)
         np.savez(path, **heldout.feeds[0])
     return path if path.exists() else None
@@ -664,6 +631,7 @@ def _store(w: _Walk, step: Store) -> None:
         return
     if w.lock is not None:
         w.lock.ensure_held()  # runs measured while another job had the board are worthless
+    vcs = vcs_info()  # the branch the runs belong to: `latest@BRANCH` baselines find them by it
     for r in w.records:  # each int8 run carries how it compared with float on this device
         if r["agent"]["variant"] in w.agreements:
             r["agreement"] = w.agreements[r["agent"]["variant"]].to_dict()
@@ -671,8 +639,6 @@ def _store(w: _Walk, step: Store) -> None:
             r["recommendation"] = w.verdict.to_dict()
         if r["agent"]["variant"] == "int8" and w.qresult is not None and w.qresult.layers:
             r["quantization"] = w.qresult.quantization_record()  # each int8 node's local error
-    vcs = vcs_info()  # the branch the runs belong to: `latest@BRANCH` baselines find them by it
-    for r in w.records:
         r.setdefault("vcs", dict(vcs))
     with ResultsStore() as store:
         w.run_ids = [r.pop("id") if "id" in r else store.add(r) for r in w.records]
@@ -707,4 +673,4 @@ def _load_feeds(job: Job, events: Events) -> tuple[FeedSet, FeedSet]:
     return calibration, heldout
 
 
-__all__ = ["DeployRequest", "DeployResult", "Job", "deploy", "execute", "open_job", "run"]
+__all__ = ["DeployRequest", "DeployResult", "Job", "execute", "open_job", "run"]

@@ -24,9 +24,6 @@ class EdgekitError(Exception):
         self.message = message
         self.hint = hint
 
-    def __str__(self) -> str:
-        return self.message
-
 
 class UsageError(EdgekitError):
     exit_code = EXIT_USAGE

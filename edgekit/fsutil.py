@@ -12,10 +12,10 @@ from pathlib import Path
 from edgekit.errors import OutputPathError
 
 
-def check_output_path(path: Path) -> Path:
+def check_output_path(path: Path | str) -> Path:
     """Fail early (before any work) when ``path`` cannot be written."""
     path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = path.parent
     if not parent.is_dir():
         raise OutputPathError(
             f"output directory does not exist: {parent}",
@@ -34,7 +34,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
     On any exception the temp file is removed and ``path`` is left untouched.
     """
-    path = check_output_path(Path(path))
+    path = check_output_path(path)
     # Not mkstemp: its 0600 would survive the rename. Created 0666, the umask decides, as for open().
     tmp_path = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))

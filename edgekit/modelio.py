@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from edgekit.errors import ModelError, UsageError
 from edgekit.fsutil import sha256_file
 from edgekit.modelio_tflite import is_tflite, load_tflite
-from edgekit.tensorspec import IOSpec, shape_overrides
+from edgekit.tensorspec import IOSpec, given_shape, shape_overrides
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,7 +27,6 @@ else:  # pragma: no cover
 class Sidecar:
     """``<model>.edgekit.toml``: the data that goes with a model (paths resolved)."""
 
-    path: Path | None = None
     calibration: Path | None = None
     evaluation: Path | None = None
     labels: Path | None = None
@@ -74,10 +73,7 @@ class LoadedModel:
 
 
 def onnx_opset(model: onnx.ModelProto) -> int:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            return imp.version
-    return 0
+    return next((imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")), 0)
 
 
 def np_dtype(elem_type: int) -> str:
@@ -133,7 +129,6 @@ def read_sidecar(model_path: Path) -> Sidecar:
             raise ModelError(f"{path}: inputs.{name}.shape must be a list of positive integers", "e.g. shape = [1, 3, 224, 224]")
         shapes[name] = tuple(shape)
     return Sidecar(
-        path=path,
         calibration=rel("calibration", "data"),
         evaluation=rel("evaluation", "data"),
         labels=rel("evaluation", "labels"),
@@ -219,30 +214,16 @@ def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = Non
     for inp in graph_inputs:
         tt = inp.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
-        dtype = np_dtype(tt.elem_type)
         if inp.name in wanted:
-            given = wanted[inp.name]
-            if len(given) != len(dims):
-                raise UsageError(
-                    f"--shape {inp.name} has {len(given)} dimensions, the model's input has {len(dims)}",
-                    f"give {len(dims)} dimensions",
-                )
-            for i, (g, d) in enumerate(zip(given, dims)):
-                if d is not None and d != g:
-                    raise UsageError(
-                        f"--shape {inp.name}: dimension {i} is fixed to {d} in the model, not {g}",
-                        "only dynamic dimensions can be set",
-                    )
-            inputs.append(IOSpec(inp.name, tuple(given), dtype))
-            continue
-        if any(d is None for d in dims):
+            dims = list(given_shape(inp.name, wanted[inp.name], dims))
+        elif any(d is None for d in dims):
             shown = ",".join(str(d) if d is not None else "?" for d in dims)
             example = ",".join(str(d) if d is not None else ("1" if i == 0 else "224") for i, d in enumerate(dims))
             raise ModelError(
                 f"input '{inp.name}' has a dynamic shape [{shown}] and no shape was given",
                 f"give one with --shape {inp.name}:{example}",
             )
-        inputs.append(IOSpec(inp.name, tuple(int(d) for d in dims), dtype))
+        inputs.append(IOSpec(inp.name, tuple(int(d) for d in dims), np_dtype(tt.elem_type)))
 
     outputs = []
     for out in model.graph.output:

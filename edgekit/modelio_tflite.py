@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from edgekit.errors import ModelError, UsageError
+from edgekit.errors import ModelError
 from edgekit.fsutil import sha256_file
-from edgekit.tensorspec import IOSpec, shape_overrides
+from edgekit.tensorspec import IOSpec, given_shape, shape_overrides
 
 FORMAT = "tflite"
 SUFFIX = ".tflite"
@@ -72,17 +72,6 @@ def is_tflite(path: Path) -> bool:
         return False
 
 
-def _schema():
-    try:
-        from ai_edge_litert import schema_py_generated
-    except ImportError:
-        raise ModelError(
-            "reading a .tflite model needs the ai-edge-litert package on this machine",
-            "install it: pip install 'edgekit[tflite]' (or pip install ai-edge-litert)",
-        ) from None
-    return schema_py_generated
-
-
 def load_tflite(path: Path, raw: bytes, shapes: dict[str, tuple[int, ...]] | None, sidecar) -> TfliteModel:
     """Check and read the TFLite flatbuffer ``raw`` (the bytes of ``path``); ``sidecar``: its
     ``modelio.Sidecar``. Every failure is a ModelError (or UsageError) with a hint."""
@@ -91,7 +80,13 @@ def load_tflite(path: Path, raw: bytes, shapes: dict[str, tuple[int, ...]] | Non
             f"not a TFLite model (no TFL3 flatbuffer identifier): {path}",
             "convert the model to .tflite (LiteRT converter) and check the file copied whole",
         )
-    schema = _schema()
+    try:
+        from ai_edge_litert import schema_py_generated as schema
+    except ImportError:
+        raise ModelError(
+            "reading a .tflite model needs the ai-edge-litert package on this machine",
+            "install it: pip install 'edgekit[tflite]' (or pip install ai-edge-litert)",
+        ) from None
     names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
     try:
         model = schema.Model.GetRootAs(raw, 0)
@@ -112,10 +107,8 @@ def load_tflite(path: Path, raw: bytes, shapes: dict[str, tuple[int, ...]] | Non
                 precision = "int8"
             if name == "DEQUANTIZE" and tensors[op.Inputs(0)].Type() == 1:
                 fp16_weights = True
-        inputs_idx = [graph.Inputs(i) for i in range(graph.InputsLength())]
-        outputs_idx = [graph.Outputs(i) for i in range(graph.OutputsLength())]
-        specs_in = [_tensor(tensors[i]) for i in inputs_idx]
-        specs_out = [_tensor(tensors[i]) for i in outputs_idx]
+        specs_in = [_tensor(tensors[graph.Inputs(i)]) for i in range(graph.InputsLength())]
+        specs_out = [_tensor(tensors[graph.Outputs(i)]) for i in range(graph.OutputsLength())]
     except ModelError:
         raise
     except Exception:  # a truncated or corrupt flatbuffer fails anywhere inside the reader
@@ -132,13 +125,7 @@ def load_tflite(path: Path, raw: bytes, shapes: dict[str, tuple[int, ...]] | Non
         if dtype is None:
             raise ModelError(f"input '{name}' of {path} has a tensor type edgekit cannot feed", "use a model with numeric inputs")
         if name in wanted:
-            given = wanted[name]
-            if len(given) != len(shape):
-                raise UsageError(f"--shape {name} has {len(given)} dimensions, the model's input has {len(shape)}", f"give {len(shape)} dimensions")
-            for i, (g, d) in enumerate(zip(given, signature)):
-                if d > 0 and d != g:
-                    raise UsageError(f"--shape {name}: dimension {i} is fixed to {d} in the model, not {g}", "only dynamic dimensions can be set")
-            shape = tuple(given)
+            shape = given_shape(name, wanted[name], signature)
         inputs.append(IOSpec(name, tuple(max(1, d) for d in shape), dtype))
     outputs = tuple(IOSpec(name, tuple(d if s > 0 else -1 for d, s in zip(shape, sig)), dtype or "unknown") for name, shape, sig, dtype in specs_out)
     return TfliteModel(

@@ -17,6 +17,7 @@ from typing import Any
 
 from edgekit.agentclient import BenchConfig
 from edgekit.errors import PlanError, UsageError
+from edgekit.jsonable import FieldsDict
 from edgekit.modelio import IOSpec, LoadedModel
 from edgekit.profiles import CpuSpec, Profile, resolve
 from edgekit.profiles.model import BenchDefaults
@@ -28,22 +29,19 @@ from edgekit.targets import KNOWN_BACKENDS, available_backends, get_backend
 from edgekit.targets.base import DeviceStep
 
 PLAN_SCHEMA = 2
-GOALS = ("quantize", "bundle", "deploy")
+GOALS = ("quantize", "bundle", "deploy")  # how far a plan goes: stop after quantize, after the bundle, or run it all
 CHOICES = ("plan", "measure")  # --choose: the planner's first feasible backend, or the fastest measured on the device
-EVAL_SAMPLES = "eval/samples.npz"  # the held-out inputs, in the bundle  # how far a plan goes: stop after quantize, after the bundle, or run it all
+EVAL_SAMPLES = "eval/samples.npz"  # the held-out inputs, in the bundle
 
 
 @dataclass(frozen=True)
-class VariantPlan:
+class VariantPlan(FieldsDict):
     """One runnable model of the bundle: its name, the backend that runs it, its options."""
 
     name: str  # "fp32", "int8", "fp16"
     backend: str
     precision: str
     options: dict[str, Any] = field(default_factory=dict)  # what the agent passes to the runtime
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "backend": self.backend, "precision": self.precision, "options": dict(self.options)}
 
 
 # -- the steps: typed, frozen, executed by deploy.execute in this order ---------------------
@@ -344,27 +342,25 @@ def choose_backend(
     )
 
 
-def bench_config(
-    defaults: BenchDefaults, *, warmup: int | str | None = None, iterations: int | None = None, duration_s: float | None = None,
-    min_time_s: float | None = None, threads: int | None = None, layers: bool = True, rounds: int | None = None,
-) -> BenchConfig:
-    """The bench settings: what was asked for, else the profile's. The profile's count is a minimum
-    that its ``min_time`` extends (a model of microseconds is then timed for a second, not for a few
-    ms); a count asked for is run exactly, unless a minimum time is asked for too."""
-    if duration_s is not None:
+def bench_config(defaults: BenchDefaults, asks: Any) -> BenchConfig:
+    """The bench settings: what was asked for (``asks``: an ``Options`` or a ``DeployRequest``, read
+    by field name), else the profile's. The profile's count is a minimum that its ``min_time``
+    extends (a model of microseconds is then timed for a second, not for a few ms); a count asked
+    for is run exactly, unless a minimum time is asked for too."""
+    if asks.duration_s is not None:
         min_time = 0.0
-    elif min_time_s is not None:
-        min_time = float(min_time_s)
+    elif asks.min_time_s is not None:
+        min_time = float(asks.min_time_s)
     else:
-        min_time = defaults.min_time_s if iterations is None else 0.0
+        min_time = defaults.min_time_s if asks.iterations is None else 0.0
     return BenchConfig(
-        warmup=defaults.warmup if warmup is None else warmup,  # profile default: "auto"
-        iterations=defaults.iterations if iterations is None else iterations,
-        duration_s=duration_s,
+        warmup=defaults.warmup if asks.warmup is None else asks.warmup,  # profile default: "auto"
+        iterations=defaults.iterations if asks.iterations is None else asks.iterations,
+        duration_s=asks.duration_s,
         min_time_s=min_time,
-        threads=defaults.threads if threads is None else threads,
-        profile=layers,
-        rounds=defaults.rounds if rounds is None else rounds,
+        threads=defaults.threads if asks.threads is None else asks.threads,
+        profile=asks.layers,
+        rounds=defaults.rounds if asks.rounds is None else asks.rounds,
     )
 
 
@@ -451,10 +447,7 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
     for vname in names:
         runner = get_backend(impl.variant_backend(vname, facts))  # native leaves fp32 to ORT or numpy
         variants.append(VariantPlan(vname, runner.name, vname, runner.variant_options(profile.backend(runner.name), vname)))
-    config = bench_config(
-        profile.bench, warmup=options.warmup, iterations=options.iterations, duration_s=options.duration_s,
-        min_time_s=options.min_time_s, threads=options.threads, layers=options.layers, rounds=options.rounds,
-    )  # fmt: skip
+    config = bench_config(profile.bench, options)
 
     rivals: list[tuple[VariantPlan, QuantScheme]] = []  # --choose measure: int8 on the profile's other backends
     if options.choose == "measure" and scheme is not None and options.goal == "deploy":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from edgekit.errors import UsageError
@@ -31,3 +31,20 @@ def shape_overrides(
                 "use one of the model's input names",
             )
     return wanted
+
+
+def given_shape(name: str, given: tuple[int, ...], dims: Sequence[int | None]) -> tuple[int, ...]:
+    """``--shape``'s ``given`` dimensions for input ``name``, checked against the model's ``dims``
+    (None or <= 0: dynamic, the only ones a shape may set)."""
+    if len(given) != len(dims):
+        raise UsageError(
+            f"--shape {name} has {len(given)} dimensions, the model's input has {len(dims)}",
+            f"give {len(dims)} dimensions",
+        )
+    for i, (g, d) in enumerate(zip(given, dims)):
+        if d is not None and d > 0 and d != g:
+            raise UsageError(
+                f"--shape {name}: dimension {i} is fixed to {d} in the model, not {g}",
+                "only dynamic dimensions can be set",
+            )
+    return tuple(given)
