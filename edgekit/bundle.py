@@ -24,7 +24,7 @@ from typing import Any
 from edgekit import __version__
 from edgekit.agent import bundle_hash as _bundle_hash
 from edgekit.errors import InputError, OutputPathError
-from edgekit.fsutil import fsync_path, sha256_file
+from edgekit.fsutil import check_parent, fsync_path, sha256_file
 from edgekit.jsonable import FieldsDict, is_int, kind
 from edgekit.profiles.model import BACKENDS, PRECISIONS
 from edgekit.tensorspec import TensorSpec
@@ -157,12 +157,7 @@ def write_bundle(
     source files. Nothing is left behind when any input is bad.
     """
     out_dir = Path(out_dir)
-    parent = out_dir.parent
-    if not parent.is_dir():
-        raise OutputPathError(
-            f"output directory does not exist: {parent}",
-            f"create it first (mkdir -p {parent}) or choose another output path",
-        )
+    check_parent(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputPathError(f"bundle output {out_dir} is a file", "choose another output directory")
     if out_dir.exists() and not overwrite:
@@ -184,7 +179,7 @@ def write_bundle(
     same = _same_bundle(out_dir, head, files)
     if same is not None:  # an unchanged rebuild: nothing to write (or to fsync)
         return same
-    tmp = parent / f".{out_dir.name}.{uuid.uuid4().hex[:12]}.tmp"
+    tmp = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex[:12]}.tmp"
     tmp.mkdir()  # not mkdtemp: its 0700 mode would stick to the bundle
     try:
         entries = []

@@ -12,15 +12,20 @@ from pathlib import Path
 from edgekit.errors import OutputPathError
 
 
+def check_parent(path: Path) -> None:
+    """The directory an output file or bundle goes in must exist."""
+    if not path.parent.is_dir():
+        raise OutputPathError(
+            f"output directory does not exist: {path.parent}",
+            f"create it first (mkdir -p {path.parent}) or choose another output path",
+        )
+
+
 def check_output_path(path: Path | str) -> Path:
     """Fail early (before any work) when ``path`` cannot be written."""
     path = Path(path)
     parent = path.parent
-    if not parent.is_dir():
-        raise OutputPathError(
-            f"output directory does not exist: {parent}",
-            f"create it first (mkdir -p {parent}) or choose another output path",
-        )
+    check_parent(path)
     if path.is_dir():
         raise OutputPathError(f"output path is a directory: {path}", "give a file name")
     if not os.access(parent, os.W_OK):
