@@ -123,25 +123,28 @@ static void gemm_cols(const struct conv_state* s, size_t g, size_t rows, const i
   s->gemm(rows, cols, s->k, a, a_stride, packed, y + ch0, y_stride, &rq);
 }
 
-/* task i = (group, row block, column block) */
-static void split_task(const struct conv_job* j, size_t i, size_t* g, size_t* rb, size_t* cb) {
-  *cb = i % j->col_blocks;
+/* task i = (group, row block, column block): its group, first row, rows, first column, columns */
+struct tile {
+  size_t g, r0, rows, c0, cols;
+};
+static struct tile task_tile(const struct conv_job* j, size_t i) {
+  const struct conv_state* s = j->s;
+  size_t cb = i % j->col_blocks;
   i /= j->col_blocks;
-  *rb = i % j->row_blocks;
-  *g = i / j->row_blocks;
+  size_t rb = i % j->row_blocks, rows_total = s->batch * s->oh * s->ow;
+  struct tile t = {i / j->row_blocks, rb * s->rows_per_task, 0, cb * j->cols_per_block, 0};
+  t.rows = ek_min_sz(s->rows_per_task, rows_total - t.r0);
+  t.cols = ek_min_sz(j->cols_per_block, s->mg - t.c0);
+  return t;
 }
 
 static void task_direct(void* ctx, size_t i, int thread) {
   (void)thread;
   const struct conv_job* j = ctx;
   const struct conv_state* s = j->s;
-  size_t g, rb, cb;
-  split_task(j, i, &g, &rb, &cb);
-  size_t rows_total = s->batch * s->oh * s->ow;
-  size_t r0 = rb * s->rows_per_task, rows = ek_min_sz(s->rows_per_task, rows_total - r0);
-  size_t c0 = cb * j->cols_per_block, cols = ek_min_sz(j->cols_per_block, s->mg - c0);
+  const struct tile t = task_tile(j, i);
   size_t a_stride = s->kind == CONV_FC ? s->k : s->c;
-  gemm_cols(s, g, rows, j->x + r0 * a_stride, a_stride, j->y + r0 * s->m, s->m, c0, cols);
+  gemm_cols(s, t.g, t.rows, j->x + t.r0 * a_stride, a_stride, j->y + t.r0 * s->m, s->m, t.c0, t.cols);
 }
 
 /* a copy of n bytes; the short ones (a stem conv's kw * C = 9) inline, not a library call */
@@ -215,14 +218,10 @@ static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t
 static void task_im2col(void* ctx, size_t i, int thread) {
   const struct conv_job* j = ctx;
   const struct conv_state* s = j->s;
-  size_t g, rb, cb;
-  split_task(j, i, &g, &rb, &cb);
-  size_t rows_total = s->batch * s->oh * s->ow;
-  size_t r0 = rb * s->rows_per_task, rows = ek_min_sz(s->rows_per_task, rows_total - r0);
-  size_t c0 = cb * j->cols_per_block, cols = ek_min_sz(j->cols_per_block, s->mg - c0);
+  const struct tile t = task_tile(j, i);
   int8_t* a = (int8_t*)j->model->scratch + (size_t)thread * j->model->scratch_per_thread;
-  im2col(s, j->x, g, r0, rows, a);
-  gemm_cols(s, g, rows, a, s->k, j->y + r0 * s->m, s->m, c0, cols);
+  im2col(s, j->x, t.g, t.r0, t.rows, a);
+  gemm_cols(s, t.g, t.rows, a, s->k, j->y + t.r0 * s->m, s->m, t.c0, t.cols);
 }
 
 #define EK_DW_PIXELS 64                /* output pixels per indirection chunk (width-dilated depthwise) */

@@ -838,11 +838,15 @@ static void pad_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r
   }
 }
 
-static void run_pad(struct ekrt_model* m, struct ek_op* op) {
+/* one row = the output's last axis */
+static void for_output_rows(struct ekrt_model* m, struct ek_op* op,
+                            void (*fn)(struct ekrt_model*, struct ek_op*, size_t, size_t)) {
   const struct ek_tensor* y = OUTT;
   size_t W = y->rank ? y->dims[y->rank - 1] : 1;
-  ek_for_rows(m, op, y->elems / W, W, pad_rows);
+  ek_for_rows(m, op, y->elems / W, W, fn);
 }
+
+static void run_pad(struct ekrt_model* m, struct ek_op* op) { for_output_rows(m, op, pad_rows); }
 
 static int check_pad(struct ek_check* o) {
   TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
@@ -893,11 +897,7 @@ static void slice_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t
   }
 }
 
-static void run_slice(struct ekrt_model* m, struct ek_op* op) {
-  const struct ek_tensor* y = OUTT;
-  size_t W = y->rank ? y->dims[y->rank - 1] : 1;
-  ek_for_rows(m, op, y->elems / W, W, slice_rows);
-}
+static void run_slice(struct ekrt_model* m, struct ek_op* op) { for_output_rows(m, op, slice_rows); }
 
 /* SLICE: out[o] = x[start + o * step] per axis; every index read lies inside the input */
 static int check_slice(struct ek_check* o) {
