@@ -40,6 +40,7 @@ from edgekit.targets.native.requant import (
     quantize_multiplier,
     requant,
 )
+from tests.builders import float_io, onnx_model
 
 DIGITS = "examples/digits/digits_cnn.onnx"
 MNV2 = "examples/mobilenetv2/mobilenetv2.onnx"
@@ -184,10 +185,7 @@ def resnet_shaped(seed: int = 0) -> onnx.ModelProto:
     x = node("Flatten", [node("GlobalAveragePool", [conv(x, 32, 32, s=2, name="last")], "gap")], "flatten", axis=1)
     x = node("Gemm", [x, const("fc.w", rng.normal(0, 0.2, (10, 32))), const("fc.b", rng.normal(0, 0.1, 10))], "fc", transB=1)
     node("Softmax", [x], "probs", axis=1)
-    graph = helper.make_graph(nodes, "resnet_shaped", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 32, 32])],
-                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 10])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = onnx_model(nodes, [float_io("input", [1, 3, 32, 32])], [float_io("probs", [1, 10])], inits)
     onnx.checker.check_model(model)
     return model
 
@@ -262,11 +260,7 @@ def moving_shaped(seed: int = 0) -> onnx.ModelProto:
     g = node("ReduceMean", [up], "mean.hw", axes=[2, 3], keepdims=1)
     c = node("ReduceMean", [up], "mean.c", axes=[1], keepdims=1)
     y = node("Add", [node("Mul", [up, g], "scale.ch"), up], "mix")
-    graph = helper.make_graph(nodes, "moving_shaped", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 20, 18])],
-                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 8, 46, 40]),
-                               helper.make_tensor_value_info(c, TensorProto.FLOAT, [1, 1, 46, 40])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = onnx_model(nodes, [float_io("input", [1, 3, 20, 18])], [float_io(y, [1, 8, 46, 40]), float_io(c, [1, 1, 46, 40])], inits)
     onnx.checker.check_model(model)
     return model
 
@@ -328,10 +322,7 @@ def shuffle_shaped(seed: int = 0) -> onnx.ModelProto:
     x = node("Squeeze", [x, const("ax2", [1], np.int64)], "sq")
     x = conv(x, 2, 4, "c3")
     x = node("Reshape", [x, const("mix", [1, 12, 6, 8], np.int64)], "mixing")
-    graph = helper.make_graph(nodes, "shuffle_shaped", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 6, 6])],
-                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 12, 6, 8])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = onnx_model(nodes, [float_io("input", [1, 3, 6, 6])], [float_io(x, [1, 12, 6, 8])], inits)
     onnx.checker.check_model(model)
     return model
 
@@ -499,11 +490,7 @@ def _model_with_nodes(op_nodes: list[onnx.NodeProto], extra_inits=()) -> onnx.Mo
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1]), *op_nodes,
              helper.make_node("Conv", [op_nodes[-1].output[0], "w2"], ["y"], name="conv2", kernel_shape=[1, 1])]
     w2 = numpy_helper.from_array(rng.normal(0, 0.3, (2, 4, 1, 1)).astype(np.float32), "w2")
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])], [w, w2, *extra_inits])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return onnx_model(nodes, [float_io("x", [1, 3, 8, 8])], [float_io("y", [1, 2, 8, 8])], [w, w2, *extra_inits])
 
 
 def test_unsupported_op_is_named_by_check_lowerable_and_the_plan(tmp_path):
