@@ -244,6 +244,7 @@ def test_bench_variant_over_the_local_transport(tmp_path):
     with pytest.raises(AgentError) as err:
         bench_variant(dev, remote, "int8", BenchConfig(warmup=0, iterations=1))
     assert "no variant 'int8'" in err.value.message and err.value.hint == "pass one of the bundle's variant names"
+    dev.close()  # ends the agent server this connection started (else it waits on stdin until pytest exits)
 
 
 # -- one agent process per connection (agent.pyz serve) ------------------------------------------
