@@ -116,7 +116,7 @@ def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, optio
         return [render.fmt_latency(p50[name]) if name in p50 else "-" for name in selected] + [", ".join(map(str, result.run_ids))]
 
     render.report_fleet(
-        out, entries, one, jobs=jobs,
+        out, common.run_fleet(out, entries, one, jobs),
         title=f"{bundle.manifest.model_name} on {len(entries)} device(s) (target {profile.name})",
         columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=row, json_out=json_out,
         to_json=lambda r: [{"id": rid, **rec} for rid, rec in zip(r.run_ids, r.records)],

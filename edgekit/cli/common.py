@@ -232,6 +232,16 @@ def is_fleet(entries: list, inventory: Path | None) -> bool:
     return inventory is not None or len(entries) > 1
 
 
+def run_fleet(o: Output, entries: list, one, jobs: int):
+    """``one(entry)`` on every device, ``jobs`` at once, a line each as it finishes."""
+    from edgekit.devices.fleet import run_fleet as run
+
+    def done(outcome) -> None:
+        o.info(f"[{outcome.device}] {'done' if outcome.succeeded else 'FAILED: ' + (outcome.error or '')}")
+
+    return run(entries, one, jobs=jobs, name=lambda e: e.name, on_done=done)
+
+
 def ssh_password(enabled: bool, entry) -> str | None:
     """The SSH password when --password was given: $EDGEKIT_SSH_PASSWORD, else asked on the TTY."""
     import getpass

@@ -128,7 +128,7 @@ def _deploy_fleet(o: Output, req, entries: list, target: str | None, jobs: int, 
         ]  # fmt: skip
 
     render.report_fleet(
-        o, entries, one, jobs=jobs, title=f"{req.model.name} on {len(entries)} device(s)",
+        o, common.run_fleet(o, entries, one, jobs), title=f"{req.model.name} on {len(entries)} device(s)",
         columns=["target", "backend", "fp32 p50", "int8 p50", "speed-up", "sent"],
         row=row, json_out=json_out, to_json=lambda r: r.to_dict(),
     )  # fmt: skip

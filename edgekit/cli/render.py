@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from edgekit.cli.output import Output
 
@@ -262,21 +263,14 @@ def print_layer_report(o: Output, doc: dict, rows: int = 20) -> None:
     o.info(f"sensitivity measured in {sens['seconds']:.1f} s")
 
 
-def report_fleet(
-    o: Output, entries: list, one, *, jobs: int, title: str, columns: list[str], row, json_out: bool, to_json=None
-) -> None:
-    """Run ``one(entry)`` on every device, ``jobs`` at once, a line each as it finishes; then
-    one row per device (or a JSON list of outcomes), and an error naming the failed devices.
+def report_fleet(o: Output, fleet: Any, *, title: str, columns: list[str], row, json_out: bool, to_json=None) -> None:
+    """One row per device (or a JSON list of outcomes); then an error naming the failed devices.
 
     ``row(value) -> list[str]`` gives the ``columns`` of a device that succeeded.
     """
-    from edgekit.devices.fleet import exit_now, run_fleet, workers_alive
+    from edgekit.devices.fleet import exit_now, workers_alive
     from edgekit.errors import DeviceError
 
-    def done(outcome) -> None:
-        o.info(f"[{outcome.device}] {'done' if outcome.succeeded else 'FAILED: ' + (outcome.error or '')}")
-
-    fleet = run_fleet(entries, one, jobs=jobs, name=lambda e: e.name, on_done=done)
     if json_out:
         o.json([out.to_dict(to_json) for out in fleet.outcomes])
     else:
