@@ -86,7 +86,7 @@ def test_trtexec_version_codes(code, version):
 
 def test_build_argv_jetson_nano_tensorrt_8_2_fp16():
     assert trtexec_build_argv(
-        "fp16/model.onnx", "e.engine", trt_version="8.2.1", precision="fp16", timing_cache="t.cache", workspace_mb=256,
+        "fp16/model.onnx", "e.engine", build_flags("8.2.1", "fp16", workspace_mb=256), trt_version="8.2.1", timing_cache="t.cache",
     ) == [
         "trtexec", "--onnx=fp16/model.onnx", "--saveEngine=e.engine", "--fp16", "--workspace=256",
         "--timingCacheFile=t.cache", "--buildOnly",
@@ -94,20 +94,20 @@ def test_build_argv_jetson_nano_tensorrt_8_2_fp16():
 
 
 def test_build_argv_orin_tensorrt_8_5_int8_is_int8_plus_fp16():
-    assert trtexec_build_argv("int8/model.onnx", "e.engine", trt_version="8.5.2", precision="int8", workspace_mb=1024) == [
+    assert trtexec_build_argv("int8/model.onnx", "e.engine", build_flags("8.5.2", "int8", workspace_mb=1024), trt_version="8.5.2") == [
         "trtexec", "--onnx=int8/model.onnx", "--saveEngine=e.engine", "--int8", "--fp16",
         "--memPoolSize=workspace:1024", "--buildOnly",
     ]  # fmt: skip
 
 
 def test_build_argv_tensorrt_8_6_skips_inference_with_its_new_flag():
-    argv = trtexec_build_argv("m.onnx", "e.engine", trt_version="8.6.2", precision="int8")
+    argv = trtexec_build_argv("m.onnx", "e.engine", build_flags("8.6.2", "int8"), trt_version="8.6.2")
     assert argv[-1] == "--skipInference" and "--buildOnly" not in argv
     assert argv[3:5] == ["--int8", "--fp16"]
 
 
 def test_build_argv_tensorrt_10_is_strongly_typed_for_qdq():
-    argv = trtexec_build_argv("m.onnx", "e.engine", trt_version="10.3.0", precision="int8", timing_cache="t.cache", shapes="x:1x3x64x64")
+    argv = trtexec_build_argv("m.onnx", "e.engine", build_flags("10.3.0", "int8", shapes="x:1x3x64x64"), trt_version="10.3.0", timing_cache="t.cache")
     assert argv == [
         "trtexec", "--onnx=m.onnx", "--saveEngine=e.engine", "--stronglyTyped", "--shapes=x:1x3x64x64",
         "--timingCacheFile=t.cache", "--skipInference",
@@ -138,9 +138,9 @@ def test_dla_core_and_gpu_fallback():
         ({"trt_version": "8.5.2", "precision": "fp16", "workspace_mb": 0}, "workspace_mb"),
     ],
 )
-def test_build_argv_refuses_what_it_cannot_spell(kwargs, needle):
+def test_build_flags_refuse_what_they_cannot_spell(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
-        trtexec_build_argv("m.onnx", "e.engine", **kwargs)
+        build_flags(**kwargs)
 
 
 def test_bench_argv_fixed_count_and_time_budget():

@@ -333,9 +333,10 @@ class TensorRTBackend(Backend):
         for version in _example_versions(spec):
             flags = "; ".join(f"{v}: {' '.join(build_flags(version, v, dla_core=dla if v != 'fp32' else None))}" for v in variants)
             spelled.append(f"TensorRT {version}{'+' if version == '10.0' else ''}: {flags}")
+        version = _example_versions(spec)[0]
         example = trtexec_build_argv(
-            f"{variants[-1]}/model.onnx", "trt-engines/KEY.engine", trt_version=_example_versions(spec)[0],
-            precision=variants[-1], dla_core=dla, timing_cache="trt-engines/timing-VERSION.cache",
+            f"{variants[-1]}/model.onnx", "trt-engines/KEY.engine", build_flags(version, variants[-1], dla_core=dla),
+            trt_version=version, timing_cache="trt-engines/timing-VERSION.cache",
         )  # fmt: skip
         bench = trtexec_bench_argv(
             "trt-engines/KEY.engine", warmup_ms=1000, iterations=100, duration_s=None,

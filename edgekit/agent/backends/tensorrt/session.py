@@ -178,22 +178,18 @@ class Session:
             "engine_build_ns": None,
         }
         if not self.info["engine_cached"]:
-            self._build(engine, key, shapes)
+            self._build(engine, key, flags)
         work = tempfile.mkdtemp(prefix="bench-", dir=self.engine_dir)
         try:
             return self._time(engine, key, work, warmup, iterations, duration_s, shapes, inputs, profile, min_time_s)
         finally:
             shutil.rmtree(work)
 
-    def _build(self, engine: str, key: str, shapes: str | None) -> None:
+    def _build(self, engine: str, key: str, flags: list) -> None:
         # Build under a temporary name: a killed build must not leave a half engine in the cache.
         partial = f"{engine}.{os.getpid()}.partial"
         timing_cache = os.path.join(self.engine_dir, f"timing-{re.sub(r'[^0-9.]', '', self.version)}.cache")
-        argv = trtexec_build_argv(
-            self.model_path, partial, trt_version=self.version, precision=self.precision, dla_core=self.dla_core,
-            allow_gpu_fallback=self.allow_gpu_fallback, timing_cache=timing_cache,
-            workspace_mb=self.workspace_mb, shapes=shapes, trtexec=self.trtexec,
-        )  # fmt: skip
+        argv = trtexec_build_argv(self.model_path, partial, flags, trt_version=self.version, timing_cache=timing_cache, trtexec=self.trtexec)
         self.info["build_argv"] = argv
         t0 = time.perf_counter_ns()
         log = _run(argv, self.build_timeout_s, "engine build")

@@ -98,25 +98,18 @@ def build_flags(
 def trtexec_build_argv(
     onnx_path: str,
     engine_path: str,
+    flags: list,
     *,
     trt_version: str,
-    precision: str,
-    dla_core: int | None = None,
-    allow_gpu_fallback: bool = True,
     timing_cache: str | None = None,
-    workspace_mb: int | None = None,
-    shapes: str | None = None,
     trtexec: str = "trtexec",
 ) -> list:
-    """argv that builds ``engine_path`` from ``onnx_path`` and exits without timing it.
+    """argv that builds ``engine_path`` from ``onnx_path`` with ``flags`` (what :func:`build_flags`
+    decided, the same list that keys the engine cache) and exits without timing it.
 
     ``--skipInference`` from TensorRT 8.6 on; before that the same switch was ``--buildOnly``.
     A timing cache (``--timingCacheFile``) makes later builds on the device faster.
     """
-    flags = build_flags(
-        trt_version, precision, dla_core=dla_core, allow_gpu_fallback=allow_gpu_fallback,
-        workspace_mb=workspace_mb, shapes=shapes,
-    )  # fmt: skip
     argv = [trtexec, "--onnx=" + onnx_path, "--saveEngine=" + engine_path] + flags
     if timing_cache:
         argv.append("--timingCacheFile=" + timing_cache)
