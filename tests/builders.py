@@ -2,7 +2,7 @@
 
 ``cpuinfo(kind)``: /proc/cpuinfo texts of real machines (copied from the devices, serials
 scrambled), the one table every cpuinfo test reads.
-``tiny_onnx`` / ``onnx_model`` / ``tiny_bundle``: small real ONNX models and a bundle of one.
+``tiny_onnx`` / ``onnx_model`` / ``Graph`` / ``tiny_bundle``: small real ONNX models and a bundle of one.
 ``bench_doc`` / ``bench_record``: an agent's bench document (schema 1) and the host's record of it.
 """
 
@@ -127,6 +127,29 @@ def onnx_model(nodes, inputs, outputs, inits=(), opset: int = 17, ir_version: in
 
 def float_io(name: str, shape) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+class Graph:
+    """An ONNX graph written node by node: ``const`` adds an initializer, ``node`` a node named
+    after its (first) output; both return the name(s) to wire into the next node."""
+
+    def __init__(self) -> None:
+        self.inits: list[onnx.TensorProto] = []
+        self.nodes: list[onnx.NodeProto] = []
+
+    def const(self, name: str, arr, dtype=np.float32) -> str:
+        self.inits.append(numpy_helper.from_array(np.asarray(arr, dtype), name))
+        return name
+
+    def node(self, op: str, ins: list[str], name: str, outs: list[str] | None = None, **attrs):
+        self.nodes.append(helper.make_node(op, ins, outs or [name], name=name, **attrs))
+        return outs or name
+
+    def model(self, inputs, outputs) -> onnx.ModelProto:
+        """The checked model of what was written."""
+        model = onnx_model(self.nodes, inputs, outputs, self.inits)
+        onnx.checker.check_model(model)
+        return model
 
 
 def tiny_onnx(path: Path) -> Path:

@@ -40,7 +40,7 @@ from edgekit.targets.native.requant import (
     quantize_multiplier,
     requant,
 )
-from tests.builders import float_io, onnx_model
+from tests.builders import Graph, float_io, onnx_model
 
 DIGITS = "examples/digits/digits_cnn.onnx"
 MNV2 = "examples/mobilenetv2/mobilenetv2.onnx"
@@ -145,15 +145,8 @@ def resnet_shaped(seed: int = 0) -> onnx.ModelProto:
     AveragePool into a Concat, nearest and bilinear Resize, Tanh, Transpose, Flatten, Gemm and
     Softmax."""
     rng = np.random.default_rng(seed)
-    inits, nodes = [], []
-
-    def const(name, arr):
-        inits.append(numpy_helper.from_array(np.asarray(arr, np.float32), name))
-        return name
-
-    def node(op, ins, name, **kw):
-        nodes.append(helper.make_node(op, ins, [name], name=name, **kw))
-        return name
+    gr = Graph()
+    const, node = gr.const, gr.node
 
     def conv(x, cin, cout, k=3, s=1, group=1, name="", act="Relu"):
         w = rng.normal(0, math.sqrt(2.0 / (cin // group * k * k)), (cout, cin // group, k, k))
@@ -185,9 +178,7 @@ def resnet_shaped(seed: int = 0) -> onnx.ModelProto:
     x = node("Flatten", [node("GlobalAveragePool", [conv(x, 32, 32, s=2, name="last")], "gap")], "flatten", axis=1)
     x = node("Gemm", [x, const("fc.w", rng.normal(0, 0.2, (10, 32))), const("fc.b", rng.normal(0, 0.1, 10))], "fc", transB=1)
     node("Softmax", [x], "probs", axis=1)
-    model = onnx_model(nodes, [float_io("input", [1, 3, 32, 32])], [float_io("probs", [1, 10])], inits)
-    onnx.checker.check_model(model)
-    return model
+    return gr.model([float_io("input", [1, 3, 32, 32])], [float_io("probs", [1, 10])])
 
 
 def random_feeds(n: int, seed: int, shape=(1, 3, 32, 32), name="input") -> FeedSet:
@@ -227,15 +218,8 @@ def moving_shaped(seed: int = 0) -> onnx.ModelProto:
     per-channel PRelu, a ConvTranspose + BatchNormalization (a DBNet FPN), ReduceMean over H,W
     and over C, a float Cast."""
     rng = np.random.default_rng(seed)
-    inits, nodes = [], []
-
-    def const(name, arr, dtype=np.float32):
-        inits.append(numpy_helper.from_array(np.asarray(arr, dtype), name))
-        return name
-
-    def node(op, ins, name, outs=None, **kw):
-        nodes.append(helper.make_node(op, ins, outs or [name], name=name, **kw))
-        return outs or name
+    gr = Graph()
+    const, node = gr.const, gr.node
 
     def conv(x, cin, cout, k=3, pads=1, name=""):
         w = rng.normal(0, math.sqrt(2.0 / (cin * k * k)), (cout, cin, k, k))
@@ -260,9 +244,7 @@ def moving_shaped(seed: int = 0) -> onnx.ModelProto:
     g = node("ReduceMean", [up], "mean.hw", axes=[2, 3], keepdims=1)
     c = node("ReduceMean", [up], "mean.c", axes=[1], keepdims=1)
     y = node("Add", [node("Mul", [up, g], "scale.ch"), up], "mix")
-    model = onnx_model(nodes, [float_io("input", [1, 3, 20, 18])], [float_io(y, [1, 8, 46, 40]), float_io(c, [1, 1, 46, 40])], inits)
-    onnx.checker.check_model(model)
-    return model
+    return gr.model([float_io("input", [1, 3, 20, 18])], [float_io(y, [1, 8, 46, 40]), float_io(c, [1, 1, 46, 40])])
 
 
 def test_moving_shaped_model_matches_the_qdq_reference_and_the_c_runtime(tmp_path):
@@ -296,15 +278,8 @@ def shuffle_shaped(seed: int = 0) -> onnx.ModelProto:
     (Reshape to 5-D, Transpose, Reshape back), a DCR depth-to-space (6-D), an Unsqueeze to 5-D
     undone by a Squeeze, and a 4-D Reshape that mixes channels and space."""
     rng = np.random.default_rng(seed)
-    inits, nodes = [], []
-
-    def const(name, arr, dtype=np.float32):
-        inits.append(numpy_helper.from_array(np.asarray(arr, dtype), name))
-        return name
-
-    def node(op, ins, name, **kw):
-        nodes.append(helper.make_node(op, ins, [name], name=name, **kw))
-        return name
+    gr = Graph()
+    const, node = gr.const, gr.node
 
     def conv(x, cin, cout, name):
         w = rng.normal(0, math.sqrt(2.0 / (cin * 9)), (cout, cin, 3, 3))
@@ -322,9 +297,7 @@ def shuffle_shaped(seed: int = 0) -> onnx.ModelProto:
     x = node("Squeeze", [x, const("ax2", [1], np.int64)], "sq")
     x = conv(x, 2, 4, "c3")
     x = node("Reshape", [x, const("mix", [1, 12, 6, 8], np.int64)], "mixing")
-    model = onnx_model(nodes, [float_io("input", [1, 3, 6, 6])], [float_io(x, [1, 12, 6, 8])], inits)
-    onnx.checker.check_model(model)
-    return model
+    return gr.model([float_io("input", [1, 3, 6, 6])], [float_io(x, [1, 12, 6, 8])])
 
 
 def test_rank_5_and_6_chains_become_4d_transposes(tmp_path):
