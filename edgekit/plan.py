@@ -261,6 +261,7 @@ class Plan:
             "model": self.model,
             "model_path": self.model_path,
             "model_sha256": self.model_sha256,
+            "model_format": self.model_format,
             "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in self.inputs],
             "profile": self.profile,
             "profile_description": self.profile_description,

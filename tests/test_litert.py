@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgekit.agentclient import BenchConfig
+from edgekit.bundle import load_bundle
 from edgekit.errors import ModelError, UsageError
 from edgekit.modelio import load_model
-from edgekit.plan import make_plan
+from edgekit.plan import make_plan, plan_bundle
 from edgekit.profiles import load_profile, resolve
 from edgekit.targets import get_backend
 from tests.conftest import assert_one_line_error
@@ -255,6 +257,11 @@ def test_deploy_tflite_to_rpi4_no_bench(cli, tmp_path):
     assert variant["model"] == "fp32/model.tflite" and variant["backend"] == "tflite"
     assert variant["inputs"] == [{"name": "input", "shape": [1, 128, 128, 3], "dtype": "float32"}]
     assert (out / "fp32" / "model.tflite").read_bytes() == face_model().read_bytes()
+    # the recorded plan says the model's format, and the plan of a bench of this bundle reads it back
+    assert manifest["plan"]["model_format"] == "tflite"
+    bundle = load_bundle(out)
+    planned = plan_bundle(bundle.manifest, load_profile("rpi4"), device="local", variants=["fp32"], config=BenchConfig())
+    assert planned.model_format == "tflite"
 
 
 def test_bad_tflite_through_the_cli(cli, tmp_path, fc8_path):
