@@ -145,21 +145,17 @@ static PyObject* io_list(ModelObject* self, int is_output) {
   return list;
 }
 
-static PyObject* Model_get_inputs(ModelObject* self, void* c) {
-  (void)c;
+static PyObject* Model_get_inputs(ModelObject* self, void* Py_UNUSED(c)) {
   return io_list(self, 0);
 }
-static PyObject* Model_get_outputs(ModelObject* self, void* c) {
-  (void)c;
+static PyObject* Model_get_outputs(ModelObject* self, void* Py_UNUSED(c)) {
   return io_list(self, 1);
 }
-static PyObject* Model_get_threads(ModelObject* self, void* c) {
-  (void)c;
+static PyObject* Model_get_threads(ModelObject* self, void* Py_UNUSED(c)) {
   if (check_idle(self)) return NULL;
   return PyLong_FromLong(ekrt_get_threads(self->model));
 }
-static PyObject* Model_get_memory(ModelObject* self, void* c) {
-  (void)c;
+static PyObject* Model_get_memory(ModelObject* self, void* Py_UNUSED(c)) {
   if (check_idle(self)) return NULL;
   return PyLong_FromSize_t(ekrt_memory_bytes(self->model));
 }
@@ -319,8 +315,7 @@ static PyObject* Model_profile(ModelObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-static PyObject* Model_op_times(ModelObject* self, PyObject* unused) {
-  (void)unused;
+static PyObject* Model_op_times(ModelObject* self, PyObject* Py_UNUSED(unused)) {
   if (check_idle(self)) return NULL;
   int n = ekrt_num_ops(self->model);
   PyObject* list = PyList_New(n);
@@ -360,15 +355,11 @@ static PyTypeObject ModelType = {
     .tp_getset = Model_getset,
 };
 
-static PyObject* mod_isa(PyObject* self, PyObject* unused) {
-  (void)self;
-  (void)unused;
+static PyObject* mod_isa(PyObject* Py_UNUSED(self), PyObject* Py_UNUSED(unused)) {
   return PyUnicode_FromString(ekrt_isa_name());
 }
 
-static PyObject* mod_features(PyObject* self, PyObject* unused) {
-  (void)self;
-  (void)unused;
+static PyObject* mod_features(PyObject* Py_UNUSED(self), PyObject* Py_UNUSED(unused)) {
   uint64_t f = ekrt_cpu_features();
   PyObject* list = PyList_New(0);
   for (int i = 0; list && i < EK_CPU_N_FEATURES; i++)
@@ -380,15 +371,11 @@ static PyObject* mod_features(PyObject* self, PyObject* unused) {
   return list;
 }
 
-static PyObject* mod_built_isas(PyObject* self, PyObject* unused) {
-  (void)self;
-  (void)unused;
+static PyObject* mod_built_isas(PyObject* Py_UNUSED(self), PyObject* Py_UNUSED(unused)) {
   return PyUnicode_FromString(ekrt_built_isas());
 }
 
-static PyObject* mod_kernels(PyObject* self, PyObject* unused) {
-  (void)self;
-  (void)unused;
+static PyObject* mod_kernels(PyObject* Py_UNUSED(self), PyObject* Py_UNUSED(unused)) {
   PyObject* d = PyDict_New();
   for (int i = 0; d && i < ekrt_num_kernel_families(); i++) {
     const char *fam, *name;
@@ -400,8 +387,7 @@ static PyObject* mod_kernels(PyObject* self, PyObject* unused) {
   return d;
 }
 
-static PyObject* mod_quantize_multiplier(PyObject* self, PyObject* arg) {
-  (void)self;
+static PyObject* mod_quantize_multiplier(PyObject* Py_UNUSED(self), PyObject* arg) {
   double real = PyFloat_AsDouble(arg);
   if (real == -1.0 && PyErr_Occurred()) return NULL;
   int32_t m, s;
@@ -412,8 +398,7 @@ static PyObject* mod_quantize_multiplier(PyObject* self, PyObject* arg) {
   return Py_BuildValue("(ii)", (int)m, (int)s);
 }
 
-static PyObject* mod_requant(PyObject* self, PyObject* args) {
-  (void)self;
+static PyObject* mod_requant(PyObject* Py_UNUSED(self), PyObject* args) {
   int acc, m, s, zp, qmin, qmax;
   if (!PyArg_ParseTuple(args, "iiiiii", &acc, &m, &s, &zp, &qmin, &qmax)) return NULL;
   if (s < EK_SHIFT_MIN || s > EK_SHIFT_MAX || qmin > qmax || qmin < -128 || qmax > 127 || m < 0) {
@@ -435,8 +420,7 @@ static inline uint32_t hist_bin(float val, int absolute, float lo, float scale, 
   return (uint32_t)t;
 }
 
-static PyObject* mod_histogram_add(PyObject* self, PyObject* args) {
-  (void)self;
+static PyObject* mod_histogram_add(PyObject* Py_UNUSED(self), PyObject* args) {
   PyObject *values_obj, *counts_obj;
   double lo_d, scale_d;
   int absolute;

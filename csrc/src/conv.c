@@ -83,8 +83,9 @@ enum conv_kind { CONV_DIRECT = 0, CONV_IM2COL = 1, CONV_DEPTHWISE = 2, CONV_FC =
 
 struct conv_state {
   enum conv_kind kind;
-  /* geometry (NHWC) */
-  size_t batch, h, w, c, oh, ow, m, kh, kw, sh, sw, dh, dw, pt, pl, groups, cg, mg, k;
+  /* geometry (NHWC; FULLY_CONNECTED sets only oh = ow = 1 of geo) */
+  struct ek_geometry geo;
+  size_t batch, m, groups, cg, mg, k;
   int32_t zx;
   /* gemm */
   ek_qs8_gemm_fn gemm;
@@ -131,7 +132,7 @@ static struct tile task_tile(const struct conv_job* j, size_t i) {
   const struct conv_state* s = j->s;
   size_t cb = i % j->col_blocks;
   i /= j->col_blocks;
-  size_t rb = i % j->row_blocks, rows_total = s->batch * s->oh * s->ow;
+  size_t rb = i % j->row_blocks, rows_total = s->batch * s->geo.oh * s->geo.ow;
   struct tile t = {i / j->row_blocks, rb * s->rows_per_task, 0, cb * j->cols_per_block, 0};
   t.rows = ek_min_sz(s->rows_per_task, rows_total - t.r0);
   t.cols = ek_min_sz(j->cols_per_block, s->mg - t.c0);
@@ -143,7 +144,7 @@ static void task_direct(void* ctx, size_t i, int thread) {
   const struct conv_job* j = ctx;
   const struct conv_state* s = j->s;
   const struct tile t = task_tile(j, i);
-  size_t a_stride = s->kind == CONV_FC ? s->k : s->c;
+  size_t a_stride = s->kind == CONV_FC ? s->k : s->geo.c;
   gemm_cols(s, t.g, t.rows, j->x + t.r0 * a_stride, a_stride, j->y + t.r0 * s->m, s->m, t.c0, t.cols);
 }
 
@@ -165,49 +166,49 @@ static inline void copy_bytes(int8_t* dst, const int8_t* src, size_t n) {
 #define EK_IM2COL_ROWS 16 /* kernel heights up to this keep their input row pointers per output row */
 
 static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t r0, size_t rows, int8_t* a) {
-  size_t cg = s->cg, kwc = s->kw * cg;
+  size_t cg = s->cg, kwc = s->geo.kw * cg;
   /* one group, no dilation: a kernel row's taps are kw*C contiguous input bytes */
-  int rows_contiguous = s->groups == 1 && s->dw == 1;
-  size_t ox = r0 % s->ow, oy = (r0 / s->ow) % s->oh, n = r0 / (s->ow * s->oh);
+  int rows_contiguous = s->groups == 1 && s->geo.dw == 1;
+  size_t ox = r0 % s->geo.ow, oy = (r0 / s->geo.ow) % s->geo.oh, n = r0 / (s->geo.ow * s->geo.oh);
   const int8_t* rowp[EK_IM2COL_ROWS]; /* this output row's input rows (NULL: padding) */
   int fresh = 0;
   for (size_t r = 0; r < rows; r++) {
-    if (!fresh && s->kh <= EK_IM2COL_ROWS) {
-      for (size_t ky = 0; ky < s->kh; ky++) {
-        int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
-        rowp[ky] = iy < 0 || iy >= (int64_t)s->h ? NULL : x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
+    if (!fresh && s->geo.kh <= EK_IM2COL_ROWS) {
+      for (size_t ky = 0; ky < s->geo.kh; ky++) {
+        int64_t iy = (int64_t)(oy * s->geo.sh + ky * s->geo.dh) - (int64_t)s->geo.pt;
+        rowp[ky] = iy < 0 || iy >= (int64_t)s->geo.h ? NULL : x + (n * s->geo.h + (size_t)iy) * s->geo.w * s->geo.c + g * cg;
       }
       fresh = 1;
     }
     int8_t* dst = a + r * s->k;
-    int64_t ix0 = (int64_t)(ox * s->sw) - (int64_t)s->pl;
-    int inside_x = ix0 >= 0 && ix0 + (int64_t)((s->kw - 1) * s->dw) < (int64_t)s->w;
-    for (size_t ky = 0; ky < s->kh; ky++, dst += kwc) {
+    int64_t ix0 = (int64_t)(ox * s->geo.sw) - (int64_t)s->geo.pl;
+    int inside_x = ix0 >= 0 && ix0 + (int64_t)((s->geo.kw - 1) * s->geo.dw) < (int64_t)s->geo.w;
+    for (size_t ky = 0; ky < s->geo.kh; ky++, dst += kwc) {
       const int8_t* row;
-      if (s->kh <= EK_IM2COL_ROWS) {
+      if (s->geo.kh <= EK_IM2COL_ROWS) {
         row = rowp[ky];
       } else {
-        int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
-        row = iy < 0 || iy >= (int64_t)s->h ? NULL : x + (n * s->h + (size_t)iy) * s->w * s->c + g * cg;
+        int64_t iy = (int64_t)(oy * s->geo.sh + ky * s->geo.dh) - (int64_t)s->geo.pt;
+        row = iy < 0 || iy >= (int64_t)s->geo.h ? NULL : x + (n * s->geo.h + (size_t)iy) * s->geo.w * s->geo.c + g * cg;
       }
       if (!row) {
         memset(dst, s->zx, kwc);
       } else if (rows_contiguous && inside_x) {
-        copy_bytes(dst, row + (size_t)ix0 * s->c, kwc);
+        copy_bytes(dst, row + (size_t)ix0 * s->geo.c, kwc);
       } else {
-        for (size_t kx = 0; kx < s->kw; kx++) {
-          int64_t ix = ix0 + (int64_t)(kx * s->dw);
-          if (ix < 0 || ix >= (int64_t)s->w)
+        for (size_t kx = 0; kx < s->geo.kw; kx++) {
+          int64_t ix = ix0 + (int64_t)(kx * s->geo.dw);
+          if (ix < 0 || ix >= (int64_t)s->geo.w)
             memset(dst + kx * cg, s->zx, cg);
           else
-            copy_bytes(dst + kx * cg, row + (size_t)ix * s->c, cg);
+            copy_bytes(dst + kx * cg, row + (size_t)ix * s->geo.c, cg);
         }
       }
     }
-    if (++ox == s->ow) { /* next output pixel without a division per row */
+    if (++ox == s->geo.ow) { /* next output pixel without a division per row */
       ox = 0;
       fresh = 0;
-      if (++oy == s->oh) {
+      if (++oy == s->geo.oh) {
         oy = 0;
         n++;
       }
@@ -233,13 +234,13 @@ static void task_im2col(void* ctx, size_t i, int thread) {
  * is the order the weights are packed in. A third of the per-pixel table at stride 1 (a
  * prebuilt per-pixel table was 72 bytes a pixel of a 3x3, more than the pixel's activations). */
 static void fill_columns(const struct conv_state* s, const int8_t* x, size_t n, size_t oy, const int8_t** ind) {
-  size_t cols = (s->ow - 1) * s->sw + s->kw;
-  for (size_t ky = 0; ky < s->kh; ky++) {
-    int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
-    const int8_t* row = iy >= 0 && iy < (int64_t)s->h ? x + (n * s->h + (size_t)iy) * s->w * s->c : NULL;
+  size_t cols = (s->geo.ow - 1) * s->geo.sw + s->geo.kw;
+  for (size_t ky = 0; ky < s->geo.kh; ky++) {
+    int64_t iy = (int64_t)(oy * s->geo.sh + ky * s->geo.dh) - (int64_t)s->geo.pt;
+    const int8_t* row = iy >= 0 && iy < (int64_t)s->geo.h ? x + (n * s->geo.h + (size_t)iy) * s->geo.w * s->geo.c : NULL;
     for (size_t col = 0; col < cols; col++) {
-      int64_t ix = (int64_t)col - (int64_t)s->pl;
-      ind[col * s->kh + ky] = row && ix >= 0 && ix < (int64_t)s->w ? row + (size_t)ix * s->c : s->zero_row;
+      int64_t ix = (int64_t)col - (int64_t)s->geo.pl;
+      ind[col * s->geo.kh + ky] = row && ix >= 0 && ix < (int64_t)s->geo.w ? row + (size_t)ix * s->geo.c : s->zero_row;
     }
   }
 }
@@ -247,17 +248,17 @@ static void fill_columns(const struct conv_state* s, const int8_t* x, size_t n, 
 /* the tap pointers of output pixels [ox0, ox0 + np) of row (n, oy) */
 static void fill_indirection(const struct conv_state* s, const int8_t* x, size_t n, size_t oy, size_t ox0, size_t np,
                              const int8_t** ind) {
-  size_t ks = s->kh * s->kw;
+  size_t ks = s->geo.kh * s->geo.kw;
   for (size_t p = 0; p < np; p++) {
     size_t ox = ox0 + p;
-    for (size_t ky = 0; ky < s->kh; ky++) {
-      int64_t iy = (int64_t)(oy * s->sh + ky * s->dh) - (int64_t)s->pt;
-      int row_in = iy >= 0 && iy < (int64_t)s->h;
-      for (size_t kx = 0; kx < s->kw; kx++) {
-        int64_t ix = (int64_t)(ox * s->sw + kx * s->dw) - (int64_t)s->pl;
+    for (size_t ky = 0; ky < s->geo.kh; ky++) {
+      int64_t iy = (int64_t)(oy * s->geo.sh + ky * s->geo.dh) - (int64_t)s->geo.pt;
+      int row_in = iy >= 0 && iy < (int64_t)s->geo.h;
+      for (size_t kx = 0; kx < s->geo.kw; kx++) {
+        int64_t ix = (int64_t)(ox * s->geo.sw + kx * s->geo.dw) - (int64_t)s->geo.pl;
         const int8_t* src = s->zero_row;
-        if (row_in && ix >= 0 && ix < (int64_t)s->w) src = x + ((n * s->h + (size_t)iy) * s->w + (size_t)ix) * s->c;
-        ind[p * ks + ky * s->kw + kx] = src;
+        if (row_in && ix >= 0 && ix < (int64_t)s->geo.w) src = x + ((n * s->geo.h + (size_t)iy) * s->geo.w + (size_t)ix) * s->geo.c;
+        ind[p * ks + ky * s->geo.kw + kx] = src;
       }
     }
   }
@@ -266,9 +267,9 @@ static void fill_indirection(const struct conv_state* s, const int8_t* x, size_t
 static void task_depthwise(void* ctx, size_t i, int thread) {
   const struct conv_job* j = ctx;
   const struct conv_state* s = j->s;
-  size_t oy = i % s->oh, n = i / s->oh, ks = s->kh * s->kw;
+  size_t oy = i % s->geo.oh, n = i / s->geo.oh, ks = s->geo.kh * s->geo.kw;
   struct ek_requant_params rq = {s->mult, s->shift, s->zp_out, s->qmin, s->qmax};
-  int8_t* yrow = j->y + (n * s->oh + oy) * s->ow * s->c;
+  int8_t* yrow = j->y + (n * s->geo.oh + oy) * s->geo.ow * s->geo.c;
   const int8_t** ind =
       (const int8_t**)(void*)(j->model->scratch + (size_t)thread * j->model->scratch_per_thread);
   if (s->shared_columns) {
@@ -276,13 +277,13 @@ static void task_depthwise(void* ctx, size_t i, int thread) {
       ind = s->columns + i * s->row_pointers;
     else
       fill_columns(s, j->x, n, oy, ind);
-    s->dwconv(s->c, s->ow, ks, ind, s->sw * s->kh, s->packed, yrow, s->c, &rq);
+    s->dwconv(s->geo.c, s->geo.ow, ks, ind, s->geo.sw * s->geo.kh, s->packed, yrow, s->geo.c, &rq);
     return;
   }
-  for (size_t ox0 = 0; ox0 < s->ow; ox0 += EK_DW_PIXELS) {
-    size_t np = ek_min_sz(EK_DW_PIXELS, s->ow - ox0);
+  for (size_t ox0 = 0; ox0 < s->geo.ow; ox0 += EK_DW_PIXELS) {
+    size_t np = ek_min_sz(EK_DW_PIXELS, s->geo.ow - ox0);
     fill_indirection(s, j->x, n, oy, ox0, np, ind);
-    s->dwconv(s->c, np, ks, ind, ks, s->packed, yrow + ox0 * s->c, s->c, &rq);
+    s->dwconv(s->geo.c, np, ks, ind, ks, s->packed, yrow + ox0 * s->geo.c, s->geo.c, &rq);
   }
 }
 
@@ -290,10 +291,10 @@ void ek_run_conv(struct ekrt_model* m, struct ek_op* op) {
   const struct conv_state* s = op->state;
   struct conv_job j = {m, s, m->tensors[op->in[0]].data, m->tensors[op->out].data, 0, 1, s->mg};
   if (s->kind == CONV_DEPTHWISE) {
-    ek_parallel_for(m, op, s->batch * s->oh, task_depthwise, &j);
+    ek_parallel_for(m, op, s->batch * s->geo.oh, task_depthwise, &j);
     return;
   }
-  size_t rows_total = s->kind == CONV_FC ? s->batch : s->batch * s->oh * s->ow;
+  size_t rows_total = s->kind == CONV_FC ? s->batch : s->batch * s->geo.oh * s->geo.ow;
   j.row_blocks = (rows_total + s->rows_per_task - 1) / s->rows_per_task;
   /* few row tiles (small images, FC): split the columns too, in whole nr blocks */
   size_t tasks = s->groups * j.row_blocks, threads = (size_t)ek_op_threads(m, op);
@@ -348,69 +349,58 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
   if (op->type == EKM_FULLY_CONNECTED) {
     s->kind = CONV_FC;
     s->batch = x->dims[0];
-    s->oh = s->ow = 1;
+    s->geo.oh = s->geo.ow = 1;
     s->m = s->mg = w->dims[0];
     s->k = s->cg = w->dims[1];
     s->groups = 1;
   } else {
     s->batch = x->dims[0];
-    s->h = x->dims[1];
-    s->w = x->dims[2];
-    s->c = x->dims[3];
-    s->oh = y->dims[1];
-    s->ow = y->dims[2];
+    s->geo = ek_geometry_of(m, op);
     s->m = y->dims[3];
-    s->kh = (size_t)op->p[0];
-    s->kw = (size_t)op->p[1];
-    s->sh = (size_t)op->p[2];
-    s->sw = (size_t)op->p[3];
-    s->dh = (size_t)op->p[4];
-    s->dw = (size_t)op->p[5];
-    s->pt = (size_t)op->p[6];
-    s->pl = (size_t)op->p[7];
     s->groups = (size_t)op->p[10];
-    s->cg = s->c / s->groups;
+    s->cg = s->geo.c / s->groups;
     s->mg = s->m / s->groups;
-    s->k = s->kh * s->kw * s->cg;
+    s->k = s->geo.kh * s->geo.kw * s->cg;
     int pads = op->p[6] | op->p[7] | op->p[8] | op->p[9];
-    if (s->groups == s->c && s->cg == 1 && s->m == s->c && s->groups > 1) {
+    if (s->groups == s->geo.c && s->cg == 1 && s->m == s->geo.c && s->groups > 1) {
       s->kind = CONV_DEPTHWISE;
-    } else if (s->kh == 1 && s->kw == 1 && s->sh == 1 && s->sw == 1 && !pads && s->groups == 1) {
+    } else if (s->geo.kh == 1 && s->geo.kw == 1 && s->geo.sh == 1 && s->geo.sw == 1 && !pads && s->groups == 1) {
       s->kind = CONV_DIRECT;
     } else {
       s->kind = CONV_IM2COL;
     }
   }
   if (s->kind == CONV_DEPTHWISE) {
-    size_t ks = s->kh * s->kw, cr = kern->dwconv.cr;
+    size_t ks = s->geo.kh * s->geo.kw, cr = kern->dwconv.cr;
     s->dwconv = kern->dwconv.fn;
-    s->zero_row = aligned_alloc64(s->c);
-    s->shared_columns = s->dw == 1;
-    int8_t* taps = malloc(ks * s->c); /* [M][KH][KW][1] -> tap-major [KH*KW][C] ([KW][KH] if shared) */
-    size_t bytes = ek_qs8_dwconv_packed_size(s->c, ks, cr);
+    s->zero_row = aligned_alloc64(s->geo.c);
+    s->shared_columns = s->geo.dw == 1;
+    int8_t* taps = malloc(ks * s->geo.c); /* [M][KH][KW][1] -> tap-major [KH*KW][C] ([KW][KH] if shared) */
+    size_t bytes = ek_qs8_dwconv_packed_size(s->geo.c, ks, cr);
     s->packed = aligned_alloc64(bytes);
     if (!s->zero_row || !taps || !s->packed) {
       free(taps);
       rc = EKRT_ENOMEM;
     } else {
-      memset(s->zero_row, s->zx, s->c);
-      for (size_t ch = 0; ch < s->c; ch++)
-        for (size_t ky = 0; ky < s->kh; ky++)
-          for (size_t kx = 0; kx < s->kw; kx++) {
-            size_t t = s->shared_columns ? kx * s->kh + ky : ky * s->kw + kx;
-            taps[t * s->c + ch] = wd[ch * ks + ky * s->kw + kx];
+      memset(s->zero_row, s->zx, s->geo.c);
+      for (size_t ch = 0; ch < s->geo.c; ch++)
+        for (size_t ky = 0; ky < s->geo.kh; ky++)
+          for (size_t kx = 0; kx < s->geo.kw; kx++) {
+            size_t t = s->shared_columns ? kx * s->geo.kh + ky : ky * s->geo.kw + kx;
+            taps[t * s->geo.c + ch] = wd[ch * ks + ky * s->geo.kw + kx];
           }
-      ek_qs8_dwconv_pack(kern->dwconv.isa, cr, s->c, ks, taps, bias, s->zx, s->packed);
+      ek_qs8_dwconv_pack(kern->dwconv.isa, cr, s->geo.c, ks, taps, bias, s->zx, s->packed);
       free(taps);
       m->weights_bytes += bytes;
-      s->row_pointers = ((s->ow - 1) * s->sw + s->kw) * s->kh;
+      s->row_pointers = ((s->geo.ow - 1) * s->geo.sw + s->geo.kw) * s->geo.kh;
       /* the input lives in the arena at a fixed address: its pointers can be built now */
-      uint64_t table = (uint64_t)s->batch * s->oh * s->row_pointers * sizeof(const int8_t*);
+      uint64_t table = (uint64_t)s->batch * s->geo.oh * s->row_pointers * sizeof(const int8_t*);
       if (s->shared_columns && table <= EK_DW_TABLE_BYTES && (s->columns = malloc((size_t)table)) != NULL) {
         m->weights_bytes += (size_t)table;
-        for (size_t i = 0; i < s->batch * s->oh; i++) fill_columns(s, x->data, i / s->oh, i % s->oh, s->columns + i * s->row_pointers);
+        for (size_t i = 0; i < s->batch * s->geo.oh; i++)
+          fill_columns(s, x->data, i / s->geo.oh, i % s->geo.oh, s->columns + i * s->row_pointers);
       } else {
-        scratch = (s->shared_columns ? s->row_pointers : ek_min_sz(s->ow, EK_DW_PIXELS) * ks) * sizeof(const int8_t*);
+        scratch = (s->shared_columns ? s->row_pointers : ek_min_sz(s->geo.ow, EK_DW_PIXELS) * ks) * sizeof(const int8_t*);
       }
     }
   } else {

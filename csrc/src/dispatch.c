@@ -20,69 +20,34 @@ static const struct {
     {"avx512vnni", EKRT_CPU_AVX2 | EKRT_CPU_AVX512VNNI},
 };
 
-struct gemm_entry {
-  uint32_t isa;
-  ek_qs8_gemm_fn fn;
-  const char* name;
-  uint32_t mr, nr, kr;
-};
-static const struct gemm_entry GEMM[] = {
+/* Each family's list (.inc) read as a table: EK_KERNEL(isa, fn, mr, nr, kr) -> one entry. */
+#define KERNEL_ENTRY(fn_type) \
+  struct {                    \
+    uint32_t isa;             \
+    fn_type fn;               \
+    const char* name;         \
+    uint32_t mr, nr, kr;      \
+  }
 #define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn, mr, nr, kr},
+static const KERNEL_ENTRY(ek_qs8_gemm_fn) GEMM[] = {
 #include "../kernels/qs8-gemm/qs8-gemm.inc"
-#undef EK_KERNEL
 };
-struct dw_entry {
-  uint32_t isa;
-  ek_qs8_dwconv_fn fn;
-  const char* name;
-  uint32_t mr, nr, kr;
-};
-static const struct dw_entry DWCONV[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn, mr, nr, kr},
+static const KERNEL_ENTRY(ek_qs8_dwconv_fn) DWCONV[] = {
 #include "../kernels/qs8-dwconv/qs8-dwconv.inc"
-#undef EK_KERNEL
 };
-struct vadd_entry {
-  uint32_t isa;
-  ek_qs8_vadd_fn fn;
-  const char* name;
-};
-static const struct vadd_entry VADD[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn},
+static const KERNEL_ENTRY(ek_qs8_vadd_fn) VADD[] = {
 #include "../kernels/qs8-vadd/qs8-vadd.inc"
-#undef EK_KERNEL
 };
-struct vmul_entry {
-  uint32_t isa;
-  ek_qs8_vmul_fn fn;
-  const char* name;
-};
-static const struct vmul_entry VMUL[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn},
+static const KERNEL_ENTRY(ek_qs8_vmul_fn) VMUL[] = {
 #include "../kernels/qs8-vmul/qs8-vmul.inc"
-#undef EK_KERNEL
 };
-
-struct lut_entry {
-  uint32_t isa;
-  ek_x8_lut_fn fn;
-  const char* name;
-};
-static const struct lut_entry LUT[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn},
+static const KERNEL_ENTRY(ek_x8_lut_fn) LUT[] = {
 #include "../kernels/x8-lut/x8-lut.inc"
-#undef EK_KERNEL
 };
-struct cvt_entry {
-  uint32_t isa;
-  ek_f32_qs8_cvt_fn fn;
-  const char* name;
-};
-static const struct cvt_entry CVT[] = {
-#define EK_KERNEL(isa, fn, mr, nr, kr) {isa, fn, #fn},
+static const KERNEL_ENTRY(ek_f32_qs8_cvt_fn) CVT[] = {
 #include "../kernels/f32-qs8-cvt/f32-qs8-cvt.inc"
-#undef EK_KERNEL
 };
+#undef EK_KERNEL
 
 static struct ek_kernels chosen;
 static uint64_t cpu_features;

@@ -30,6 +30,21 @@ static void bstrides(const struct ek_tensor* t, size_t s[4]) {
   }
 }
 
+/* a binary op (F_BINARY, F_MATMUL) over the output's 4 dims: a and b read through their strides */
+struct fbin_view {
+  const float *a, *b;
+  float* y;
+  size_t d[4], sa[4], sb[4]; /* the output's dims; a's and b's element strides */
+};
+static struct fbin_view fbin_view(const struct ekrt_model* m, const struct ek_op* op) {
+  const struct ek_tensor *a = IN(0), *b = IN(1), *y = OUTT;
+  struct fbin_view v = {a->data, b->data, y->data, {0}, {0}, {0}};
+  dims4(y, v.d);
+  bstrides(a, v.sa);
+  bstrides(b, v.sb);
+  return v;
+}
+
 static float param_f(const struct ek_op* op, int i) {
   float f;
   memcpy(&f, &op->p[i], sizeof f);
@@ -68,19 +83,15 @@ static double fbin(int k, double a, double b) {
 }
 
 void ek_run_fbinary(struct ekrt_model* m, struct ek_op* op) {
-  const struct ek_tensor *a = IN(0), *b = IN(1), *y = OUTT;
-  size_t d[4], sa[4], sb[4];
-  dims4(y, d);
-  bstrides(a, sa);
-  bstrides(b, sb);
-  const float *pa = a->data, *pb = b->data;
-  float* py = y->data;
+  const struct fbin_view v = fbin_view(m, op);
+  const size_t *d = v.d, *sa = v.sa, *sb = v.sb;
+  float* py = v.y;
   const int k = op->p[0];
   for (size_t i0 = 0; i0 < d[0]; i0++)
     for (size_t i1 = 0; i1 < d[1]; i1++)
       for (size_t i2 = 0; i2 < d[2]; i2++) {
-        const float* ra = pa + i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
-        const float* rb = pb + i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
+        const float* ra = v.a + i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
+        const float* rb = v.b + i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
         for (size_t i3 = 0; i3 < d[3]; i3++) *py++ = (float)fbin(k, ra[i3 * sa[3]], rb[i3 * sb[3]]);
       }
 }
@@ -210,18 +221,14 @@ int ek_check_freduce(struct ek_check* o) {
 /* ---- F_MATMUL: [..., M, K] x [..., K, N] -> [..., M, N], batch dims broadcast, rank 2..4 ---- */
 
 void ek_run_fmatmul(struct ekrt_model* m, struct ek_op* op) {
-  const struct ek_tensor *a = IN(0), *b = IN(1), *y = OUTT;
-  size_t dy[4], da[4], db[4];
-  dims4(y, dy);
-  dims4(a, da);
-  dims4(b, db);
-  const size_t M = dy[2], N = dy[3], K = da[3];
-  const float *pa = a->data, *pb = b->data;
-  float* py = y->data;
-  for (size_t i0 = 0; i0 < dy[0]; i0++)
-    for (size_t i1 = 0; i1 < dy[1]; i1++) {
-      const float* A = pa + ((da[0] == 1 ? 0 : i0) * da[1] + (da[1] == 1 ? 0 : i1)) * M * K;
-      const float* B = pb + ((db[0] == 1 ? 0 : i0) * db[1] + (db[1] == 1 ? 0 : i1)) * K * N;
+  const struct fbin_view v = fbin_view(m, op); /* batch axes 0, 1 broadcast; a [M, K] x b [K, N] */
+  const struct ek_tensor* a = IN(0);
+  const size_t M = v.d[2], N = v.d[3], K = a->dims[a->rank - 1];
+  float* py = v.y;
+  for (size_t i0 = 0; i0 < v.d[0]; i0++)
+    for (size_t i1 = 0; i1 < v.d[1]; i1++) {
+      const float* A = v.a + i0 * v.sa[0] + i1 * v.sa[1];
+      const float* B = v.b + i0 * v.sb[0] + i1 * v.sb[1];
       for (size_t i = 0; i < M; i++)
         for (size_t j = 0; j < N; j++) {
           double acc = 0.0;

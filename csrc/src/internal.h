@@ -163,6 +163,19 @@ int ek_need_act(struct ek_check* o);                                            
 int ek_need_unused_zero(struct ek_check* o, uint32_t used);                            /* bitmask of used params */
 int ek_need_requant_consts(struct ek_check* o, uint32_t k, uint32_t n, uint64_t kk);
 
+/* The NHWC geometry of a windowed op (CONV2D, MAXPOOL, AVGPOOL), read at prepare: input h x w x c,
+ * output oh x ow, and params 0..7: kernel, strides, dilations, top and left pads. */
+struct ek_geometry {
+  size_t h, w, c, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl;
+};
+static inline struct ek_geometry ek_geometry_of(const struct ekrt_model* m, const struct ek_op* op) {
+  const struct ek_tensor *x = &m->tensors[op->in[0]], *y = &m->tensors[op->out];
+  const int32_t* p = op->p;
+  return (struct ek_geometry){.h = x->dims[1], .w = x->dims[2], .c = x->dims[3], .oh = y->dims[1], .ow = y->dims[2],
+                              .kh = (size_t)p[0], .kw = (size_t)p[1], .sh = (size_t)p[2], .sw = (size_t)p[3],
+                              .dh = (size_t)p[4], .dw = (size_t)p[5], .pt = (size_t)p[6], .pl = (size_t)p[7]};
+}
+
 /* conv.c: CONV2D and FULLY_CONNECTED (their descriptors are in ops.c's table) */
 int ek_check_conv(struct ek_check* o);
 int ek_check_fc(struct ek_check* o);

@@ -78,14 +78,6 @@ static void quantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, siz
   }
 }
 
-static void run_quantize(struct ekrt_model* m, struct ek_op* op) {
-  const struct ek_tensor* x = IN(0);
-  if (op->p[0])
-    ek_for_rows(m, op, (size_t)x->dims[0] * x->dims[2], (size_t)x->dims[1] * x->dims[3], quantize_rows);
-  else
-    ek_for_rows(m, op, (x->elems + 1023) / 1024, 1024, quantize_rows);
-}
-
 static void dequantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
   const struct ek_tensor *x = IN(0), *y = OUTT;
   const int8_t* src = x->data;
@@ -108,12 +100,15 @@ static void dequantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, s
   }
 }
 
-static void run_dequantize(struct ekrt_model* m, struct ek_op* op) {
+/* a row of the layout change is one (n, h): x's H is dims[2] in NCHW (QUANTIZE), dims[1] in NHWC */
+static void run_edge(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor* x = IN(0);
+  const int q = op->type == EKM_QUANTIZE;
+  void (*rows)(struct ekrt_model*, struct ek_op*, size_t, size_t) = q ? quantize_rows : dequantize_rows;
   if (op->p[0])
-    ek_for_rows(m, op, (size_t)x->dims[0] * x->dims[1], (size_t)x->dims[2] * x->dims[3], dequantize_rows);
+    ek_for_rows(m, op, (size_t)x->dims[0] * x->dims[q ? 2 : 1], (size_t)x->dims[q ? 1 : 2] * x->dims[3], rows);
   else
-    ek_for_rows(m, op, (x->elems + 1023) / 1024, 1024, dequantize_rows);
+    ek_for_rows(m, op, (x->elems + 1023) / 1024, 1024, rows);
 }
 
 /* QUANTIZE: a float tensor (a graph input, or a float island's value) -> int8 (NCHW -> NHWC with
@@ -345,7 +340,7 @@ static int check_concat(struct ek_check* o) {
 /* ---- MAXPOOL / AVGPOOL (rows: N*OH) ---- */
 
 struct pool_state {
-  size_t h, w, c, oh, ow, kh, kw, sh, sw, pt, pl;
+  struct ek_geometry geo; /* dh = dw = 1 (check_pool) */
   int include_pad;
   int32_t zx, zy;
   int32_t* mult; /* per window element count 1..kh*kw: multiplier of real/count */
@@ -365,28 +360,28 @@ static void pool_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t 
   int avg = op->type == EKM_AVGPOOL;
   int32_t acc[256];
   for (size_t r = r0; r < r1; r++) {
-    size_t n = r / s->oh, oy = r % s->oh;
-    int64_t y0 = (int64_t)(oy * s->sh) - (int64_t)s->pt, y1 = y0 + (int64_t)s->kh;
-    int64_t ya = y0 < 0 ? 0 : y0, yb = y1 < (int64_t)s->h ? y1 : (int64_t)s->h;
-    for (size_t ox = 0; ox < s->ow; ox++) {
-      int64_t x0 = (int64_t)(ox * s->sw) - (int64_t)s->pl, x1 = x0 + (int64_t)s->kw;
-      int64_t xa = x0 < 0 ? 0 : x0, xb = x1 < (int64_t)s->w ? x1 : (int64_t)s->w;
-      int8_t* dst = y + ((n * s->oh + oy) * s->ow + ox) * s->c;
+    size_t n = r / s->geo.oh, oy = r % s->geo.oh;
+    int64_t y0 = (int64_t)(oy * s->geo.sh) - (int64_t)s->geo.pt, y1 = y0 + (int64_t)s->geo.kh;
+    int64_t ya = y0 < 0 ? 0 : y0, yb = y1 < (int64_t)s->geo.h ? y1 : (int64_t)s->geo.h;
+    for (size_t ox = 0; ox < s->geo.ow; ox++) {
+      int64_t x0 = (int64_t)(ox * s->geo.sw) - (int64_t)s->geo.pl, x1 = x0 + (int64_t)s->geo.kw;
+      int64_t xa = x0 < 0 ? 0 : x0, xb = x1 < (int64_t)s->geo.w ? x1 : (int64_t)s->geo.w;
+      int8_t* dst = y + ((n * s->geo.oh + oy) * s->geo.ow + ox) * s->geo.c;
       if (!avg) { /* every window touches the input (check_pool): start from its first pixel */
-        memcpy(dst, x + ((n * s->h + (size_t)ya) * s->w + (size_t)xa) * s->c, s->c);
+        memcpy(dst, x + ((n * s->geo.h + (size_t)ya) * s->geo.w + (size_t)xa) * s->geo.c, s->geo.c);
         for (int64_t iy = ya; iy < yb; iy++)
           for (int64_t ix = iy == ya ? xa + 1 : xa; ix < xb; ix++)
-            max_into(dst, x + ((n * s->h + (size_t)iy) * s->w + (size_t)ix) * s->c, s->c);
+            max_into(dst, x + ((n * s->geo.h + (size_t)iy) * s->geo.w + (size_t)ix) * s->geo.c, s->geo.c);
         continue;
       }
-      size_t count = s->include_pad ? s->kh * s->kw : (size_t)((yb - ya) * (xb - xa));
+      size_t count = s->include_pad ? s->geo.kh * s->geo.kw : (size_t)((yb - ya) * (xb - xa));
       int32_t mu = s->mult[count - 1], sh = s->shift[count - 1];
-      for (size_t c0 = 0; c0 < s->c; c0 += 256) { /* channel blocks: a fixed-size accumulator */
-        size_t nc = ek_min_sz(256, s->c - c0);
+      for (size_t c0 = 0; c0 < s->geo.c; c0 += 256) { /* channel blocks: a fixed-size accumulator */
+        size_t nc = ek_min_sz(256, s->geo.c - c0);
         memset(acc, 0, nc * sizeof *acc);
         for (int64_t iy = ya; iy < yb; iy++)
           for (int64_t ix = xa; ix < xb; ix++) {
-            const int8_t* src = x + ((n * s->h + (size_t)iy) * s->w + (size_t)ix) * s->c + c0;
+            const int8_t* src = x + ((n * s->geo.h + (size_t)iy) * s->geo.w + (size_t)ix) * s->geo.c + c0;
             for (size_t c = 0; c < nc; c++) acc[c] += src[c] - s->zx;
           }
         for (size_t c = 0; c < nc; c++) dst[c0 + c] = ek_requant(acc[c], mu, sh, s->zy, -128, 127);
@@ -404,7 +399,7 @@ static void free_pool(void* state) {
 
 static void run_pool(struct ekrt_model* m, struct ek_op* op) {
   const struct pool_state* s = op->state;
-  ek_for_rows(m, op, (size_t)IN(0)->dims[0] * s->oh, s->ow * s->c * s->kh * s->kw, pool_rows);
+  ek_for_rows(m, op, (size_t)IN(0)->dims[0] * s->geo.oh, s->geo.ow * s->geo.c * s->geo.kh * s->geo.kw, pool_rows);
 }
 
 static int prepare_pool(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
@@ -413,22 +408,12 @@ static int prepare_pool(struct ekrt_model* m, struct ek_op* op, const uint8_t* d
   if (!s) return EKRT_ENOMEM;
   op->state = s;
   const struct ek_tensor *x = IN(0), *y = OUTT;
-  s->h = x->dims[1];
-  s->w = x->dims[2];
-  s->c = x->dims[3];
-  s->oh = y->dims[1];
-  s->ow = y->dims[2];
-  s->kh = (size_t)op->p[0];
-  s->kw = (size_t)op->p[1];
-  s->sh = (size_t)op->p[2];
-  s->sw = (size_t)op->p[3];
-  s->pt = (size_t)op->p[6];
-  s->pl = (size_t)op->p[7];
+  s->geo = ek_geometry_of(m, op);
   s->include_pad = op->p[10];
   s->zx = x->zp;
   s->zy = y->zp;
   if (op->type == EKM_AVGPOOL) {
-    size_t n = s->kh * s->kw;
+    size_t n = s->geo.kh * s->geo.kw;
     s->mult = malloc(n * sizeof *s->mult);
     s->shift = malloc(n * sizeof *s->shift);
     if (!s->mult || !s->shift) return EKRT_ENOMEM;
@@ -532,6 +517,20 @@ static void run_reshape(struct ekrt_model* m, struct ek_op* op) {
         for (size_t w = 0; w < W; w++) *dst++ = src[((n * H + h) * W + w) * C + c];
 }
 
+/* TRANSPOSE's walk for one element type: dst in order, src through the strides s of dims d */
+#define TRANSPOSE_WALK(name, T)                                                   \
+  static void name(const T* src, T* dst, const size_t d[4], const size_t s[4]) { \
+    for (size_t a = 0; a < d[0]; a++)                                             \
+      for (size_t b = 0; b < d[1]; b++)                                           \
+        for (size_t c = 0; c < d[2]; c++) {                                       \
+          const T* row = src + a * s[0] + b * s[1] + c * s[2];                    \
+          for (size_t e = 0; e < d[3]; e++) *dst++ = row[e * s[3]];               \
+        }                                                                         \
+  }
+TRANSPOSE_WALK(transpose_i8, int8_t)
+TRANSPOSE_WALK(transpose_f32, float)
+#undef TRANSPOSE_WALK
+
 static void run_transpose(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor *x = IN(0), *y = OUTT;
   size_t d[4] = {1, 1, 1, 1}, stride_in[4] = {0, 0, 0, 0}, s[4] = {0, 0, 0, 0};
@@ -545,25 +544,10 @@ static void run_transpose(struct ekrt_model* m, struct ek_op* op) {
     d[off + i] = y->dims[i];
     s[off + i] = stride_in[op->p[i]];
   }
-  if (x->dtype == EKM_F32) { /* a float island's tensor: the same walk over 4-byte elements */
-    const float* src = x->data;
-    float* dst = y->data;
-    for (size_t a = 0; a < d[0]; a++)
-      for (size_t b = 0; b < d[1]; b++)
-        for (size_t c = 0; c < d[2]; c++) {
-          const float* row = src + a * s[0] + b * s[1] + c * s[2];
-          for (size_t e = 0; e < d[3]; e++) *dst++ = row[e * s[3]];
-        }
-    return;
-  }
-  const int8_t* src = x->data;
-  int8_t* dst = y->data;
-  for (size_t a = 0; a < d[0]; a++)
-    for (size_t b = 0; b < d[1]; b++)
-      for (size_t c = 0; c < d[2]; c++) {
-        const int8_t* row = src + a * s[0] + b * s[1] + c * s[2];
-        for (size_t e = 0; e < d[3]; e++) *dst++ = row[e * s[3]];
-      }
+  if (x->dtype == EKM_F32) /* a float island's tensor: the same walk over 4-byte elements */
+    transpose_f32(x->data, y->data, d, s);
+  else
+    transpose_i8(x->data, y->data, d, s);
 }
 
 /* RESHAPE / TRANSPOSE move int8 or float32 values (a float island's); the output has the input's
@@ -779,6 +763,26 @@ static int32_t param4(const struct ek_op* op, const struct ek_tensor* t, int bas
   return i < off ? dflt : op->p[base + (int)(i - off)];
 }
 
+/* what a PAD / SLICE row task reads: both shapes as 4 and two per-axis params, params[0 + axis]
+ * (0 on the leading axes) and params[base1 + axis] (dflt1 there) */
+struct move4 {
+  size_t od[4], id[4]; /* output, input */
+  int64_t p0[4], p1[4];
+  const int8_t* src;
+  int8_t* dst;
+};
+static struct move4 move4_of(const struct ekrt_model* m, const struct ek_op* op, int base1, int32_t dflt1) {
+  const struct ek_tensor *x = IN(0), *y = OUTT;
+  struct move4 v = {{0}, {0}, {0}, {0}, x->data, y->data};
+  dims4(y, v.od);
+  dims4(x, v.id);
+  for (uint32_t i = 0; i < 4; i++) {
+    v.p0[i] = param4(op, x, 0, i, 0);
+    v.p1[i] = param4(op, x, base1, i, dflt1);
+  }
+  return v;
+}
+
 /* PAD: the input index output o reads on one axis, or -1 for the constant (mode 0) */
 static int64_t pad_src(int64_t o, int64_t in, int64_t before, int64_t interior, int mode) {
   int64_t j = o - before;
@@ -794,19 +798,13 @@ static int64_t pad_src(int64_t o, int64_t in, int64_t before, int64_t interior, 
 }
 
 static void pad_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
-  const struct ek_tensor *x = IN(0), *y = OUTT;
-  size_t od[4], id[4];
-  dims4(y, od);
-  dims4(x, id);
-  int64_t before[4], inter[4];
-  for (uint32_t i = 0; i < 4; i++) {
-    before[i] = param4(op, x, 0, i, 0);
-    inter[i] = param4(op, x, 8, i, 0);
-  }
+  const struct move4 v = move4_of(m, op, 8, 0);
+  const size_t *od = v.od, *id = v.id;
+  const int64_t *before = v.p0, *inter = v.p1; /* params 0..3, 8..11 */
   const int mode = op->p[12];
   const int8_t value = (int8_t)op->p[13];
-  const int8_t* src = x->data;
-  int8_t* dst = y->data;
+  const int8_t* src = v.src;
+  int8_t* dst = v.dst;
   const size_t W = od[3];
   for (size_t r = r0; r < r1; r++) {
     size_t o2 = r % od[2], o1 = (r / od[2]) % od[1], o0 = r / (od[2] * od[1]);
@@ -848,11 +846,16 @@ static void for_output_rows(struct ekrt_model* m, struct ek_op* op,
 
 static void run_pad(struct ekrt_model* m, struct ek_op* op) { for_output_rows(m, op, pad_rows); }
 
-static int check_pad(struct ek_check* o) {
+/* PAD / SLICE: an int8 input of rank >= 1 and an int8 output of its rank */
+static int need_moved_io(struct ek_check* o) {
   TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  if (ek_in(o, 0)->rank < 1) OFAIL0("input must have rank >= 1");
+  return ek_need_out(o, EKM_I8, ST_ARENA, (int)ek_in(o, 0)->rank);
+}
+
+static int check_pad(struct ek_check* o) {
+  TRY(need_moved_io(o));
   const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
-  if (x->rank < 1) OFAIL0("input must have rank >= 1");
-  TRY(ek_need_out(o, EKM_I8, ST_ARENA, (int)x->rank));
   TRY(ek_need_param(o, 12, "mode", 0, 2));
   TRY(ek_need_param(o, 13, "value", -128, 127));
   const int mode = o->op->p[12];
@@ -871,17 +874,11 @@ static int check_pad(struct ek_check* o) {
 }
 
 static void slice_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
-  const struct ek_tensor *x = IN(0), *y = OUTT;
-  size_t od[4], id[4];
-  dims4(y, od);
-  dims4(x, id);
-  int64_t start[4], step[4];
-  for (uint32_t i = 0; i < 4; i++) {
-    start[i] = param4(op, x, 0, i, 0);
-    step[i] = param4(op, x, 4, i, 1);
-  }
-  const int8_t* src = x->data;
-  int8_t* dst = y->data;
+  const struct move4 v = move4_of(m, op, 4, 1);
+  const size_t *od = v.od, *id = v.id;
+  const int64_t *start = v.p0, *step = v.p1; /* params 0..3, 4..7 */
+  const int8_t* src = v.src;
+  int8_t* dst = v.dst;
   const size_t W = od[3];
   for (size_t r = r0; r < r1; r++) {
     size_t o2 = r % od[2], o1 = (r / od[2]) % od[1], o0 = r / (od[2] * od[1]);
@@ -901,10 +898,8 @@ static void run_slice(struct ekrt_model* m, struct ek_op* op) { for_output_rows(
 
 /* SLICE: out[o] = x[start + o * step] per axis; every index read lies inside the input */
 static int check_slice(struct ek_check* o) {
-  TRY(ek_need_in(o, 0, "x", EKM_I8, ST_ARENA, -1));
+  TRY(need_moved_io(o));
   const struct ek_tensor *x = ek_in(o, 0), *y = ek_out(o);
-  if (x->rank < 1) OFAIL0("input must have rank >= 1");
-  TRY(ek_need_out(o, EKM_I8, ST_ARENA, (int)x->rank));
   uint32_t used = 0;
   for (uint32_t d = 0; d < x->rank; d++) {
     int32_t n = (int32_t)(x->dims[d] > (uint32_t)INT32_MAX ? INT32_MAX : x->dims[d]);
@@ -968,8 +963,8 @@ static int check_clut(struct ek_check* o) {
  * then prepare(); ekrt_run calls run() ---- */
 
 static const struct ek_op_desc OPS[] = {
-    [EKM_QUANTIZE] = {"QUANTIZE", 1, 1, 0, check_edge, NULL, run_quantize, NULL},
-    [EKM_DEQUANTIZE] = {"DEQUANTIZE", 1, 1, 0, check_edge, NULL, run_dequantize, NULL},
+    [EKM_QUANTIZE] = {"QUANTIZE", 1, 1, 0, check_edge, NULL, run_edge, NULL},
+    [EKM_DEQUANTIZE] = {"DEQUANTIZE", 1, 1, 0, check_edge, NULL, run_edge, NULL},
     [EKM_CONV2D] = {"CONV2D", 5, 5, 0, ek_check_conv, ek_prepare_conv, ek_run_conv, ek_free_conv},
     [EKM_FULLY_CONNECTED] = {"FULLY_CONNECTED", 5, 5, 0, ek_check_fc, ek_prepare_conv, ek_run_conv, ek_free_conv},
     [EKM_ADD] = {"ADD", 2, 2, 1, check_add, prepare_binary, run_binary, NULL},
