@@ -76,15 +76,6 @@ class Manifest(FieldsDict):
         """The bundle's identity: files, profile, backend, variants and options (see the agent's)."""
         return _bundle_hash(self.to_dict())
 
-    def variant(self, name: str) -> Variant:
-        for v in self.variants:
-            if v.name == name:
-                return v
-        raise InputError(
-            f"the bundle has no variant '{name}'",
-            f"pass one of: {', '.join(v.name for v in self.variants)}",
-        )
-
     @classmethod
     def from_dict(cls, d: Any) -> Manifest:
         """Validate a manifest document; InputError names the first bad field."""

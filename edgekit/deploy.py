@@ -164,11 +164,10 @@ class Job:
         return dataclasses.replace(plan, notes=self.notes + plan.notes)
 
 
-def open_job(req: DeployRequest, device: DeviceEntry | None = None) -> Job:
+def open_job(req: DeployRequest) -> Job:
     """Load the model, the profile and the device entry of ``req``; check the output path."""
     loaded, notes = _load(req)
-    if device is None:
-        device = req.device if isinstance(req.device, DeviceEntry) else resolve_devices([req.device or "local"], req.inventory)[0]
+    device = req.device if isinstance(req.device, DeviceEntry) else resolve_devices([req.device or "local"], req.inventory)[0]
     profile = load_profile(req.target)
     if device.is_local:
         profile = resolve(profile)  # a probe profile on this machine: its CPU is the host's, known now

@@ -33,26 +33,36 @@ NULL_STATE = {"governor": None, "temp_c": None, "freq_mhz": None, "freq_max_mhz"
 # -- auto warm-up: the stopping rule ------------------------------------------------------------
 
 
+def auto_warmup_count(latencies_ns: list) -> int:
+    """How many of these latencies (execution order; elapsed time is their sum) auto warm-up runs."""
+    elapsed = 0
+    for i, ns in enumerate(latencies_ns, 1):
+        elapsed += ns
+        if runner.warmup_done(latencies_ns[:i], elapsed):
+            return i
+    return len(latencies_ns)
+
+
 def test_auto_warmup_stops_once_stable():
     # three cold runs, then steady within 1 %: at 11 runs the window before holds only two cold
     # ones, and its median is already steady
     cold = [900_000, 400_000, 200_000]
     steady = [100_000, 101_000, 99_500, 100_500, 100_000] * 10
-    assert runner.auto_warmup_count(cold + steady) == 11
-    assert runner.auto_warmup_count(steady) == 10  # two windows of 5 are needed to compare
+    assert auto_warmup_count(cold + steady) == 11
+    assert auto_warmup_count(steady) == 10  # two windows of 5 are needed to compare
     assert not runner.warmup_done(steady[:4], 10**12)  # never fewer than 5, even past the time cap
 
 
 def test_auto_warmup_hits_the_run_cap_on_a_drifting_session():
     drifting = [int(1_000_000 * 0.98**i) + 1000 for i in range(400)]  # 2 % faster every run, 1 ms
-    assert runner.auto_warmup_count(drifting) == runner.AUTO_MAX_RUNS
+    assert auto_warmup_count(drifting) == runner.AUTO_MAX_RUNS
 
 
 def test_auto_warmup_hits_the_time_cap_on_a_slow_drifting_session():
     slow = [int(300e6 * 1.1**i) for i in range(100)]  # 300 ms and growing: 2 s pass after 6 runs
-    count = runner.auto_warmup_count(slow)
+    count = auto_warmup_count(slow)
     assert sum(slow[: count - 1]) < runner.AUTO_MAX_NS <= sum(slow[:count]) and count == 6
-    assert runner.auto_warmup_count([5 * 10**9] * 20) == runner.AUTO_MIN  # slower than the cap: 5 runs
+    assert auto_warmup_count([5 * 10**9] * 20) == runner.AUTO_MIN  # slower than the cap: 5 runs
 
 
 def test_warmup_median_is_robust_to_one_outlier():
@@ -381,7 +391,7 @@ def test_ekrt_runner_auto_warmup(ekrt, ekm_file):
     assert doc["config"]["warmup_mode"] == "auto" and doc["config"]["warmup"] == len(warm)
     # the runner stopped where the agent's rule stops on the same latencies (its own elapsed
     # time includes the clock reads, so it can only stop at or before the sum-based count)
-    assert runner.AUTO_MIN <= len(warm) <= runner.auto_warmup_count(warm) and runner.warmup_done(warm, sum(warm) * 2)
+    assert runner.AUTO_MIN <= len(warm) <= auto_warmup_count(warm) and runner.warmup_done(warm, sum(warm) * 2)
     a, b = doc["timed_window_ns"]
     assert b - a >= sum(doc["samples_ns"]) and doc["layers"] is None
     default = _ekrt_bench(ekrt, ekm_file, "--iterations", "3")

@@ -17,7 +17,7 @@ from edgekit.errors import DeviceError, LinkError, TransportError
 from edgekit.fsutil import sha256_file
 from edgekit.transport import sftp as sftp_mod
 from edgekit.transport.local import LocalTransport
-from edgekit.transport.push import PushProgress, current_bundle, describe, push_bundle, rollback
+from edgekit.transport.push import PushProgress, _hash_of, _store, describe, push_bundle, rollback
 from edgekit.transport.ssh import SshTransport
 from tests.conftest import wait_until
 from tests.lab import sshd as sshd_mod
@@ -59,6 +59,11 @@ def _current(root: Path) -> str | None:
         return os.readlink(root / "current")
     except FileNotFoundError:
         return None
+
+
+def current_bundle(transport) -> str | None:
+    """The bundle hash ``current`` points at on the device (None: nothing pushed yet)."""
+    return _hash_of(_store(transport, "status", {}).get("current"))
 
 
 def _check_current_is_whole(root: Path) -> None:

@@ -62,16 +62,6 @@ def warmup_done(samples_ns: list, elapsed_ns: int) -> bool:
     return abs(_median(samples_ns[-AUTO_WINDOW:]) - before) <= AUTO_TOLERANCE * before
 
 
-def auto_warmup_count(latencies_ns: list) -> int:
-    """How many of these latencies (execution order; elapsed time is their sum) auto warm-up runs."""
-    elapsed = 0
-    for i, ns in enumerate(latencies_ns, 1):
-        elapsed += ns
-        if warmup_done(latencies_ns[:i], elapsed):
-            return i
-    return len(latencies_ns)
-
-
 def _median(values: list) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2

@@ -166,7 +166,7 @@ def _deploy(spec: ModelSpec, target: str, entries: list[DeviceEntry], jobs: int,
 
     runs = {e.name: Run(spec.name, target, e.name) for e in entries}
     try:
-        job = open_job(api.request(spec.path, target=target, device=entries[0], **{**spec.options, "remeasure": True}), entries[0])  # ci gates new runs: it always measures
+        job = open_job(api.request(spec.path, target=target, device=entries[0], **{**spec.options, "remeasure": True}))  # ci gates new runs: it always measures
     except EdgekitError as exc:  # the model or its data: every device of it fails the same way
         for run in runs.values():
             run.error, run.hint, run.exit_code = exc.message, exc.hint or None, exc.exit_code

@@ -108,7 +108,7 @@ def _deploy_fleet(o: Output, req, entries: list, target: str | None, jobs: int, 
 
     root = req.output or Path("edgekit-out")
     root.mkdir(parents=True, exist_ok=True)
-    job = open_job(req, entries[0])
+    job = open_job(req)
 
     def one(entry):
         name = safe_name(entry.name)

@@ -136,25 +136,22 @@ def ensure_ready(
     *,
     device: str | None = None,
     provision: bool = False,
-    events: Any = None,
-    bundle_bytes: int | None = None,
+    events: Any,
 ) -> PreflightReport:
     """Preflight, provisioning the missing runtime first when asked; raises PreflightError on failure.
 
     This is what deploy runs before pushing: its warnings go to ``events.warn``.
     """
-    report = preflight(transport, profile, plan, device=device, bundle_bytes=bundle_bytes)
+    report = preflight(transport, profile, plan, device=device)
     if provision and report.only_runtime_missing:
         from edgekit.devices.provision import provision as run_provision
 
-        if events is not None:
-            events.info(f"provisioning {report.runtime_to_provision} on {report.device} (deploy --provision)")
+        events.info(f"provisioning {report.runtime_to_provision} on {report.device} (deploy --provision)")
         run_provision(transport, report.runtime_to_provision, device=report.device, events=events, facts=report.facts)
-        report = preflight(transport, profile, plan, device=device, bundle_bytes=bundle_bytes)
+        report = preflight(transport, profile, plan, device=device)
     report.raise_for_failures()
-    if events is not None:
-        for c in report.warnings:
-            events.warn(f"preflight: {c.name}: {c.detail}")
+    for c in report.warnings:
+        events.warn(f"preflight: {c.name}: {c.detail}")
     return report
 
 

@@ -225,9 +225,9 @@ class _Parser:
             self.fail(_join(prefix, key), "empty string", allowed)
         return value
 
-    def integer(self, table: dict[str, Any], key: str, prefix: str, *, minimum: int, required: bool = False) -> int | None:
+    def integer(self, table: dict[str, Any], key: str, prefix: str, *, minimum: int) -> int | None:
         allowed = f"an integer >= {minimum}"
-        value = self.value(table, key, prefix, int, required=required, allowed=allowed)
+        value = self.value(table, key, prefix, int, required=False, allowed=allowed)
         if value is not None and value < minimum:
             self.fail(_join(prefix, key), f"{value} is too small", allowed)
         return value

@@ -40,11 +40,11 @@ from edgekit.quantize.rewrite import (
     rewrite,
     tensor_params,
 )
-from edgekit.quantize.scheme import SCHEMES, QuantScheme, scheme_for
+from edgekit.quantize.scheme import SCHEMES, QuantScheme
 
 __all__ = [
     "SCHEMES", "FeedSet", "Preprocess", "QuantScheme", "QuantizeResult", "analyze_model", "load_feeds",
-    "quantize_model", "random_feeds", "save_model", "scheme_for",
+    "quantize_model", "random_feeds", "save_model",
 ]  # fmt: skip
 
 # What a quantized model that onnx.checker refuses (a rewrite bug) reports.

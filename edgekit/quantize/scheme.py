@@ -84,7 +84,3 @@ def narrow_weights(scheme: QuantScheme) -> QuantScheme:
 
 
 SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (ONNXRUNTIME, TENSORRT, OPENVINO, NATIVE)}
-
-
-def scheme_for(backend: str) -> QuantScheme:
-    return SCHEMES.get(backend, ONNXRUNTIME)

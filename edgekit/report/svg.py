@@ -98,23 +98,23 @@ def _svg(chart_id: str, kind: str, height: float, label: str, body: list[str]) -
     )
 
 
-def _x_axis(x: Scale, y0: float, y1: float, label: str) -> list[str]:
+def _x_axis(x: Scale, y1: float, label: str) -> list[str]:
     out = []
     for t in x.ticks():
         px = x(t)
-        out.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{y0:.1f}" y2="{y1:.1f}" stroke="{GRID}"/>')
+        out.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{TOP:.1f}" y2="{y1:.1f}" stroke="{GRID}"/>')
         out.append(f'<text x="{px:.1f}" y="{y1 + 15:.1f}" text-anchor="middle">{num(t)}</text>')
     out.append(f'<line x1="{x.r0:.1f}" x2="{x.r1:.1f}" y1="{y1:.1f}" y2="{y1:.1f}" stroke="{AXIS}"/>')
     out.append(f'<text class="axis-label" x="{(x.r0 + x.r1) / 2:.1f}" y="{y1 + 33:.1f}" text-anchor="middle">{esc(label)}</text>')
     return out
 
 
-def _y_axis(y: Scale, x0: float, x1: float, label: str) -> list[str]:
+def _y_axis(y: Scale, label: str) -> list[str]:
     out = []
     for t in y.ticks(most=5):
         py = y(t)
-        out.append(f'<line x1="{x0:.1f}" x2="{x1:.1f}" y1="{py:.1f}" y2="{py:.1f}" stroke="{GRID}"/>')
-        out.append(f'<text x="{x0 - 6:.1f}" y="{py + 4:.1f}" text-anchor="end">{num(t)}</text>')
+        out.append(f'<line x1="{LEFT:.1f}" x2="{WIDTH - RIGHT:.1f}" y1="{py:.1f}" y2="{py:.1f}" stroke="{GRID}"/>')
+        out.append(f'<text x="{LEFT - 6:.1f}" y="{py + 4:.1f}" text-anchor="end">{num(t)}</text>')
     mid = (y.r0 + y.r1) / 2
     out.append(
         f'<text class="axis-label" x="14" y="{mid:.1f}" text-anchor="middle" transform="rotate(-90 14 {mid:.1f})">{esc(label)}</text>'
@@ -122,13 +122,13 @@ def _y_axis(y: Scale, x0: float, x1: float, label: str) -> list[str]:
     return out
 
 
-def _marker(x: float, top: float, bottom: float, text: str, row: int) -> list[str]:
+def _marker(x: float, bottom: float, text: str, row: int) -> list[str]:
     """A vertical line with its label beside it: on the right unless that would leave the plot."""
     dash = ' stroke-dasharray="5 3"' if row else ""
     anchor, dx = ("end", -4) if x > WIDTH - RIGHT - 7 * len(text) else ("start", 4)
     return [
-        f'<line class="marker" x1="{x:.1f}" x2="{x:.1f}" y1="{top:.1f}" y2="{bottom:.1f}" stroke="{INK}" stroke-width="1.5"{dash}/>',
-        f'<text class="marker-label" x="{x + dx:.1f}" y="{top + 10 + 14 * row:.1f}" text-anchor="{anchor}" fill="{INK}">{esc(text)}</text>',
+        f'<line class="marker" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP:.1f}" y2="{bottom:.1f}" stroke="{INK}" stroke-width="1.5"{dash}/>',
+        f'<text class="marker-label" x="{x + dx:.1f}" y="{TOP + 10 + 14 * row:.1f}" text-anchor="{anchor}" fill="{INK}">{esc(text)}</text>',
     ]
 
 
@@ -142,8 +142,8 @@ def histogram(
     edges = np.geomspace(x.lo, x.hi, bins + 1) if log else np.linspace(x.lo, x.hi, bins + 1)
     counts, _ = np.histogram(np.clip(values, x.lo, x.hi), edges)
     y = Scale.fit(0, float(counts.max()), bottom, TOP, zero=True)
-    body = _y_axis(y, LEFT, WIDTH - RIGHT, "samples")
-    body += _x_axis(x, TOP, bottom, f"latency ({unit}{', log scale' if log else ''})")
+    body = _y_axis(y, "samples")
+    body += _x_axis(x, bottom, f"latency ({unit}{', log scale' if log else ''})")
     for n, a, b in zip(counts, edges[:-1], edges[1:], strict=True):
         if n:
             x0, x1, top = x(a), x(b), y(float(n))
@@ -153,7 +153,7 @@ def histogram(
                 f"{n} samples</title></rect>"
             )
     for i, (value, text) in enumerate(markers):
-        body += _marker(x(value), TOP, bottom, f"{text} {num(value)} {unit}", i)
+        body += _marker(x(value), bottom, f"{text} {num(value)} {unit}", i)
     return _svg(chart_id, "latency", height, label, body)
 
 
@@ -171,8 +171,8 @@ def timeline(
         edge = x(len(warmup) + 0.5)
         body.append(f'<rect class="warmup" x="{LEFT}" y="{TOP}" width="{edge - LEFT:.1f}" height="{bottom - TOP}" fill="{WARMUP_FILL}"/>')
         body.append(f'<text x="{LEFT + 4}" y="{TOP + 10}" fill="{MUTED}">warm-up ({len(warmup)})</text>')
-    body += _y_axis(y, LEFT, WIDTH - RIGHT, f"{unit}{' (log)' if log else ''}")
-    body += _x_axis(x, TOP, bottom, "iteration")
+    body += _y_axis(y, f"{unit}{' (log)' if log else ''}")
+    body += _x_axis(x, bottom, "iteration")
     for part, first, stroke in ((warmup, 1, "#9ca3af"), (timed, len(warmup) + 1, color)):
         points = _thin([(first + i, v) for i, v in enumerate(part)])
         if points:
@@ -223,7 +223,7 @@ def bars(chart_id: str, rows: Sequence[Bar], *, unit: str, label: str, axis: str
     right = max((r.whisker or r.value) for r in rows)
     x = Scale.fit(0, right * 1.35, LEFT + label_w, WIDTH - RIGHT, zero=True)  # room for the note
     bottom = height - BOTTOM
-    body = _x_axis(x, TOP, bottom, axis)
+    body = _x_axis(x, bottom, axis)
     for i, r in enumerate(rows):
         top = TOP + i * row_h + 8
         mid = top + 12
@@ -308,7 +308,7 @@ def history(chart_id: str, series: Sequence[Series], *, unit: str, label: str, f
     log = use_log(values)
     x = Scale(-0.5, n - 0.5, LEFT, WIDTH - RIGHT)
     y = Scale.fit(min(values), max(values), bottom, TOP + 16, log=log)
-    body = _y_axis(y, LEFT, WIDTH - RIGHT, f"latency ({unit}{', log' if log else ''})")
+    body = _y_axis(y, f"latency ({unit}{', log' if log else ''})")
     body.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{bottom}" y2="{bottom}" stroke="{AXIS}"/>')
     body.append(f'<text x="{LEFT}" y="{bottom + 15}" fill="{MUTED}">{esc(first)}</text>')
     body.append(f'<text x="{WIDTH - RIGHT}" y="{bottom + 15}" text-anchor="end" fill="{MUTED}">{esc(last)}</text>')

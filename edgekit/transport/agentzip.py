@@ -123,13 +123,6 @@ def agent_server(transport: Transport, *, start: bool = True) -> Conversation | 
     return server
 
 
-def close_agent_server(transport: Transport) -> None:
-    """End the connection's agent server, if one runs (its workers have all finished)."""
-    server = _SERVERS.pop(transport, None)
-    if server is not None:
-        server.close()
-
-
 def ask_server(transport: Transport, server: Conversation, args: list[str], *, timeout: float) -> CommandResult | None:
     """One command through the server, as the ``CommandResult`` a separate run would give (its
     stdout: the document); None when the server is gone (the caller runs the command on its own)."""

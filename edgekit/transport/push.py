@@ -160,11 +160,6 @@ def rollback(transport: Transport) -> tuple[str, str | None]:
     return _hash_of(done["current"]) or "", _hash_of(done.get("previous"))
 
 
-def current_bundle(transport: Transport) -> str | None:
-    """The bundle hash ``current`` points at on the device (None: nothing pushed yet)."""
-    return _hash_of(_store(transport, "status", {}).get("current"))
-
-
 # -- internals --------------------------------------------------------------------------------
 
 

@@ -163,7 +163,7 @@ def _key(compiler: Compiler, ss: sources.SourceSet, extra: tuple[str, ...]) -> s
     return h.hexdigest()[:24]
 
 
-def build_runner(arch: str | None = None, *, force: bool = False, compiler: Compiler | None = None) -> Path:
+def build_runner(arch: str | None = None, *, compiler: Compiler | None = None) -> Path:
     """The static ``ekrt`` runner for ``arch`` (this machine's when None), built or from cache."""
     arch = sources.normalize_arch(arch or host_arch())
     reason = why_not_buildable(arch)
@@ -173,14 +173,14 @@ def build_runner(arch: str | None = None, *, force: bool = False, compiler: Comp
     errors = []
     for cc in candidates:
         try:
-            return _build_with(cc, arch, force)
+            return _build_with(cc, arch)
         except BuildError as exc:
             errors.append(f"{cc.name}: {exc.message}")
     raise BuildError("cannot build the ekrt runner for " + arch + ": " + "; ".join(errors),
                      "see the compiler's message; the ziglang package (pip install ziglang) is the fallback compiler")
 
 
-def _build_with(cc: Compiler, arch: str, force: bool) -> Path:
+def _build_with(cc: Compiler, arch: str) -> Path:
     # The key is taken before probing which ISA flags the compiler takes: that is a function of
     # the compiler (in the key) and the flags (in the key), so a cached build needs no probe.
     key = _key(cc, sources.c_sources(arch, "runner"), SIZE_FLAGS)
@@ -188,10 +188,10 @@ def _build_with(cc: Compiler, arch: str, force: bool) -> Path:
         tmp = Path(tmpdir)
         out_dir = cache_root() / key
         runner = out_dir / RUNNER_NAME
-        if runner.is_file() and not force:
+        if runner.is_file():
             return runner
         shared = _shared_root() / key
-        if not force and shared != out_dir and (shared / RUNNER_NAME).is_file():
+        if shared != out_dir and (shared / RUNNER_NAME).is_file():
             _install(shared / RUNNER_NAME, out_dir, (shared / "build.txt").read_text() if (shared / "build.txt").is_file() else "")
             return runner
         ss = sources.c_sources(arch, "runner", supported=lambda isa, flags: _flags_ok(cc, flags, tmp))

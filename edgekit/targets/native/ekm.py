@@ -94,8 +94,8 @@ assert _HEADER.size == HEADER_SIZE and _TENSOR.size == TENSOR_SIZE
 assert _IO.size == IO_SIZE and _OP.size == OP_SIZE
 
 
-def align(n: int, to: int = ALIGN) -> int:
-    return (n + to - 1) // to * to
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 @dataclass
