@@ -34,7 +34,7 @@ METHODS = ("minmax", "percentile", "entropy", "mse", "auto")
 DYNAMIC = "dynamic"
 # auto: per tensor the least quantize-dequantize error of minmax / percentile / mse; on the 10-model
 # catalogue never below minmax beyond the noise, and far above it on OCR recognition, layout detection
-# and YOLO (README "Better ranges")
+# and YOLO (docs/quantize.md, "Ranges")
 DEFAULT_METHOD = "auto"
 RANDOM_LIMIT = 4 << 30  # bytes of random calibration data we are willing to make up
 
