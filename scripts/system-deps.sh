@@ -3,7 +3,8 @@
 # sshd (the SSH lab), ip/nft (separate hosts in network namespaces, faults), debootstrap +
 # qemu-user-static + zstd (the emulated aarch64 boards), the aarch64 cross compiler (ekrt's
 # device runner and kernels under qemu), clang + its runtime (the .ekm loader fuzzer), chromium
-# (renders the HTML report headless: screenshot, DOM, offline).
+# (renders the HTML report headless: screenshot, DOM, offline), lava-common (LAVA's job schema, the
+# oracle for `edgekit lava-job`).
 # Without root or apt the labs' tests skip with a reason; everything else still runs.
 EDGEKIT_SYSTEM_PACKAGES=(
   openssh-server openssh-client iproute2 nftables
@@ -11,6 +12,7 @@ EDGEKIT_SYSTEM_PACKAGES=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross
   clang llvm libclang-rt-14-dev
   chromium
+  lava-common
 )
 
 edgekit_system_deps() {

@@ -160,7 +160,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("edgekit.devices",),
     ("edgekit.plan",),
     ("edgekit.deploy", "edgekit.api"),
-    ("edgekit.ci",),
+    ("edgekit.ci", "edgekit.lava"),
     ("edgekit.cli", "edgekit.__main__"),
 )
 

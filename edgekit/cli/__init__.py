@@ -23,7 +23,18 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here so `import edgekit.cli` stays cheap and the order of --help is fixed.
-    from edgekit.cli import bench, ci, deploy, devices, plan, profiles, quantize, report, results
+    from edgekit.cli import (
+        bench,
+        ci,
+        deploy,
+        devices,
+        lava,
+        plan,
+        profiles,
+        quantize,
+        report,
+        results,
+    )
 
     for command in (quantize.quantize, plan.plan, deploy.deploy, bench.bench):
         app.command(command.__name__)(command)
@@ -32,6 +43,7 @@ def _register() -> None:
     app.add_typer(devices.app, name="devices")
     app.command("ci")(ci.ci)
     app.command("report")(report.report)
+    app.command("lava-job")(lava.lava_job)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -188,6 +188,36 @@ def import_(
         out.line(f"imported {_runs(imported)}, skipped {skipped} already in the store")
 
 
+@app.command("import-lava")
+def import_lava(
+    files: Annotated[
+        list[Path],
+        typer.Argument(metavar="FILE...", help="The job's log (lavacli jobs logs JOB --raw) and, to check against, its results (lavacli results JOB --yaml).", show_default=False),
+    ],
+    json_: common.Json = False,
+) -> None:
+    """Import the runs of a finished LAVA job written by `edgekit lava-job`.
+
+    The raw samples travel in the job's log; LAVA's results file, when given, is checked
+    against them. Importing the same job again skips its runs.
+
+    \b
+    Example:
+      lavacli jobs logs 4211 --raw > log.yaml; lavacli results 4211 --yaml > results.yaml
+      edgekit results import-lava log.yaml results.yaml
+    """
+    from edgekit.lava import import_documents
+
+    out = Output()
+    document = import_documents(list(files))
+    with ResultsStore() as store:
+        imported, skipped = store.import_(document)
+    if json_:
+        out.json({"imported": imported, "skipped": skipped})
+    else:
+        out.line(f"imported {_runs(imported)}, skipped {skipped} already in the store")
+
+
 @app.command("compare")
 def compare(
     a: Annotated[str, typer.Argument(metavar="A", help="The baseline: a run id, an export file (FILE or FILE#N), or latest@BRANCH.")],

@@ -46,6 +46,9 @@ if sys.argv[1:2] == ["store"]:  # a push runs it twice: no command line parser t
 if sys.argv[1:2] == ["lock"]:  # the device lock: as small a start as the store's
     from {PACKAGE}.lock import main
     sys.exit(main(sys.argv[2:]))
+if sys.argv[1:2] == ["lava"]:  # inside a LAVA test shell: bench variants, report test cases
+    from {PACKAGE}.lava import main
+    sys.exit(main(sys.argv[2:]))
 from {PACKAGE}.__main__ import main
 sys.exit(main())
 '''
