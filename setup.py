@@ -7,6 +7,11 @@ Each kernel file is compiled with its ISA's flags only; an ISA whose flags this 
 rejects is left out (its kernels drop from the dispatch lists via ``-DEK_NO_<ISA>``), so
 ``pip install -e .`` works with any C11 compiler. Wheels also carry ``csrc/`` as
 ``edgekit/_csrc`` for the device runner's cross build.
+
+The same objects (plus ``tools/*.c``) also link this machine's static ``ekrt`` runner into
+``edgekit/_runner/<arch>/`` (with ``build.txt`` naming the sources' hash), so the first deploy
+on this arch runs at once instead of compiling the runner; where the C library has no static
+archive the runner is left out and the first deploy builds it (edgekit/targets/native/build.py).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.errors import LinkError
 
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
@@ -36,10 +42,20 @@ def _sources_module():
     return module
 
 
+RUNNER_LDFLAGS = ("-Wl,--gc-sections", "-s")  # as build.py's: drop unused sections, strip symbols
+
+
 class BuildEkrt(build_ext):
-    """Compile each C file with its own flags, then link them into one extension."""
+    """Compile each C file with its own flags, then link them into one extension (and the runner)."""
 
     def _flags_supported(self, flags: tuple[str, ...]) -> bool:
+        if not hasattr(self, "_probed"):
+            self._probed: dict[tuple[str, ...], bool] = {}
+        if flags not in self._probed:
+            self._probed[flags] = self._probe(flags)
+        return self._probed[flags]
+
+    def _probe(self, flags: tuple[str, ...]) -> bool:
         with tempfile.TemporaryDirectory() as tmp:
             src = os.path.join(tmp, "probe.c")
             with open(src, "w") as fh:
@@ -56,6 +72,7 @@ class BuildEkrt(build_ext):
         sources = _sources_module()
         arch = sources.normalize_arch(platform.machine())
         ss = sources.c_sources(arch, "extension", CSRC, supported=lambda isa, flags: self._flags_supported(flags))
+        runner = sources.c_sources(arch, "runner", CSRC, supported=lambda isa, flags: self._flags_supported(flags))
         for isa, why in ss.skipped.items():
             print(f"ekrt: leaving out the {isa} kernels: {why}", file=sys.stderr)
         macros = [(d, "1") for d in ss.defines]
@@ -71,9 +88,12 @@ class BuildEkrt(build_ext):
                 depends=ext.depends,
             )
 
-        # one compiler process per file, in parallel: an editable install rebuilds every time
+        # one compiler process per file, in parallel; the runtime and kernels once for both
+        # the extension and the runner (same sources, same flags)
+        every = list(dict.fromkeys([*ss.sources, *runner.sources]))
         with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-            objects = [obj for objs in pool.map(compile_one, ss.sources) for obj in objs]
+            object_of = dict(zip(every, pool.map(compile_one, every)))
+        objects = [obj for src in ss.sources for obj in object_of[src]]
         ext_path = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(ext_path), exist_ok=True)
         self.compiler.link_shared_object(
@@ -86,6 +106,39 @@ class BuildEkrt(build_ext):
             debug=self.debug,
             build_temp=self.build_temp,
             target_lang="c",
+        )
+        self._link_runner(sources, runner, [obj for src in runner.sources for obj in object_of[src]],
+                          Path(ext_path).parent / "_runner" / arch)
+
+    def copy_extensions_to_source(self) -> None:
+        """An in-place build (``--inplace``, ``pip install -e``) also puts the runner beside the
+        package's sources."""
+        super().copy_extensions_to_source()
+        built = Path(self.build_lib) / "edgekit" / "_runner"
+        if built.is_dir():
+            dest = Path(self.get_finalized_command("build_py").get_package_dir("edgekit")) / "_runner"
+            shutil.copytree(built, dest, dirs_exist_ok=True)
+
+    def _link_runner(self, sources, ss, objects: list[str], out_dir: Path) -> None:
+        """Link the static ``ekrt`` runner for this machine, or say why not (not an error)."""
+        staged = Path(self.build_temp) / "ekrt"
+        try:
+            self.compiler.link_executable(
+                objects, str(staged),
+                libraries=list(ss.libraries),
+                extra_postargs=[*ss.ldflags, *RUNNER_LDFLAGS],
+                target_lang="c",
+            )
+        except LinkError as exc:
+            print(f"ekrt: no prebuilt runner ({exc}); the first deploy on {ss.arch} builds it", file=sys.stderr)
+            shutil.rmtree(out_dir, ignore_errors=True)
+            return
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(staged, out_dir / "ekrt")
+        (out_dir / "build.txt").write_text(
+            f"arch {ss.arch}\ncompiler {' '.join(self.compiler.compiler[:1])} (setup.py, with the extension)\n"
+            f"isas {' '.join(ss.isas)}\nsources {sources.content_hash(CSRC)}\n"
+            + "".join(f"left out {isa}: {why}\n" for isa, why in ss.skipped.items())
         )
 
 

@@ -482,7 +482,7 @@ def _sample_file(w: _Walk) -> Path | None:
 
 def _write_bundle(w: _Walk, step: WriteBundle) -> None:
     job, plan = w.job, w.plan
-    w.files.update(get_backend(plan.backend).runtime_files(job.profile, w.facts, w.tmp / "runtime"))
+    w.files.update(get_backend(plan.backend).runtime_files(job.profile, w.facts, w.tmp / "runtime", w.events))
     evals = {s.samples for s in plan.steps if isinstance(s, Eval)}
     if evals:
         _, heldout = job.feeds(w.events)

@@ -156,7 +156,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("edgekit.bundle",),
     ("edgekit.transport",),
     ("edgekit.transport.push", "edgekit.transport.agentzip"),
-    ("edgekit.agentclient", "edgekit.bench", "edgekit.report"),
+    ("edgekit.agentclient", "edgekit.bench", "edgekit.report", "edgekit.versions"),
     ("edgekit.devices",),
     ("edgekit.plan",),
     ("edgekit.deploy", "edgekit.api"),

@@ -66,8 +66,9 @@ def arm_runner(runner_cache) -> Path:
 @pytest.fixture
 def shared_runner_cache(runner_cache, host_runner, edgekit_home):
     """This test's EDGEKIT_CACHE_DIR starts with the session's runners (same content hash: the
-    deploy finds them instead of compiling again)."""
-    shutil.copytree(runner_cache / "ekrt-runner", edgekit_home / "cache" / "ekrt-runner", dirs_exist_ok=True)
+    deploy finds them instead of compiling again); none when the host's came with the package."""
+    if (runner_cache / "ekrt-runner").is_dir():
+        shutil.copytree(runner_cache / "ekrt-runner", edgekit_home / "cache" / "ekrt-runner", dirs_exist_ok=True)
 
 
 @pytest.fixture(scope="session")

@@ -14,11 +14,28 @@ app = typer.Typer(
     help="Take an ONNX model to an edge device: quantize to int8, pick a backend per target, "
     "push, benchmark on the device, gate CI on regressions.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from edgekit.cli.version import show_version
+
+        show_version()
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_print_version,
+                                 help="Show edgekit's, ekrt's and the installed runtimes' versions and exit."),
+) -> None:
+    """Take an ONNX model to an edge device: quantize to int8, pick a backend per target, push,
+    benchmark on the device, gate CI on regressions."""
 
 
 def _register() -> None:
@@ -34,6 +51,7 @@ def _register() -> None:
         quantize,
         report,
         results,
+        version,
     )
 
     for command in (quantize.quantize, plan.plan, deploy.deploy, bench.bench):
@@ -44,6 +62,7 @@ def _register() -> None:
     app.command("ci")(ci.ci)
     app.command("report")(report.report)
     app.command("lava-job")(lava.lava_job)
+    app.command("version")(version.version)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
 
     _register()
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="edgekit", standalone_mode=False)
     except EdgekitError as exc:
         if os.environ.get("EDGEKIT_DEBUG") == "1":
             raise

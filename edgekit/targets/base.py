@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit.events import Events
 from edgekit.modelio import LoadedModel
 from edgekit.profiles import BackendSpec, Profile
 from edgekit.quantize.scheme import QuantScheme
@@ -123,9 +124,10 @@ class Backend:
         (``facts``: the probed device). Default: this backend runs every variant."""
         return self.name
 
-    def runtime_files(self, profile: Profile, facts: dict | None, out_dir: Path) -> dict[str, Path]:
+    def runtime_files(self, profile: Profile, facts: dict | None, out_dir: Path, events: Events | None = None) -> dict[str, Path]:
         """Files the device needs besides the variants' models (bundle path -> local file),
-        e.g. a runner built for the device's arch. ``out_dir``: a scratch directory."""
+        e.g. a runner built for the device's arch. ``out_dir``: a scratch directory; ``events``
+        hears of a long step (a build)."""
         return {}
 
     def coverage(self, model: LoadedModel) -> dict | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from edgekit.events import Events
 from edgekit.modelio import LoadedModel
 from edgekit.profiles import BackendSpec, Profile
 from edgekit.quantize.scheme import NATIVE
@@ -71,11 +72,11 @@ class NativeBackend(Backend):
         names.write_text(json.dumps(report.op_names), encoding="utf-8")
         return [ekm_path, names]
 
-    def runtime_files(self, profile: Profile, facts: dict | None, out_dir: Path) -> dict[str, Path]:
-        """The ``ekrt`` runner for the device's arch, built (or taken from the build cache)."""
+    def runtime_files(self, profile: Profile, facts: dict | None, out_dir: Path, events: Events | None = None) -> dict[str, Path]:
+        """The ``ekrt`` runner for the device's arch: installed with edgekit, cached, or built now."""
         from edgekit.targets.native.build import build_runner
 
-        return {RUNNER: build_runner(_arch(profile, facts))}
+        return {RUNNER: build_runner(_arch(profile, facts), events=events)}
 
     def variant_options(self, spec: BackendSpec | None, precision: str) -> dict:
         return {"runner": RUNNER} if precision == "int8" else {}

@@ -1,9 +1,15 @@
 """Build the static ``ekrt`` runner for a device arch from the packaged C sources.
 
-The sources and per-file flags come from ``csrc/sources.toml`` (``sources.c_sources``). The
-compiler is the first that works of: a system compiler for the arch (``cc`` for this machine's
-arch, ``aarch64-linux-gnu-gcc``, ``arm-linux-gnueabihf-gcc``; glibc's static libs), then the
-``ziglang`` package (``python -m ziglang cc -target <arch>-linux-musl``: needs nothing but pip).
+The sources and per-file flags come from ``csrc/sources.toml`` (``sources.c_sources``). For this
+machine's arch the runner usually ships with the package: ``setup.py`` links it from the
+extension's objects into ``edgekit/_runner/<arch>/`` (``packaged_runner``; used while its
+recorded source hash matches the sources). Otherwise it is built on first use, as a visible step,
+by the first compiler that works of: for this machine's arch the system ``cc`` (glibc's static
+libs; ~20 s on 2 cores), then ``aarch64-linux-gnu-gcc`` / ``arm-linux-gnueabihf-gcc`` for their
+arch, and the ``ziglang`` package (``python -m ziglang cc -target <arch>-linux-musl``: needs
+nothing but pip, but zig's first link for a target also builds its C library: ~2.5 min of the
+~3 min of a cold zig build on a 2-core VM). zig comes before a cross gcc (a fifth of the size),
+after the host's own ``cc`` (no C library to build first).
 The result is cached under ``<edgekit cache>/ekrt-runner/<hash>/ekrt``, the hash taken over the
 sources, the flags, the compiler and the target, so a second deploy reuses it.
 """
@@ -18,11 +24,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.errors import EdgekitError
+from edgekit.events import Events
 from edgekit.fsutil import cache_dir
 from edgekit.targets.native import sources
 
@@ -33,6 +41,10 @@ GNU_PREFIX = {"x86_64": "x86_64-linux-gnu-", "aarch64": "aarch64-linux-gnu-", "a
 SIZE_FLAGS = ("-ffunction-sections", "-fdata-sections")
 SIZE_LDFLAGS = ("-Wl,--gc-sections", "-s")
 COMPILE_TIMEOUT_S = 600
+# an estimate of a cold build, said before it starts: CPU-seconds per compiled file measured on a
+# 2-core Xeon VM (gcc -O3: ~1 s a file), plus zig's one-time C library build for a target
+SECONDS_PER_FILE = 1.0
+ZIG_LIBC_CPU_S = 150.0
 RECIPE = 1  # bump when this module changes how a runner is built (it is part of the cache key)
 
 
@@ -80,14 +92,18 @@ def _version(argv: list[str]) -> str | None:
 def find_compilers(arch: str) -> list[Compiler]:
     """The compilers that can build for ``arch``, best first (nothing is compiled to find out).
 
-    zig (musl) comes first when the ``ziglang`` package is installed: its static runner is a
-    fifth of glibc's (aarch64: ~170 KB against ~800 KB) and has no glibc-static caveats
-    (NSS, dlopen). Then the system's compiler for the arch, linking glibc statically."""
+    For this machine's arch, its own ``cc`` comes first: zig's first link for a target builds
+    zig's C library (minutes on a small machine), the system's is already there. For another
+    arch zig (musl) comes first when the ``ziglang`` package is installed: its static runner is
+    a fifth of glibc's (aarch64: ~170 KB against ~800 KB) and has no glibc-static caveats (NSS,
+    dlopen). Then the system's cross compiler for the arch, linking glibc statically.
+    A compiler that cannot link statically (no libc.a) fails its build, and the next is tried."""
     arch = sources.normalize_arch(arch)
-    found: list[Compiler] = []
+    zig: list[Compiler] = []
     if arch in ZIG_TARGETS and importlib.util.find_spec("ziglang") is not None:
         argv = (sys.executable, "-m", "ziglang", "cc", "-target", ZIG_TARGETS[arch])
-        found.append(Compiler(argv, "zig", f"ziglang {_zig_version()} {ZIG_TARGETS[arch]}"))
+        zig.append(Compiler(argv, "zig", f"ziglang {_zig_version()} {ZIG_TARGETS[arch]}"))
+    system: list[Compiler] = []
     names = [f"{GNU_PREFIX[arch]}gcc"] if arch in GNU_PREFIX else []
     if arch == host_arch():
         names = [os.environ.get("CC", "cc"), *names]
@@ -98,8 +114,8 @@ def find_compilers(arch: str) -> list[Compiler]:
             seen.add(os.path.realpath(path))
             version = _version([path])
             if version:
-                found.append(Compiler((path,), "system", version))
-    return found
+                system.append(Compiler((path,), "system", version))
+    return [*system, *zig] if arch == host_arch() else [*zig, *system]
 
 
 def _zig_version() -> str:
@@ -117,7 +133,7 @@ def why_not_buildable(arch: str) -> str | None:
     try:
         sources.csrc_dir()
     except FileNotFoundError:
-        return "ekrt's C sources are not installed with edgekit"
+        return None if packaged_runner(arch) else "ekrt's C sources are not installed with edgekit"
     if arch not in ZIG_TARGETS:
         return f"ekrt is not built for {arch}"
     if not find_compilers(arch):
@@ -163,9 +179,26 @@ def _key(compiler: Compiler, ss: sources.SourceSet, extra: tuple[str, ...]) -> s
     return h.hexdigest()[:24]
 
 
-def build_runner(arch: str | None = None, *, compiler: Compiler | None = None) -> Path:
-    """The static ``ekrt`` runner for ``arch`` (this machine's when None), built or from cache."""
+def packaged_runner(arch: str) -> Path | None:
+    """The runner ``setup.py`` built with the package for ``arch``, if it is there and was built
+    from the sources edgekit has now (an edited checkout's C makes it stale: None)."""
+    root = Path(__file__).resolve().parents[2] / "_runner" / sources.normalize_arch(arch)
+    runner, about = root / RUNNER_NAME, root / "build.txt"
+    if not (runner.is_file() and about.is_file() and os.access(runner, os.X_OK)):
+        return None
+    recorded = dict(line.split(" ", 1) for line in about.read_text().splitlines() if " " in line)
+    try:
+        return runner if recorded.get("sources") == sources.content_hash() else None
+    except FileNotFoundError:  # no sources to compare with: what was installed is what there is
+        return runner
+
+
+def build_runner(arch: str | None = None, *, compiler: Compiler | None = None, events: Events | None = None) -> Path:
+    """The static ``ekrt`` runner for ``arch`` (this machine's when None): the one installed with
+    the package, else from the build cache, else built now (a step ``events`` shows)."""
     arch = sources.normalize_arch(arch or host_arch())
+    if compiler is None and (packaged := packaged_runner(arch)) is not None:
+        return packaged
     reason = why_not_buildable(arch)
     if reason and compiler is None:
         raise BuildError(f"cannot build the ekrt runner: {reason}", "install a cross compiler for the device, or deploy with another backend")
@@ -173,14 +206,20 @@ def build_runner(arch: str | None = None, *, compiler: Compiler | None = None) -
     errors = []
     for cc in candidates:
         try:
-            return _build_with(cc, arch)
+            return _build_with(cc, arch, events or Events())
         except BuildError as exc:
             errors.append(f"{cc.name}: {exc.message}")
     raise BuildError("cannot build the ekrt runner for " + arch + ": " + "; ".join(errors),
                      "see the compiler's message; the ziglang package (pip install ziglang) is the fallback compiler")
 
 
-def _build_with(cc: Compiler, arch: str) -> Path:
+def estimate_s(cc: Compiler, n_files: int) -> int:
+    """A rough duration of a cold build (an estimate, printed as one)."""
+    cpu_s = n_files * SECONDS_PER_FILE + (ZIG_LIBC_CPU_S if cc.kind == "zig" else 0.0)
+    return max(1, round(cpu_s / max(1, min(os.cpu_count() or 1, n_files)) + 2))
+
+
+def _build_with(cc: Compiler, arch: str, events: Events) -> Path:
     # The key is taken before probing which ISA flags the compiler takes: that is a function of
     # the compiler (in the key) and the flags (in the key), so a cached build needs no probe.
     key = _key(cc, sources.c_sources(arch, "runner"), SIZE_FLAGS)
@@ -194,22 +233,32 @@ def _build_with(cc: Compiler, arch: str) -> Path:
         if shared != out_dir and (shared / RUNNER_NAME).is_file():
             _install(shared / RUNNER_NAME, out_dir, (shared / "build.txt").read_text() if (shared / "build.txt").is_file() else "")
             return runner
+        started = time.monotonic()
         ss = sources.c_sources(arch, "runner", supported=lambda isa, flags: _flags_ok(cc, flags, tmp))
         common = [*ss.cflags, *SIZE_FLAGS, *(f"-I{d}" for d in ss.include_dirs), *(f"-D{d}=1" for d in ss.defines)]
         objects = [str(tmp / f"{i:03d}-{src.path.stem}.o") for i, src in enumerate(ss.sources)]
+        what = f"building ekrt runner for {arch} with {'zig' if cc.kind == 'zig' else Path(cc.argv[0]).name}"
+        with events.progress(f"{what} (once, ~{estimate_s(cc, len(ss.sources))} s, estimated)",
+                             total=len(ss.sources) + 1) as prog:
 
-        def compile_one(i: int) -> None:
-            src = ss.sources[i]
-            r = _run([*cc.argv, *common, *_flags(cc, src.flags), "-c", str(src.path), "-o", objects[i]], tmp)
+            def compile_one(i: int) -> None:
+                src = ss.sources[i]
+                r = _run([*cc.argv, *common, *_flags(cc, src.flags), "-c", str(src.path), "-o", objects[i]], tmp)
+                if r.returncode != 0:
+                    raise BuildError(f"{src.path.name} does not compile: {_first_error(r.stderr)}", "report it with the compiler's output")
+                prog.advance()
+
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+                list(pool.map(compile_one, range(len(ss.sources))))
+            exe = tmp / RUNNER_NAME
+            prog.update(f"{what}: linking")
+            if cc.kind == "zig":
+                events.info(f"linking with zig (its first link for {ZIG_TARGETS[arch]} also builds its C library: minutes) ...")
+            r = _run([*cc.argv, *objects, "-o", str(exe), *ss.ldflags, *SIZE_LDFLAGS, *(f"-l{lib}" for lib in ss.libraries)], tmp)
             if r.returncode != 0:
-                raise BuildError(f"{src.path.name} does not compile: {_first_error(r.stderr)}", "report it with the compiler's output")
-
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            list(pool.map(compile_one, range(len(ss.sources))))
-        exe = tmp / RUNNER_NAME
-        r = _run([*cc.argv, *objects, "-o", str(exe), *ss.ldflags, *SIZE_LDFLAGS, *(f"-l{lib}" for lib in ss.libraries)], tmp)
-        if r.returncode != 0:
-            raise BuildError(f"linking the runner failed: {_first_error(r.stderr)}", "a static build needs the C library's static archive (libc.a)")
+                raise BuildError(f"linking the runner failed: {_first_error(r.stderr)}", "a static build needs the C library's static archive (libc.a)")
+            prog.advance()
+        events.info(f"built ekrt runner for {arch} in {time.monotonic() - started:.1f} s (cached: {out_dir})")
         about = (f"arch {arch}\ncompiler {cc.name} ({cc.identity})\nisas {' '.join(ss.isas)}\n"
                  + "".join(f"left out {isa}: {why}\n" for isa, why in ss.skipped.items()))
         _install(exe, out_dir, about)
@@ -237,4 +286,5 @@ def _first_error(stderr: str) -> str:
     return lines[0].strip()[:300]
 
 
-__all__ = ["BuildError", "Compiler", "build_runner", "cache_root", "find_compilers", "host_arch", "why_not_buildable"]
+__all__ = ["BuildError", "Compiler", "build_runner", "cache_root", "estimate_s", "find_compilers", "host_arch",
+           "packaged_runner", "why_not_buildable"]

@@ -11,6 +11,7 @@ module imports nothing from edgekit and only the standard library) and by the cr
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import sys
 from collections.abc import Callable
@@ -42,6 +43,23 @@ def csrc_dir() -> Path:
         if (candidate / "sources.toml").is_file():
             return candidate
     raise FileNotFoundError(f"ekrt's C sources (sources.toml) are not beside {here.parents[2]}")
+
+
+SOURCE_SUFFIXES = (".c", ".h", ".inc", ".toml")
+NOT_SOURCES = ("build", "corpus", "__pycache__")  # folders a wheel's copy of csrc/ leaves out (setup.py)
+
+
+def content_hash(csrc: Path | None = None) -> str:
+    """A hash of every C source, header, list and sources.toml under ``csrc``: a runner built
+    from sources with this hash matches them (an edited checkout no longer does)."""
+    csrc = Path(csrc) if csrc else csrc_dir()
+    h = hashlib.sha256()
+    for path in sorted(p for p in csrc.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()):
+        rel = path.relative_to(csrc)
+        if any(part.startswith(NOT_SOURCES) for part in rel.parts[:-1]):
+            continue
+        h.update(rel.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:24]
 
 
 @dataclass(frozen=True)
@@ -141,5 +159,5 @@ def c_sources(
 
 
 __all__ = [
-    "CSource", "SourceSet", "c_sources", "csrc_dir", "flag_choices", "isa_of", "load_description", "normalize_arch",
+    "CSource", "SourceSet", "c_sources", "content_hash", "csrc_dir", "flag_choices", "isa_of", "load_description", "normalize_arch",
 ]
