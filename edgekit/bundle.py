@@ -24,7 +24,7 @@ from typing import Any
 from edgekit import __version__
 from edgekit.agent import bundle_hash as _bundle_hash
 from edgekit.errors import InputError, OutputPathError
-from edgekit.fsutil import check_parent, fsync_path, sha256_file
+from edgekit.fsutil import check_output_dir, fsync_path, sha256_file
 from edgekit.jsonable import FieldsDict, is_int, kind
 from edgekit.profiles.model import BACKENDS, PRECISIONS
 from edgekit.tensorspec import TensorSpec
@@ -148,9 +148,7 @@ def write_bundle(
     source files. Nothing is left behind when any input is bad.
     """
     out_dir = Path(out_dir)
-    check_parent(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputPathError(f"bundle output {out_dir} is a file", "choose another output directory")
+    check_output_dir(out_dir)
     if out_dir.exists() and not overwrite:
         raise OutputPathError(
             f"bundle output {out_dir} already exists",
