@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit import __version__
+from edgekit.agent import PATH_OPTIONS
 from edgekit.agent import bundle_hash as _bundle_hash
 from edgekit.errors import InputError, OutputPathError
 from edgekit.fsutil import check_output_dir, fsync_path, sha256_file
@@ -103,6 +104,12 @@ class Manifest(FieldsDict):
                 raise _bad("variants", f"has two variants named '{v.name}'")
             if v.model not in paths:
                 raise _bad(f"variants[{names.index(v.name)}].model", f"is {v.model}, which is not in 'files'")
+            # options that name a file (the agent runs the runner): a bundle file, or refused here and there
+            for key in PATH_OPTIONS:
+                if key in v.options:
+                    field = f"variants[{names.index(v.name)}].options.{key}"
+                    if _check_relpath(v.options[key], field) not in paths:
+                        raise _bad(field, f"is {v.options[key]}, which is not in 'files'")
         plan = _obj(d.get("plan"), "plan")
         return cls(
             schema=schema,
