@@ -21,6 +21,9 @@ __all__ = ["AGENT_VERSION", "SCHEMA", "AgentFailure", "bundle_file", "bundle_has
 
 AGENT_VERSION = "0.1.0"
 SCHEMA = 1
+# A --duration run on a microsecond model would otherwise print a JSON document of many MB; the
+# host refuses a reply with more (a compromised or broken agent's).
+MAX_SAMPLES = 1_000_000
 
 
 class AgentFailure(Exception):

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 from . import (
     AGENT_VERSION,
+    MAX_SAMPLES,
     PATH_OPTIONS,
     REPUSH,
     SCHEMA,
@@ -28,8 +29,6 @@ from .energy import energy_record, open_meter
 from .facts import device_facts, device_state
 from .speed import SpeedMeter
 
-# A --duration run on a microsecond model would otherwise print a JSON document of many MB.
-MAX_SAMPLES = 1_000_000
 MAX_WARMUP_SAMPLES = 1000
 INPUTS_FILE = "inputs.npz"
 

@@ -16,6 +16,7 @@ from edgekit.cli import common
 from edgekit.cli.output import Output
 from edgekit.errors import ResultsError
 from edgekit.fsutil import atomic_path, check_output_path
+from edgekit.jsonable import strict_loads
 
 app = typer.Typer(
     name="results",
@@ -311,11 +312,13 @@ def _read_json(file: str) -> Any:
     except OSError as exc:
         raise ResultsError(f"cannot read {name}: {exc.strerror}", _HINT_EXPORT) from None
     try:
-        return json.loads(text)
+        return strict_loads(text)
     except json.JSONDecodeError as exc:
         raise ResultsError(
             f"{name} is not JSON: {exc.msg} (line {exc.lineno})", _HINT_EXPORT
         ) from None
+    except ValueError as exc:
+        raise ResultsError(f"{name} is not an export: {exc}", _HINT_EXPORT) from None
 
 
 def _device_rows(agent: dict) -> list[tuple[str, Any]]:
