@@ -48,6 +48,7 @@ def list_(
     filters = {"model": model, "target": target, "device": device, "variant": variant, "branch": branch}
     with ResultsStore() as store:
         rows = store.list(limit=limit, **filters)
+        _warn_damage(out, store)
     if not rows:
         given = ", ".join(f"--{k} {v}" for k, v in filters.items() if v is not None)
         out.info(
@@ -88,6 +89,7 @@ def show(
     out = Output()
     with ResultsStore() as store:
         record = store.get(run_id)
+        _warn_damage(out, store)
     if json_:
         out.json(record)
         return
@@ -152,6 +154,9 @@ def export(
         check_output_path(output)
     with ResultsStore() as store:
         document = store.export(ids or None)
+        _warn_damage(out, store)
+    if store.skipped:
+        out.warn(f"{len(store.skipped)} damaged run(s) could not be read and are not in the export: ids {', '.join(map(str, store.skipped))}")
     if output is None:
         out.json(document)
         return
@@ -299,6 +304,11 @@ _RECORD_KEYS = {
     "agent",
 }
 _HINT_EXPORT = "give a file written by `edgekit results export`"
+
+
+def _warn_damage(out: Output, store: ResultsStore) -> None:
+    if store.damage is not None:
+        out.warn(f"the results store {store.path} is damaged ({store.damage}): what can be read is shown; save it with edgekit results export -o rescued.json")
 
 
 def _read_json(file: str) -> Any:
