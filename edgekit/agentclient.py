@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekit.agent import MAX_SAMPLES
 from edgekit.agent import SCHEMA as AGENT_SCHEMA
 from edgekit.errors import AgentError
+from edgekit.jsonable import strict_loads
 from edgekit.transport.agentzip import agent_server, ask_server, push_agent
-from edgekit.transport.base import CommandResult, Transport
+from edgekit.transport.base import MAX_ANSWER_BYTES, CommandResult, Transport
 
 __all__ = ["BenchConfig", "bench_variant", "device_facts", "eval_variant", "parse_agent_output", "push_agent", "run_agent"]
 
@@ -104,14 +106,21 @@ def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> di
             "the backend runtime crashed (a SIGILL or SIGSEGV usually means a build for another CPU); "
             "run the command by hand on the device: " + result.command,
         )
+    if len(result.stdout) > MAX_ANSWER_BYTES:
+        raise AgentError(
+            f"the agent's reply is {len(result.stdout) / 2**20:.0f} MiB; edgekit reads at most {MAX_ANSWER_BYTES >> 20} MiB",
+            "a bench reply holds at most 1 000 000 samples: the agent on the device is not edgekit's, or broken; push it again",
+        )
     text = result.stdout.decode("utf-8", errors="replace").strip()
     try:
-        doc = json.loads(text)
-    except ValueError:
+        doc = strict_loads(text)
+    except json.JSONDecodeError:
         raise AgentError(
             f"the agent printed no JSON document (exit code {result.returncode}){_tail(result)}",
             f"check the device's Python ({result.argv[0]}) is 3.7 or newer; run by hand: {result.command}",
         ) from None
+    except ValueError as exc:
+        raise AgentError(f"the agent's reply is not a document edgekit reads: {exc}", _OUT_OF_STEP) from None
     if not isinstance(doc, dict):
         raise AgentError("the agent printed JSON that is not an object", _OUT_OF_STEP)
     if doc.get("kind") == "edgekit.error":
@@ -130,7 +139,9 @@ def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> di
     if kind != "edgekit.bench":
         return doc
     samples = doc.get("samples_ns")
-    if not isinstance(samples, list) or not samples or not all(type(s) is int and s > 0 for s in samples):
+    if isinstance(samples, list) and len(samples) > MAX_SAMPLES:
+        raise AgentError(f"the agent's document has {len(samples)} samples; an agent sends at most {MAX_SAMPLES}", _OUT_OF_STEP)
+    if not isinstance(samples, list) or not samples or not all(type(s) is int and 0 < s < 2**63 for s in samples):
         raise AgentError(
             "the agent's document has no usable samples_ns (a non-empty list of positive integers)",
             _OUT_OF_STEP,

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from edgekit import __version__
+from edgekit.agent import PATH_OPTIONS
 from edgekit.agent import bundle_hash as _bundle_hash
 from edgekit.errors import InputError, OutputPathError
-from edgekit.fsutil import check_parent, fsync_path, sha256_file
+from edgekit.fsutil import check_output_dir, fsync_path, sha256_file
 from edgekit.jsonable import FieldsDict, is_int, kind
 from edgekit.profiles.model import BACKENDS, PRECISIONS
 from edgekit.tensorspec import TensorSpec
@@ -103,6 +104,12 @@ class Manifest(FieldsDict):
                 raise _bad("variants", f"has two variants named '{v.name}'")
             if v.model not in paths:
                 raise _bad(f"variants[{names.index(v.name)}].model", f"is {v.model}, which is not in 'files'")
+            # options that name a file (the agent runs the runner): a bundle file, or refused here and there
+            for key in PATH_OPTIONS:
+                if key in v.options:
+                    field = f"variants[{names.index(v.name)}].options.{key}"
+                    if _check_relpath(v.options[key], field) not in paths:
+                        raise _bad(field, f"is {v.options[key]}, which is not in 'files'")
         plan = _obj(d.get("plan"), "plan")
         return cls(
             schema=schema,
@@ -148,9 +155,7 @@ def write_bundle(
     source files. Nothing is left behind when any input is bad.
     """
     out_dir = Path(out_dir)
-    check_parent(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputPathError(f"bundle output {out_dir} is a file", "choose another output directory")
+    check_output_dir(out_dir)
     if out_dir.exists() and not overwrite:
         raise OutputPathError(
             f"bundle output {out_dir} already exists",

@@ -32,8 +32,9 @@ from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 from edgekit.devices.lock import device_lock
 from edgekit.devices.preflight import ensure_ready
-from edgekit.errors import GateError, ModelError, OutputPathError
+from edgekit.errors import GateError, ModelError
 from edgekit.events import Events
+from edgekit.fsutil import check_output_dir
 from edgekit.modelio import LoadedModel, load_model, read_sidecar
 from edgekit.plan import (
     Bench,
@@ -176,10 +177,8 @@ def open_job(req: DeployRequest) -> Job:
     evaluation = req.eval or sc.evaluation
     labels = req.labels or (sc.labels if evaluation is not None and evaluation == sc.evaluation else None)
     output = req.output or Path("edgekit-out") / f"{loaded.name}-{profile.name}"
-    if req.output is not None and not output.parent.exists():
-        raise OutputPathError(f"output directory does not exist: {output.parent}", f"create it first (mkdir -p {output.parent})")
-    if req.output is not None and output.exists() and not output.is_dir():
-        raise OutputPathError(f"bundle output {output} is a file", "choose another output directory")
+    if req.output is not None:
+        check_output_dir(output)
     return Job(req, loaded, profile, device, calib, evaluation, labels, output, notes)
 
 

@@ -46,3 +46,37 @@ def kind(value: Any, none: str = "nothing") -> str:
     if value is None:
         return none
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), type(value).__name__)
+
+
+MAX_DEPTH = 64  # edgekit's own documents nest a handful of levels
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:24]} is out of range for a float")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def strict_loads(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """JSON that edgekit did not write itself (a device's reply, a file to import), read strictly:
+    NaN/Infinity, numbers beyond a float's range (1e400) and nesting deeper than ``max_depth`` are
+    errors. Raises ValueError (``json.JSONDecodeError`` for bad syntax) with a one-line reason."""
+    import json
+
+    try:
+        doc = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"nested more than {max_depth} levels deep") from None
+    stack = [(doc, 0)]
+    while stack:  # iterative: the check must not itself recurse
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth >= max_depth:
+                raise ValueError(f"nested more than {max_depth} levels deep")
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return doc

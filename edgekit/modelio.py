@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,22 +157,37 @@ def _external_bytes(model: onnx.ModelProto, folder: Path) -> int:
     return total
 
 
-def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
-    """Read, check and resolve an ONNX model. Every failure is a ModelError with a hint.
-
-    A ``.tflite`` file is read by ``modelio_tflite`` instead (a TfliteModel, ``format`` "tflite").
-    """
-    path = Path(path)
+def _read_model_file(path: Path) -> tuple[bytes, bool]:
+    """The bytes of a model file and whether it is a .tflite, read only after its size is known:
+    a FIFO (which would block the read for ever) or a device such as /dev/zero is refused."""
+    named_tflite = path.suffix.lower() == ".tflite"
+    try:
+        st = os.stat(path)  # follows a symlink: a link to a model file is a model file
+    except (FileNotFoundError, NotADirectoryError):
+        raise ModelError(f"model file not found: {path}", f"check the path; edgekit takes an .onnx{' or .tflite' * named_tflite} file") from None
+    except OSError as exc:
+        raise ModelError(f"cannot read the model {path}: {exc.strerror}", "check the path and its permissions") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelError(f"model path is a directory: {path}", f"give the {'.tflite' if named_tflite else '.onnx'} file inside it")
+    if not stat.S_ISREG(st.st_mode):
+        # a FIFO would block the read for ever, /dev/zero never ends: only files have a size to check first
+        raise ModelError(f"model path is not a regular file ({_kind(st.st_mode)}): {path}", "give the model file itself; edgekit does not read a model from a pipe or a device")
+    if st.st_size >= PROTO_LIMIT:
+        raise ModelError(
+            f"{path} holds {st.st_size / 2**30:.1f} GiB; edgekit handles models below 2 GiB (protobuf's limit)",
+            "models this size are beyond an edge device's int8 path here: export a smaller model, or split it",
+        )
     tflite = is_tflite(path)
-    if not path.exists():
-        raise ModelError(f"model file not found: {path}", f"check the path; edgekit takes an .onnx{' or .tflite' * tflite} file")
-    if path.is_dir():
-        raise ModelError(f"model path is a directory: {path}", f"give the {'.tflite' if tflite else '.onnx'} file inside it")
-    raw = path.read_bytes()
+    with open(path, "rb") as fh:
+        raw = fh.read(PROTO_LIMIT)  # bounded even when the file grew since the size check
+    if len(raw) >= PROTO_LIMIT:
+        raise ModelError(f"{path} grew past 2 GiB while it was read", "let whatever writes the model finish, then try again")
     if not raw:
         raise ModelError(f"model file is empty: {path}", "re-export the model")
-    if tflite:
-        return load_tflite(path, raw, shapes, read_sidecar(path))
+    return raw, tflite
+
+
+def _parse_onnx(raw: bytes, path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load_from_string(raw)
     except Exception as exc:  # protobuf DecodeError and friends
@@ -180,6 +197,28 @@ def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = Non
         ) from exc
     if not model.graph.node:
         raise ModelError(f"not an ONNX model (no graph nodes): {path}", "export the model to ONNX and try again")
+    return model
+
+
+def check_model_file(path: Path | str) -> None:
+    """ModelError unless ``path`` is a readable ONNX (or .tflite) file: a cheap check before any
+    work that would leave outputs behind (``edgekit ci`` checks every model before it runs one)."""
+    path = Path(path)
+    raw, tflite = _read_model_file(path)
+    if not tflite:
+        _parse_onnx(raw, path)
+
+
+def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = None) -> Model:
+    """Read, check and resolve an ONNX model. Every failure is a ModelError with a hint.
+
+    A ``.tflite`` file is read by ``modelio_tflite`` instead (a TfliteModel, ``format`` "tflite").
+    """
+    path = Path(path)
+    raw, tflite = _read_model_file(path)
+    if tflite:
+        return load_tflite(path, raw, shapes, read_sidecar(path))
+    model = _parse_onnx(raw, path)
     if any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
         total = len(raw) + _external_bytes(model, path.parent)
         if total >= PROTO_LIMIT:
@@ -205,6 +244,7 @@ def load_model(path: Path | str, shapes: dict[str, tuple[int, ...]] | None = Non
         onnx.shape_inference.infer_shapes(model, strict_mode=True)
     except onnx.shape_inference.InferenceError as exc:
         raise ModelError(f"invalid ONNX model {path}: {_first_line(exc)}", "re-export the model; its shapes do not fit together") from exc
+    _check_weights(model, path)
 
     sidecar = read_sidecar(path)
     init_names = {t.name for t in model.graph.initializer}
@@ -256,6 +296,50 @@ def with_static_inputs(model: onnx.ModelProto, inputs: tuple[IOSpec, ...]) -> on
     except onnx.shape_inference.InferenceError as exc:
         shapes = " ".join(f"{i.name}:{','.join(map(str, i.shape))}" for i in inputs)
         raise ModelError(f"the model does not accept input shapes {shapes}: {_first_line(exc)}", "check the --shape values") from exc
+
+
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a file"
+
+
+# The inputs of compute ops that hold weights (what quantization turns into int8 and scales).
+WEIGHT_INPUTS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (0, 1, 2), "MatMul": (0, 1), "Einsum": (0, 1)}
+# No trained weight is near this: past it the fp32 products with any sizeable activation overflow,
+# and an int8 channel holding it quantizes every other weight of the channel to zero.
+WEIGHT_LIMIT = 1e30
+
+
+def _check_weights(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse weights of compute ops that hold NaN or Inf, are empty, or are absurdly large (a
+    broken export): quantizing them gives a model that is silently wrong, or no model at all."""
+    from onnx import numpy_helper
+
+    consts = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    consts[node.output[0]] = a.t
+    for node in model.graph.node:
+        for i in WEIGHT_INPUTS.get(node.op_type, ()):
+            name = node.input[i] if i < len(node.input) else ""
+            t = consts.get(name)
+            if t is None or t.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16):
+                continue
+            w = numpy_helper.to_array(t).astype(np.float64)
+            where = f"{path}: weight '{name}' of {node.op_type} node '{node.name or node.output[0]}'"
+            if w.size == 0:
+                raise ModelError(f"{where} is empty (shape {list(w.shape)})", "re-export the model; a layer with no weights computes nothing")
+            bad = int(np.count_nonzero(~np.isfinite(w)))
+            if bad:
+                what = "NaN" if np.isnan(w).any() else "Inf"
+                raise ModelError(f"{where} holds {bad} {what} value(s) of {w.size}", "the weights are broken (a diverged training run or a bad export): fix them and re-export")
+            peak = float(np.abs(w).max())
+            if peak > WEIGHT_LIMIT:
+                raise ModelError(f"{where} holds a value of magnitude {peak:.3g} (edgekit takes weights up to {WEIGHT_LIMIT:.0e})", "no trained weight is that large: check the export")
 
 
 def _first_line(exc: Exception) -> str:

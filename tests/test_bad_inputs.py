@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -134,6 +135,33 @@ CASES = [
     ("devices-unlock-bad-name", "devices unlock 'a;touch PWNED'", USAGE),
     ("deploy-unknown-group", f"deploy {M} --no-bench --device @nogroup --inventory {{bad}}/inv_ok.toml", USAGE),
     ("bench-unreachable-device", "bench {bundle} --device nobody@127.0.0.1:1 --lock-wait 0", DEVICE),
+    # -- issue 26: malformed inputs that were exit 1, hung, or were taken silently ------------------
+    ("quantize-zero-size-weight", "quantize {bad}/zero_weight.onnx -o out.onnx", INPUT),
+    ("quantize-inf-weight", "quantize {bad}/inf_weight.onnx -o out.onnx", INPUT),
+    ("quantize-huge-weight", "quantize {bad}/huge_weight.onnx -o out.onnx", INPUT),
+    ("quantize-nan-weight", "quantize {bad}/nan_weight.onnx -o out.onnx", INPUT),
+    ("deploy-nan-weight", "deploy {bad}/nan_weight.onnx --no-bench -o bundle", INPUT),
+    ("quantize-dev-zero-as-model", "quantize /dev/zero -o out.onnx", INPUT),
+    ("quantize-fifo-as-model", "quantize {bad}/fifo.onnx -o out.onnx", INPUT),
+    ("plan-fifo-as-model", "plan {bad}/fifo.onnx", INPUT),
+    ("devices-list-ini-huge-range", "devices list --inventory {bad}/huge_range.ini", INPUT),
+    ("devices-list-yaml-alias-cycle", "devices list --inventory {bad}/alias_cycle.yaml", INPUT),
+    ("results-import-100000-deep", "results import {bad}/deep.json", INPUT),
+    ("results-import-1e400", "results import {bad}/overflow.json", INPUT),
+    ("report-100000-deep", "report {bad}/deep.json -o r.html", INPUT),
+    ("labels-negative", f"quantize {M} -o out.onnx --calib {CAL} --eval {{ex}}/digits/heldout.npz --labels {{bad}}/labels_neg.npy", INPUT),
+    ("labels-10-to-the-12", f"quantize {M} -o out.onnx --calib {CAL} --eval {{ex}}/digits/heldout.npz --labels {{bad}}/labels_big.npy", INPUT),
+    ("labels-beyond-the-classes", f"quantize {M} -o out.onnx --calib {CAL} --eval {{ex}}/digits/heldout.npz --labels {{bad}}/labels_10.npy", INPUT),
+    ("gate-accuracy-over-100", "bench {bundle} --fail accuracy:>200%", USAGE),
+    ("ci-gate-accuracy-over-100", "ci -c {bad}/ci_gate200.toml --junit j.xml --summary s.md", INPUT),
+    ("ci-targets-empty", "ci -c {bad}/ci_no_targets.toml --junit j.xml --summary s.md", INPUT),
+    ("ci-non-onnx-model-writes-nothing", "ci -c {bad}/ci_not_onnx.toml --junit j.xml --summary s.md --report r.html", INPUT),
+    # -- issue 26: outputs that are not regular files -----------------------------------------------
+    ("export-output-is-a-device-node", "results export -o {bad}/null", INPUT),
+    ("export-output-is-a-fifo", "results export -o {bad}/fifo.onnx", INPUT),
+    ("export-output-dev-full", "results export -o /dev/full", INPUT),
+    ("quantize-output-is-a-fifo", f"quantize {M} -o {{bad}}/fifo.onnx", INPUT),
+    ("ci-junit-is-a-device-node", "ci -c {bad}/ci_gate200.toml --junit {bad}/null", INPUT),
 ]
 XFAIL: dict[str, str] = {}
 
@@ -210,6 +238,37 @@ def bad(tmp_path_factory) -> Path:
     (d / "inv_shell.toml").write_text('[devices.pi1]\nssh = "lab-1;touch${IFS}PWNED;"\n')
     (d / "inv_shell.ini").write_text("[pis]\npi1 ansible_host='a;touch PWNED'\n")
     (d / "inv_ok.toml").write_text('[devices.pi1]\nssh = "pi@10.0.0.7"\n')
+
+    # issue 26
+    def matmul(weight: np.ndarray, name: str) -> None:
+        k, n = weight.shape
+        nodes = [make_node("MatMul", ["x", "w"], ["y"])]
+        model = onnx_model(nodes, [vi("x", TensorProto.FLOAT, [1, k])], [vi("y", TensorProto.FLOAT, [1, n])], [numpy_helper.from_array(weight, "w")])
+        onnx.save(model, d / name)
+
+    ones = np.ones((4, 3), np.float32)
+    matmul(np.ones((4, 0), np.float32), "zero_weight.onnx")
+    for name, value in (("inf_weight.onnx", np.inf), ("huge_weight.onnx", 2.6e35), ("nan_weight.onnx", np.nan)):
+        w = ones.copy()
+        w[1, 2] = value
+        matmul(w, name)
+    os.mkfifo(d / "fifo.onnx")  # read, it would block for ever; written, replaced by a file
+    if os.geteuid() == 0:
+        os.mknod(d / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is
+    else:
+        os.mkfifo(d / "null")
+    (d / "huge_range.ini").write_text("[pis]\npi[0:99999999]\n")
+    (d / "alias_cycle.yaml").write_text("all:\n  hosts:\n    pi1: &vars\n      again: *vars\n")
+    (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    export = {"kind": "edgekit.results", "schema": 1, "records": [{"latencies_ns": [1e400]}]}
+    (d / "overflow.json").write_text(json.dumps(export).replace("Infinity", "1e400"))
+    np.save(d / "labels_neg.npy", np.full(360, -1, np.int64))
+    np.save(d / "labels_big.npy", np.full(360, 10**12, np.int64))
+    np.save(d / "labels_10.npy", np.full(360, 10, np.int64))  # the digits model has classes 0..9
+    digits_path = EXAMPLES / "digits" / "digits_cnn.onnx"
+    (d / "ci_gate200.toml").write_text(f'[[models]]\npath = "{digits_path}"\ngates = ["accuracy:>200%"]\n')
+    (d / "ci_no_targets.toml").write_text(f'[[models]]\npath = "{digits_path}"\ntargets = []\n')
+    (d / "ci_not_onnx.toml").write_text('[[models]]\npath = "corrupt.onnx"\n')
     return d
 
 

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
+import onnx
 import pytest
 import xmlschema
 
@@ -291,6 +292,9 @@ BAD = {
     "no models": ("[defaults]\niterations = 5\n", 3, "no [[models]]"),
     "two baselines": (f'[baseline]\nbranch = "main"\nref = "latest"\n[[models]]\npath = "{DIGITS}"\n', 3, "exactly one of ref, branch, file"),
     "unreachable device": (f'[[models]]\npath = "{DIGITS}"\ndevices = ["nobody@127.0.0.1:1"]\n', 4, "device nobody@127.0.0.1:1"),
+    "not a model": ('[[models]]\npath = "edgekit.toml"\n', 3, "models[0].path: not an ONNX model (or truncated)"),
+    "no targets": (f'[[models]]\npath = "{DIGITS}"\ntargets = []\n', 3, "models[0].targets: is empty"),
+    "accuracy over 100": (f'[[models]]\npath = "{DIGITS}"\ngates = ["accuracy:>200%"]\n', 3, "accuracy lies between 0 and 100"),
 }  # fmt: skip
 
 
@@ -338,7 +342,10 @@ def test_the_repo_edgekit_toml_is_valid():
 
 @pytest.mark.slow
 def test_a_model_that_cannot_deploy_is_an_error_and_the_others_still_run(cli, tmp_path):
-    (tmp_path / "broken.onnx").write_bytes(b"not an onnx model")
+    # an ONNX file (so the config takes it) that no backend can run: opset 999
+    broken = onnx.load(DIGITS)
+    broken.opset_import[0].version = 999
+    onnx.save(broken, tmp_path / "broken.onnx")
     (tmp_path / "edgekit.toml").write_text(
         FAST + '[[models]]\npath = "broken.onnx"\ngates = ["p99:<10000ms"]\n'
         f'[[models]]\npath = "{DIGITS}"\ngates = ["p99:<10000ms"]\n'

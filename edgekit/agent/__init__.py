@@ -17,10 +17,13 @@ import re
 
 from .digest import sha256_file
 
-__all__ = ["AGENT_VERSION", "SCHEMA", "AgentFailure", "bundle_hash", "error_document", "sha256_file"]
+__all__ = ["AGENT_VERSION", "SCHEMA", "AgentFailure", "bundle_file", "bundle_hash", "error_document", "sha256_file"]
 
 AGENT_VERSION = "0.1.0"
 SCHEMA = 1
+# A --duration run on a microsecond model would otherwise print a JSON document of many MB; the
+# host refuses a reply with more (a compromised or broken agent's).
+MAX_SAMPLES = 1_000_000
 
 
 class AgentFailure(Exception):
@@ -97,6 +100,41 @@ def read_json(path: str, bad_json_hint: str):
 
 
 REPUSH = "push the bundle again (edgekit bench / edgekit deploy do this)"
+# Variant options that name a file of the bundle (a backend runs or reads it).
+PATH_OPTIONS = ("runner",)
+# A bundle is code: its runner and backends run with this account's rights. One that names a path
+# outside itself was not written by edgekit.
+_FOREIGN = "rebuild the bundle with edgekit deploy; run only bundles from people you would let run code on this device"
+
+
+def is_bundle_relpath(rel) -> bool:
+    """A plain relative POSIX path that stays inside the bundle: no '..', '.', empty part, root or backslash."""
+    return (
+        isinstance(rel, str)
+        and 0 < len(rel) <= 4096
+        and not rel.startswith("/")
+        and "\\" not in rel
+        and "\0" not in rel
+        and all(part not in ("", ".", "..") for part in rel.split("/"))
+    )
+
+
+def bundle_file(bundle_dir: str, rel, what: str) -> str:
+    """The path of ``rel`` (a path the manifest names, as ``what``) inside ``bundle_dir``.
+
+    Refused (AgentFailure) when it is not a plain relative path, or when it resolves (through a
+    symlink) outside the bundle: the agent never reads, runs or chmods a file the bundle does not hold.
+    """
+    import os
+
+    if not is_bundle_relpath(rel):
+        raise AgentFailure(f"manifest.json: {what} {rel!r} is not a path inside the bundle (relative, no '..')", _FOREIGN)
+    path = os.path.join(bundle_dir, *rel.split("/"))
+    root = os.path.realpath(bundle_dir)
+    real = os.path.realpath(path)
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise AgentFailure(f"manifest.json: {what} {rel} resolves outside the bundle (to {real})", _FOREIGN)
+    return path
 
 
 def error_document(message: str, hint: str = "") -> dict:

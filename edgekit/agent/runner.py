@@ -12,14 +12,23 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from . import AGENT_VERSION, REPUSH, SCHEMA, AgentFailure, bundle_hash, read_json, sha256_file
+from . import (
+    AGENT_VERSION,
+    MAX_SAMPLES,
+    PATH_OPTIONS,
+    REPUSH,
+    SCHEMA,
+    AgentFailure,
+    bundle_file,
+    bundle_hash,
+    read_json,
+    sha256_file,
+)
 from .backends import load_backend
 from .energy import energy_record, open_meter
 from .facts import device_facts, device_state
 from .speed import SpeedMeter
 
-# A --duration run on a microsecond model would otherwise print a JSON document of many MB.
-MAX_SAMPLES = 1_000_000
 MAX_WARMUP_SAMPLES = 1000
 INPUTS_FILE = "inputs.npz"
 
@@ -116,7 +125,7 @@ def bench(
     before = device_state()
     started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
-    options = dict(spec.get("options") or {})
+    options = variant_options(bundle_dir, manifest, spec)
     t0 = time.perf_counter_ns()
     session = backend.load(model_path, threads, options, bundle_dir)
     load_ns = time.perf_counter_ns() - t0
@@ -251,7 +260,7 @@ def _open_variant(bundle_dir: str, variant: str) -> tuple:
     manifest = read_manifest(bundle_dir)
     spec = find_variant(manifest, variant)
     model_rel = spec["model"]
-    model_path = os.path.join(bundle_dir, *model_rel.split("/"))
+    model_path = bundle_file(bundle_dir, model_rel, f"variant '{variant}' model")
     if not os.path.isfile(model_path):
         raise AgentFailure(f"the bundle on the device has no model file {model_rel}", REPUSH)
     model_sha = sha256_file(model_path)
@@ -261,6 +270,25 @@ def _open_variant(bundle_dir: str, variant: str) -> tuple:
     return manifest, spec, model_path, model_sha
 
 
+def variant_options(bundle_dir: str, manifest: dict, spec: dict) -> dict:
+    """The variant's backend options, with every file it names checked: inside the bundle, listed in
+    the manifest and matching its sha256 there (a runner is executed: it must be the one pushed)."""
+    options = spec.get("options") or {}
+    if not isinstance(options, dict):
+        raise AgentFailure(f"variant '{spec.get('name')}' in manifest.json: 'options' must be an object", REPUSH)
+    recorded = {f["path"]: f["sha256"] for f in manifest["files"]}
+    for key in PATH_OPTIONS:
+        if key not in options:
+            continue
+        rel = options[key]
+        path = bundle_file(bundle_dir, rel, f"variant '{spec.get('name')}' options.{key}")
+        if rel not in recorded:
+            raise AgentFailure(f"manifest.json: options.{key} {rel!r} is not one of the bundle's files", REPUSH)
+        if not os.path.isfile(path) or sha256_file(path) != recorded[rel]:
+            raise AgentFailure(f"{rel} on the device does not match its sha256 in manifest.json", REPUSH)
+    return dict(options)
+
+
 def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: int | None = None) -> dict:
     """Run every sample of the bundle's ``samples`` file (an .npz of stacked inputs, sample i is
     ``arr[i:i+1]``) through ``variant`` on this device; write the stacked outputs to ``output`` (.npz
@@ -268,13 +296,14 @@ def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: 
     host compares the variants' outputs: the agreement it reports is what this device computed."""
     np = _numpy()
     manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant)
-    path = os.path.join(bundle_dir, *samples.split("/"))
+    options = variant_options(bundle_dir, manifest, spec)
+    path = bundle_file(bundle_dir, samples, "samples file")
     arrays = _npz_inputs(np, path, spec)
     counts = {len(a) for a in arrays.values()}
     if len(counts) != 1:
         raise AgentFailure(f"{samples}: the inputs hold different numbers of samples ({sorted(counts)})", REPUSH)
     n = counts.pop()
-    session = load_backend(spec["backend"]).load(model_path, threads, dict(spec.get("options") or {}), bundle_dir)
+    session = load_backend(spec["backend"]).load(model_path, threads, options, bundle_dir)
     names = [t["name"] for t in spec.get("outputs") or []]
     got = {}
 
@@ -387,6 +416,8 @@ def read_manifest(bundle_dir: str) -> dict:
     files = manifest.get("files")
     if not isinstance(files, list) or not all(isinstance(f, dict) and "path" in f and "sha256" in f for f in files):
         raise AgentFailure(f"{path}: 'files' must be a list of {{path, sha256, size}} objects", REPUSH)
+    for f in files:
+        bundle_file(bundle_dir, f["path"], "file")
     if not isinstance(manifest.get("variants"), list):
         raise AgentFailure(f"{path}: 'variants' must be a list", REPUSH)
     return manifest
@@ -417,7 +448,7 @@ def make_inputs(bundle_dir: str, spec: dict) -> dict:
     """
     np = _numpy()
     model_dir = posixpath.dirname(spec["model"])
-    npz = os.path.join(bundle_dir, *(model_dir.split("/") if model_dir else []), INPUTS_FILE)
+    npz = bundle_file(bundle_dir, posixpath.join(model_dir, INPUTS_FILE), "inputs file")
     if os.path.isfile(npz):
         return _npz_inputs(np, npz, spec)
     rng = np.random.RandomState(0)  # the legacy generator's stream is frozen across numpy versions

@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 
-from . import sha256_file
+from . import is_bundle_relpath, sha256_file
 
 PART_MAX_AGE_S = 24 * 3600  # an upload temp file untouched this long belongs to a push given up on
 
@@ -53,6 +53,9 @@ class _Store:
             os.makedirs(d, exist_ok=True)
         if mode not in ("plan", "commit", "rollback", "status"):
             return {"error": f"unknown store mode {mode!r}"}
+        bad = _bad_request(mode, req)
+        if bad:
+            return {"error": f"the device's store refused the push: {bad}", "hint": "rebuild the bundle with edgekit deploy (bundle paths stay inside the bundle)"}
         return getattr(self, mode)(req)
 
     # -- modes --------------------------------------------------------------------------------
@@ -182,6 +185,30 @@ class _Store:
             with open(tmp, "w") as fh:
                 json.dump(cache, fh)
             os.replace(tmp, self.cache_path)
+
+
+def _is_sha(value) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _bad_request(mode: str, req) -> str:
+    """What is wrong with a plan/commit request ('' when nothing): every file it names must land
+    inside the bundle, every object name is a sha256, the bundle's name is its hash."""
+    if mode not in ("plan", "commit"):
+        return ""
+    if not isinstance(req, dict) or not isinstance(req.get("files"), list):
+        return "the request has no list of files"
+    for entry in req["files"]:
+        if not (isinstance(entry, list) and len(entry) == 3):
+            return f"a file entry is not [path, sha256, size]: {entry!r:.80}"
+        rel, sha, size = entry
+        if not is_bundle_relpath(rel):
+            return f"file path {rel!r:.200} is not a path inside the bundle (relative, no '..')"
+        if not _is_sha(sha) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return f"file {rel}: bad sha256 or size"
+    if mode == "commit" and not _is_sha(req.get("bundle")):
+        return f"bundle name {req.get('bundle')!r:.80} is not a sha256"
+    return ""
 
 
 def _stamp(st: os.stat_result) -> list:

@@ -38,6 +38,7 @@ from edgekit.bench.stats import Stats, stat
 from edgekit.bench.store import EXPORT_KIND, ResultsStore, check_export
 from edgekit.bench.verdict import CONFIDENCE, MACHINE_UNSURE, machine_allowance, speedup_interval
 from edgekit.errors import ResultsError
+from edgekit.jsonable import strict_loads
 
 # Two back-to-back runs of one bundle on one device differ by more than their within-run bootstrap
 # intervals admit (clock and cache state, memory placement, other jobs): 1.8 % and 3.4 % on the
@@ -337,13 +338,15 @@ def read_records(path: Path) -> list[dict]:
     """The records of an export file (or of one record, as `edgekit results show --json` prints it)."""
     hint = "give a file written by `edgekit results export`"
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = strict_loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ResultsError(f"no such file: {path}", _REF_HINT) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ResultsError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}", hint) from None
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{path} is not JSON: {exc.msg} (line {exc.lineno})", hint) from None
+    except ValueError as exc:
+        raise ResultsError(f"{path} is not an export: {exc}", hint) from None
     if isinstance(document, dict) and document.get("kind") == EXPORT_KIND:
         records = check_export(document)
     elif isinstance(document, dict) and "agent" in document:

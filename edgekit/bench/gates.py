@@ -194,6 +194,8 @@ def parse_gate(text: str) -> Gate:
         said = f"unit {unit!r}" if unit else "no unit"
         units = "B, KB, MB, GB (1 MB = 2^20 B)" if metric.unit == "B" else ", ".join(u for u in metric.units if u) or metric.unit
         raise UsageError(f"gate {text!r}: {said} for {metric.name}", f"say the unit, one of: {units} (e.g. {metric.name}:{op}{_example(metric)})")
+    if metric.unit in ("%", "pt") and number > 100:
+        raise UsageError(f"gate {text!r}: {metric.name} lies between 0 and 100 {metric.unit}, so a limit of {number:g} {metric.unit} means nothing", f"e.g. {metric.name}:{op}{_example(metric)}")
     return Gate(text, metric.name, False, op, number * metric.units[key], metric.unit, bool(m["opt"]))
 
 
@@ -205,6 +207,9 @@ def _relative(text: str, metric: Metric, op: str, number: float, unit: str, opti
             f"e.g. {metric.name}:{_relative_example(metric)}",
         )
     worse = "-" if metric.higher_is_better else "+"
+    if (points or metric.higher_is_better) and number > 100:  # points, or a fall of a positive value
+        said = "accuracy points" if points else f"a fall of {metric.name}"
+        raise UsageError(f"gate {text!r}: {said} cannot exceed 100 {unit}", f"e.g. {metric.name}:{_relative_example(metric)}")
     if op and op != worse:
         raise UsageError(
             f"gate {text!r} would fail when {metric.name} gets better",

@@ -76,6 +76,9 @@ class ResultsStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
         self._conn: sqlite3.Connection | None = None
+        self.read_only = False  # opened read-only: the file or its directory is not writable
+        self.damage: str | None = None  # what PRAGMA quick_check found wrong on open; None: intact
+        self.skipped: list[int] = []  # run ids the last export could not read (a damaged store)
 
     def __enter__(self) -> ResultsStore:
         return self
@@ -115,13 +118,36 @@ class ResultsStore:
     def get(self, run_id: int) -> dict:
         """The stored record with its ``id`` added."""
         found, text = self._row(run_id)
-        return {"id": found, **json.loads(text)}
+        return {"id": found, **self._record(found, text)}
 
     def _row(self, run_id: int) -> tuple[int, str]:
-        row = self._connect().execute("SELECT id, record FROM runs WHERE id = ?", (run_id,)).fetchone()
+        row = self._read(lambda conn: conn.execute("SELECT id, record FROM runs WHERE id = ?", (run_id,)).fetchone())
         if row is None:
             raise ResultsError(f"no result with id {run_id}", "see the stored runs with: edgekit results list")
         return row
+
+    def _record(self, run_id: int, text: Any) -> dict:
+        try:
+            record = json.loads(text)
+        except (TypeError, ValueError):
+            record = None
+        if not isinstance(record, dict):
+            raise ResultsError(f"run {run_id}'s record in {self.path} is damaged", self._rescue_hint())
+        return record
+
+    def _read(self, fn: Any) -> Any:
+        """``fn(conn)``; a damaged database file is a ResultsError with the way out, not a crash."""
+        conn = self._connect()
+        try:
+            return fn(conn)
+        except sqlite3.DatabaseError as exc:
+            raise ResultsError(f"results database {self.path} is damaged: {exc}", self._rescue_hint()) from None
+
+    def _rescue_hint(self) -> str:
+        return (
+            f"save what can still be read (edgekit results export -o rescued.json), move {self.path.name} aside, "
+            "then edgekit results import rescued.json into a new store"
+        )
 
     def list(self, *, limit: int = 50, **filters: str | None) -> list[dict]:
         """Summary rows, newest first, optionally filtered by exact model/target/device/variant/branch."""
@@ -130,7 +156,7 @@ class ResultsStore:
 
     def records(self, *, limit: int = 50, **filters: str | None) -> list[dict]:
         """Whole records (with their ``id``), newest first, filtered as ``list``."""
-        return [{"id": i, **json.loads(record)} for i, record in self._select("id, record", limit, filters)]
+        return [{"id": i, **self._record(i, record)} for i, record in self._select("id, record", limit, filters)]
 
     def _select(self, columns: str, limit: int, filters: dict[str, str | None]) -> list[tuple]:
         if limit < 1:
@@ -141,15 +167,41 @@ class ResultsStore:
         used = [(_FILTERS[name], value) for name, value in filters.items() if value is not None]
         where = " WHERE " + " AND ".join(f"{column} = ?" for column, _ in used) if used else ""
         sql = f"SELECT {columns} FROM runs{where} ORDER BY created DESC, id DESC LIMIT ?"
-        return self._connect().execute(sql, [*(value for _, value in used), limit]).fetchall()
+        return self._read(lambda conn: conn.execute(sql, [*(value for _, value in used), limit]).fetchall())
 
     def export(self, ids: Sequence[int] | None = None) -> dict:
-        """An import-ready document with the given runs (all runs when ``ids`` is None), oldest first."""
-        if ids is None:
-            texts = [r[0] for r in self._connect().execute("SELECT record FROM runs ORDER BY id")]
+        """An import-ready document with the given runs (all runs when ``ids`` is None), oldest first.
+
+        In a damaged store (``damage``), all runs means all that can still be read: each is read on
+        its own, and the ids of those that cannot be are in ``skipped``."""
+        self.skipped = []
+        self._connect()  # opening checks the store: ``damage`` is known from here on
+        if ids is not None:
+            records = [self._record(*self._row(run_id)) for run_id in dict.fromkeys(ids)]
+        elif self.damage is None:
+            records = [self._record(i, t) for i, t in self._read(lambda conn: conn.execute("SELECT id, record FROM runs ORDER BY id").fetchall())]
         else:
-            texts = [self._row(run_id)[1] for run_id in dict.fromkeys(ids)]
-        return {"schema": EXPORT_SCHEMA, "kind": EXPORT_KIND, "records": [json.loads(t) for t in texts]}
+            records = []
+            # each id looked up on its own: a damaged page loses the runs on it, not the scan
+            for run_id in range(1, self._last_id() + 1):
+                try:
+                    row = self._connect().execute("SELECT id, record FROM runs WHERE id = ?", (run_id,)).fetchone()
+                    if row is not None:
+                        records.append(validate_record(self._record(*row)))
+                except (sqlite3.DatabaseError, ResultsError):
+                    self.skipped.append(run_id)
+        return {"schema": EXPORT_SCHEMA, "kind": EXPORT_KIND, "records": records}
+
+    def _last_id(self) -> int:
+        """The highest run id ever given (AUTOINCREMENT keeps it in sqlite_sequence), else max(id)."""
+        for sql in ("SELECT seq FROM sqlite_sequence WHERE name = 'runs'", "SELECT max(id) FROM runs"):
+            try:
+                row = self._connect().execute(sql).fetchone()
+            except sqlite3.DatabaseError:
+                continue
+            if row is not None and isinstance(row[0], int):
+                return row[0]
+        raise ResultsError(f"results database {self.path} is too damaged to find its runs", self._rescue_hint())
 
     def close(self) -> None:
         if self._conn is not None:
@@ -159,6 +211,9 @@ class ResultsStore:
     # -- internals ------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
+            return self._conn
+        if self.path.is_file() and not (os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK | os.X_OK)):
+            self._conn = self._connect_read_only()
             return self._conn
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +246,12 @@ class ResultsStore:
                     continue
                 conn.close()
                 raise self._db_error(exc) from None
+        self._check_version(conn, version)
+        self._quick_check(conn)
+        self._conn = conn
+        return conn
+
+    def _check_version(self, conn: sqlite3.Connection, version: int) -> None:
         if version > DB_SCHEMA_VERSION:
             conn.close()
             raise ResultsError(
@@ -198,8 +259,38 @@ class ResultsStore:
                 f"edgekit supports ({DB_SCHEMA_VERSION})",
                 "upgrade edgekit (pip install -U edgekit), or set EDGEKIT_DATA_DIR to use another store",
             )
-        self._conn = conn
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A store this user may not write (a shared or archived one) can still be listed, shown and
+        exported. ``immutable``: a WAL database's -shm file cannot be made in a read-only directory."""
+        from urllib.parse import quote
+
+        self.read_only = True
+        uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+            except sqlite3.OperationalError:  # WAL without a -shm it may create: read the file as it is
+                conn.close()
+                conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None)
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise self._db_error(exc) from None
+        self._check_version(conn, version)
+        self._quick_check(conn)
         return conn
+
+    def _quick_check(self, conn: sqlite3.Connection) -> None:
+        """PRAGMA quick_check once per open: a damaged store still reads what it can (export
+        skips what it cannot), but takes no writes (they could spread the damage)."""
+        try:
+            rows = conn.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            rows = [(str(exc),)]
+        lines = [ln.strip() for r in rows if r and r[0] != "ok" for ln in str(r[0]).splitlines()]
+        problems = [ln for ln in lines if ln and not ln.startswith("***")]
+        self.damage = problems[0] + (f" and {len(problems) - 1} more problem(s)" if len(problems) > 1 else "") if problems else None
 
     @staticmethod
     def _create_schema(conn: sqlite3.Connection) -> int:
@@ -222,6 +313,10 @@ class ResultsStore:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction that holds the write lock from its start."""
         conn = self._connect()
+        if self.read_only:
+            raise ResultsError(f"the results store {self.path} is read-only here", "set EDGEKIT_DATA_DIR to a writable directory to store results")
+        if self.damage is not None:
+            raise ResultsError(f"results database {self.path} is damaged ({self.damage}); nothing is written to it", self._rescue_hint())
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:

@@ -201,6 +201,14 @@ class _Reader:
         if "path" not in m:
             raise self.fail(where, "no path", 'add path = "model.onnx"', section=section)
         model = self._file(m["path"], f"{where}.path", section, key="path")
+        from edgekit.modelio import check_model_file
+
+        try:  # a file that is no model fails the config, before any run and any output file
+            check_model_file(model)
+        except EdgekitError as exc:
+            raise self.fail(f"{where}.path", exc.message, exc.hint, section=section, key="path") from None
+        if "targets" in m and not m["targets"]:
+            raise self.fail(f"{where}.targets", "is empty: the model would run nowhere", 'name at least one profile, e.g. targets = ["local"] (or leave targets out for local)', section=section, key="targets")
         runs = tuple((t, self._devices(t, m.get("devices") or [], inventory, where, section)) for t in m.get("targets") or ["local"])
         gates = tuple(self._gate(g, f"{where}.gates[{j}]", section) for j, g in enumerate(m.get("gates") or ()))
         options: dict[str, Any] = {}

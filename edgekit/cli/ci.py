@@ -37,7 +37,7 @@ def ci(
     from edgekit.ci.run import run_ci
     from edgekit.ci.summary import markdown
     from edgekit.errors import EdgekitError, GateError
-    from edgekit.fsutil import check_output_path, write_bytes_atomic
+    from edgekit.fsutil import check_output_path, write_bytes_atomic, write_error
 
     o = Output()
     for path in (junit, report, summary):
@@ -54,8 +54,11 @@ def ci(
         write_bytes_atomic(summary, text.encode())
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
-        with open(step_summary, "a", encoding="utf-8") as fh:  # GitHub collects what each step appends
-            fh.write(text)
+        try:
+            with open(step_summary, "a", encoding="utf-8") as fh:  # GitHub collects what each step appends
+                fh.write(text)
+        except OSError as exc:
+            raise write_error(Path(step_summary), exc) from None
     if report is not None and not any(run.records for run in result.runs):
         o.warn(f"no run finished: no report written to {report}")
         report = None

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, OutputPathError
 from edgekit.events import Events, QuietProgress
 
 
@@ -67,8 +67,9 @@ class Output(Events):
 
     # -- stdout -----------------------------------------------------------------------
     def json(self, document: Any) -> None:
-        sys.stdout.write(json.dumps(document, indent=2, default=_json_default) + "\n")
-        sys.stdout.flush()
+        with _stdout_errors():
+            sys.stdout.write(json.dumps(document, indent=2, default=_json_default) + "\n")
+            sys.stdout.flush()
 
     def table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> None:
         table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
@@ -76,10 +77,27 @@ class Output(Events):
             table.add_column(col, overflow="fold")
         for row in rows:
             table.add_row(*("" if v is None else str(v) for v in row))
-        self.out.print(table)
+        with _stdout_errors():
+            self.out.print(table)
 
     def line(self, text: str = "") -> None:
-        self.out.print(text)
+        with _stdout_errors():
+            self.out.print(text)
+
+
+@contextlib.contextmanager
+def _stdout_errors() -> Iterator[None]:
+    """A failed write to stdout (``> /dev/full``, a closed pipe) is an output error (exit 3), not a bug,
+    and not a success either."""
+    try:
+        yield
+        sys.stdout.flush()
+    except OSError as exc:
+        # What is still buffered could not be written either: point stdout at /dev/null so the
+        # interpreter's flush at exit does not fail a second time.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise OutputPathError(f"cannot write to standard output: {exc.strerror or exc}", "free space on the disk that stdout goes to, or use -o FILE") from None
 
 
 def _json_default(obj: Any) -> Any:

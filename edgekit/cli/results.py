@@ -16,6 +16,7 @@ from edgekit.cli import common
 from edgekit.cli.output import Output
 from edgekit.errors import ResultsError
 from edgekit.fsutil import atomic_path, check_output_path
+from edgekit.jsonable import strict_loads
 
 app = typer.Typer(
     name="results",
@@ -47,6 +48,7 @@ def list_(
     filters = {"model": model, "target": target, "device": device, "variant": variant, "branch": branch}
     with ResultsStore() as store:
         rows = store.list(limit=limit, **filters)
+        _warn_damage(out, store)
     if not rows:
         given = ", ".join(f"--{k} {v}" for k, v in filters.items() if v is not None)
         out.info(
@@ -87,6 +89,7 @@ def show(
     out = Output()
     with ResultsStore() as store:
         record = store.get(run_id)
+        _warn_damage(out, store)
     if json_:
         out.json(record)
         return
@@ -151,6 +154,9 @@ def export(
         check_output_path(output)
     with ResultsStore() as store:
         document = store.export(ids or None)
+        _warn_damage(out, store)
+    if store.skipped:
+        out.warn(f"{len(store.skipped)} damaged run(s) could not be read and are not in the export: ids {', '.join(map(str, store.skipped))}")
     if output is None:
         out.json(document)
         return
@@ -330,6 +336,11 @@ _RECORD_KEYS = {
 _HINT_EXPORT = "give a file written by `edgekit results export`"
 
 
+def _warn_damage(out: Output, store: ResultsStore) -> None:
+    if store.damage is not None:
+        out.warn(f"the results store {store.path} is damaged ({store.damage}): what can be read is shown; save it with edgekit results export -o rescued.json")
+
+
 def _read_json(file: str) -> Any:
     name = "stdin" if file == "-" else file
     try:
@@ -341,11 +352,13 @@ def _read_json(file: str) -> Any:
     except OSError as exc:
         raise ResultsError(f"cannot read {name}: {exc.strerror}", _HINT_EXPORT) from None
     try:
-        return json.loads(text)
+        return strict_loads(text)
     except json.JSONDecodeError as exc:
         raise ResultsError(
             f"{name} is not JSON: {exc.msg} (line {exc.lineno})", _HINT_EXPORT
         ) from None
+    except ValueError as exc:
+        raise ResultsError(f"{name} is not an export: {exc}", _HINT_EXPORT) from None
 
 
 def _device_rows(agent: dict) -> list[tuple[str, Any]]:

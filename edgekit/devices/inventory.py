@@ -248,11 +248,30 @@ class _Group:
     children: list[str] = field(default_factory=list)
 
 
+MAX_RANGE_HOSTS = 4096  # one host pattern expands to at most this many hosts (a fleet, not a typo's billions)
+
+
+def _range_size(match: re.Match) -> int:
+    start, end, step = match.group(1), match.group(2), int(match.group(3) or 1)
+    if start.isdigit() != end.isdigit() or step < 1:
+        return 0
+    lo, hi = (int(start), int(end)) if start.isdigit() else (ord(start), ord(end))
+    return len(range(lo, hi + 1, step))
+
+
 def expand_hosts(pattern: str, source: str = "") -> list[str]:
     """Ansible host ranges: ``pi[01:03]`` -> pi01 pi02 pi03, ``db-[a:c]``, ``n[0:10:5]``."""
     match = _RANGE_RE.search(pattern)
     if not match:
         return [pattern]
+    total = 1
+    for m in _RANGE_RE.finditer(pattern):  # counted before anything is made: pi[0:99999999] is refused, not built
+        total *= max(1, _range_size(m))
+        if total > MAX_RANGE_HOSTS:
+            raise InputError(
+                f"{source}: host range '{pattern}' names more than {MAX_RANGE_HOSTS} hosts",
+                f"split it into ranges of at most {MAX_RANGE_HOSTS} hosts, or check the bounds for a typo",
+            )
     start, end, step = match.group(1), match.group(2), int(match.group(3) or 1)
     head, tail = pattern[: match.start()], pattern[match.end() :]
     if start.isdigit() != end.isdigit() or step < 1:
@@ -318,6 +337,31 @@ def _ini_value(text: str) -> str:
     return text
 
 
+MAX_YAML_DEPTH = 64
+
+
+def _no_alias_cycle(doc: Any, source: str) -> None:
+    """YAML anchors may point back into themselves (``a: &x {b: *x}``): a value that contains
+    itself would recurse for ever when read or printed. Refused, as is absurd nesting."""
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(doc, 0, True)]
+    while stack:  # iterative: a deep document must not hit Python's recursion limit here either
+        value, depth, entering = stack.pop()
+        if not entering:
+            on_path.discard(id(value))
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if id(value) in on_path:
+            raise InputError(f"{source}: a YAML alias refers to a mapping or list that contains it (an alias cycle)", "replace the alias (*name) with the values it stands for")
+        if depth > MAX_YAML_DEPTH:
+            raise InputError(f"{source}: nested more than {MAX_YAML_DEPTH} levels deep", "an inventory is groups, hosts and variables: flatten it")
+        on_path.add(id(value))
+        stack.append((value, depth, False))
+        for child in value.values() if isinstance(value, dict) else value:
+            stack.append((child, depth + 1, True))
+
+
 def _yaml_groups(text: str, source: str) -> dict[str, _Group]:
     try:
         import yaml
@@ -334,6 +378,7 @@ def _yaml_groups(text: str, source: str) -> dict[str, _Group]:
         doc = {}
     if not isinstance(doc, dict):
         raise InputError(f"{source}: the top level must be a mapping of groups (all: ...)", "see docs/devices.md")
+    _no_alias_cycle(doc, source)
     groups: dict[str, _Group] = {"all": _Group(), "ungrouped": _Group()}
 
     def visit(name: str, body: Any, where: str) -> None:

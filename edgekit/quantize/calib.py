@@ -196,6 +196,12 @@ def _read_labels(path: Path, n: int) -> np.ndarray:
             f"labels {path} must be {n} integer class indices, got shape {list(lab.shape)} {lab.dtype}",
             "one label per evaluation sample, saved with numpy.save",
         )
+    if lab.size and (lab.min() < 0 or lab.max() >= 2**31):
+        i = int(np.argmax((lab < 0) | (lab >= 2**31)))
+        raise CalibrationError(
+            f"labels {path}: sample {i} has class index {int(lab[i])}; class indices run from 0 to the number of classes - 1",
+            "save the class index of each evaluation sample (0-based), not a score or an id",
+        )
     return lab.astype(np.int64)
 
 

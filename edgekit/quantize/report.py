@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from edgekit.errors import CalibrationError
 from edgekit.quantize import dynamic, qmath
 from edgekit.quantize.calib import FeedSet
 
@@ -123,6 +124,12 @@ def compare(
     acc_f = acc_q = None
     if labels is not None and class_output is not None:
         r, q = stacked[class_output]
+        if labels.size and int(labels.max()) >= r.shape[1]:
+            i = int(np.argmax(labels >= r.shape[1]))
+            raise CalibrationError(
+                f"labels of {source}: sample {i} has class index {int(labels[i])}, but output '{class_output}' has {r.shape[1]} classes",
+                f"class indices run from 0 to {r.shape[1] - 1}: check the labels belong to this model and its evaluation data",
+            )
         if r.shape[0] == labels.shape[0]:
             acc_f = float(np.mean(r.argmax(axis=1) == labels))
             acc_q = float(np.mean(q.argmax(axis=1) == labels))

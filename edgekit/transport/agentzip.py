@@ -25,7 +25,8 @@ import zipfile
 from pathlib import Path
 
 from edgekit.fsutil import write_bytes_atomic
-from edgekit.transport.base import CommandResult, Conversation, Transport
+from edgekit.jsonable import MAX_DEPTH, strict_loads
+from edgekit.transport.base import MAX_ANSWER_BYTES, CommandResult, Conversation, Transport
 
 PACKAGE = "edgekit_agent"  # the name the agent package has inside the zip
 _SOURCES = Path(__file__).resolve().parents[1] / "agent"
@@ -135,8 +136,10 @@ def ask_server(transport: Transport, server: Conversation, args: list[str], *, t
     if answer is None:
         _SERVERS.pop(transport, None)
         return None
+    if len(answer) > MAX_ANSWER_BYTES:
+        return CommandResult(argv, 1, b"", f"the agent's server answered {len(answer) >> 20} MiB; edgekit reads at most {MAX_ANSWER_BYTES >> 20} MiB".encode(), time.monotonic() - start)
     try:
-        reply = json.loads(answer)
+        reply = strict_loads(answer, max_depth=MAX_DEPTH + 1)  # the reply wraps the document
         status, document = int(reply["status"]), reply["document"]
     except (ValueError, KeyError, TypeError):
         return CommandResult(argv, 1, b"", b"the agent's server answered something that is not a reply", time.monotonic() - start)

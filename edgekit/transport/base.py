@@ -50,6 +50,11 @@ class CommandResult:
         return doc if isinstance(doc, dict) else None
 
 
+# The most one answer line of a device program may hold: a bench reply of the agent's
+# MAX_SAMPLES samples (~20 bytes each as JSON), its per-layer times and facts fit well inside.
+MAX_ANSWER_BYTES = 64 << 20
+
+
 def timed_out(timeout: float, command: str) -> TransportError:
     """The error of a command that ran past its timeout (every transport words it the same)."""
     return TransportError(
@@ -199,6 +204,12 @@ class Conversation:
                 raise timed_out(timeout, shlex.join(self.argv))
             out, err, ended = self._poll(min(left, 1.0))
             self._out += out
+            if len(self._out) > MAX_ANSWER_BYTES and b"\n" not in self._out:  # bounded: a reply is a document, not a stream
+                self.close()
+                raise TransportError(
+                    f"the device's answer passed {MAX_ANSWER_BYTES >> 20} MiB without ending: {shlex.join(self.argv)}",
+                    "the program on the device is not edgekit's agent, or is broken; push it again (edgekit bench does)",
+                )
             self._err += err
             del self._err[:-_STDERR_KEEP]
             if ended and b"\n" not in self._out:

@@ -17,7 +17,7 @@ import stat
 import subprocess
 import tempfile
 
-from .. import AgentFailure
+from .. import AgentFailure, bundle_file
 
 DEFAULT_RUNNER = "bin/ekrt"
 TIMEOUT_S = 3600
@@ -137,8 +137,8 @@ class Session:
 
 
 def _runner_path(workdir: str, options: dict) -> str:
-    rel = str(options.get("runner") or DEFAULT_RUNNER)
-    path = os.path.join(workdir, *rel.split("/"))
+    rel = options.get("runner") or DEFAULT_RUNNER
+    path = bundle_file(workdir, rel, "options.runner")  # never a file outside the bundle: it is chmod'ed and run
     if not os.path.isfile(path):
         raise AgentFailure(f"the bundle on the device has no ekrt runner at {rel}", _REPUSH)
     mode = os.stat(path).st_mode

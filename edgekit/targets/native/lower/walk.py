@@ -522,7 +522,10 @@ class Lowerer:
         return QParams(float(s), int(z))
 
     def requant_params(self, real: np.ndarray) -> tuple[int, int]:
-        mults, shifts = zip(*(quantize_multiplier(float(r)) for r in np.atleast_1d(real)))
+        try:
+            mults, shifts = zip(*(quantize_multiplier(float(r)) for r in np.atleast_1d(real)))
+        except ValueError as exc:  # scales int8 cannot bridge (weights or ranges far apart): not an int8 node
+            raise LoweringError(f"its requantization is out of ekrt's range: {exc}", "the node runs in float, or deploy with another backend") from None
         return self.const(ekm.I32, np.array(mults, np.int32)), self.const(ekm.I32, np.array(shifts, np.int32))
 
     def want_or_fail(self, node: onnx.NodeProto, want: QParams | None) -> QParams:
