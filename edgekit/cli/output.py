@@ -21,6 +21,7 @@ from rich.table import Table
 
 from edgekit.errors import EdgekitError
 from edgekit.events import Events, QuietProgress
+from edgekit.sanitize import quoted
 
 
 def _plain() -> bool:
@@ -42,12 +43,13 @@ class Output(Events):
         self.err.print(message)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"warning: {message}", style="yellow" if not _plain() else None)
+        self.err.print(quoted("warning: ", message), style="yellow" if not _plain() else None)
 
     def error(self, exc: EdgekitError) -> None:
-        self.err.print(f"error: {exc.message}")
+        # one line each, whatever a device put in the message: no fake error:/hint:/::error lines
+        self.err.print(quoted("error: ", exc.message))
         if exc.hint:
-            self.err.print(f"hint: {exc.hint}")
+            self.err.print(quoted("hint: ", exc.hint))
 
     @contextlib.contextmanager
     def progress(self, description: str, total: int | None = None) -> Iterator[Any]:
