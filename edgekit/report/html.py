@@ -362,12 +362,16 @@ def _layers(group: list[_Run], sfx: str) -> str:
         total_noise = sum(noise.values()) or 1.0
         total = sum(float(x["ns"]) for x in timed)
         timed.sort(key=lambda x: -float(x["ns"]))
-        rows, joined = [], 0
+        rows, joined, wide = [], 0, []
         for x in timed[:TOP_LAYERS]:
             name = str(x.get("name"))
             hit = name in snr and snr[name] is not None
             joined += hit
-            rows.append(svg.LayerRow(name, str(x.get("op") or ""), float(x["ns"]) / total, float(x["ns"]),
+            spread = layer_spread(x)
+            if spread is not None and spread > WIDE_SPREAD:
+                wide.append(f"{name} ({spread * 100:.0f}%)")
+            shown = f"{name} ⚠ spread {spread * 100:.0f}%" if spread is not None and spread > WIDE_SPREAD else name
+            rows.append(svg.LayerRow(shown, str(x.get("op") or ""), float(x["ns"]) / total, float(x["ns"]),
                                      noise[name] / total_noise if hit else None, snr[name] if hit else None))  # fmt: skip
         rest = timed[TOP_LAYERS:]
         if rest:
@@ -381,12 +385,24 @@ def _layers(group: list[_Run], sfx: str) -> str:
             how = f"{joined} of the {min(len(timed), TOP_LAYERS)} layers shown have the quantizer's error measured (joined by name)"
         else:
             how = "no per-layer quantization error in this record"
-        caption = f"{sentence}. {num(total / 1e3)} µs per inference over {len(timed)} timed layers; {how}."
+        caption = f"{sentence}. {num(total / 1e3)} µs per inference over {len(timed)} timed layers (each its median over the profiled runs); {how}."
+        if wide:
+            caption += (f" Marked ⚠: {len(wide)} layer(s) whose time varied widely between the profiled runs (interquartile range over "
+                        f"{WIDE_SPREAD * 100:.0f}% of the median; another process, a frequency change): {', '.join(wide)}; rank them with care.")
         chart = svg.layers(f"chart-layers-{_slug(r.variant)}{sfx}", rows, color=r.color, label=f"per-layer time of {r.variant}")
         charts.append(_figure(r, chart, caption))
     if not charts:
         charts.append('<p class="caption">No backend reported a per-layer profile for these runs.</p>')
     return f'<section id="layers{sfx}"><h2>Per-layer time and error</h2>{"".join(charts)}</section>'
+
+
+WIDE_SPREAD = 0.5  # a layer's interquartile range over this share of its median: its time is not to be ranked on
+
+
+def layer_spread(layer: dict) -> float | None:
+    """A layer's interquartile range over the profiled runs, relative to its median (None: not reported)."""
+    lo, hi, mid = _f(layer.get("ns_p25")), _f(layer.get("ns_p75")), _f(layer.get("ns"))
+    return None if lo is None or hi is None or not mid else (hi - lo) / mid
 
 
 def _history(group: list[_Run], older: list[dict], unit: str, scale: float, sfx: str) -> str:
