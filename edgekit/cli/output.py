@@ -81,7 +81,7 @@ class Output(Events):
         self.out.print(table)
 
     def line(self, text: str = "") -> None:
-        self.out.print(text)
+        self.out.print(text, soft_wrap=True)  # one line stays one line: a wrapped tail would start a line with whatever it holds
 
 
 def _json_default(obj: Any) -> Any:
