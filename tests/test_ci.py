@@ -589,3 +589,49 @@ def test_the_ci_config_takes_preprocess_as_the_cli_does(tmp_path):
     text = "scale=1/255,mean=0.485/0.456/0.406,std=0.229/0.224/0.225,color=rgb"
     (tmp_path / "edgekit.toml").write_text(f'[defaults]\npreprocess = "{text}"\n[[models]]\npath = "{DIGITS}"\n')
     assert load_config(tmp_path / "edgekit.toml").models[0].options["preprocess"] == Preprocess.parse(text)
+
+
+# -- three outcomes in the reports -------------------------------------------------------------------
+
+
+def _synthetic(tmp_path, inconclusive: str):
+    """A CiResult of one run gated against a baseline 30 samples could not tell it from (no deploy)."""
+    from edgekit.bench.gates import parse_gate
+    from edgekit.bench.record import make_record
+    from edgekit.ci.run import CiResult, Run
+    from tests.builders import bench_doc
+
+    rng = np.random.default_rng(1)
+    base = make_record(bench_doc([int(x) for x in rng.lognormal(np.log(1e6), 0.5, 30)]), model_name="m", target="t", device="d",
+                       extra={"vcs": {"branch": "main", "commit": "feedface" * 5}})  # fmt: skip
+    cand = make_record(bench_doc([int(x) for x in rng.lognormal(np.log(1.08e6), 0.5, 30)]), model_name="m", target="t", device="d")
+    base["id"], cand["id"] = 1, 2
+    (tmp_path / "edgekit.toml").write_text(f'[[models]]\npath = "{DIGITS}"\nname = "m"\ngates = ["p50:+5%", "p99:<60000ms"]\n')
+    config = load_config(tmp_path / "edgekit.toml")
+    run = Run("m", "t", "d", records=[cand], record=cand, baseline=base, baseline_note="run 1 at feedfacef on main of 2026-11-28")
+    run.gates = [parse_gate("p50:+5%").check(cand, base), parse_gate("p99:<60000ms").check(cand, base)]
+    return CiResult(config, [run], 1.0, inconclusive=inconclusive)
+
+
+@pytest.mark.parametrize("policy, code", [("warn", 0), ("fail", 5)])
+def test_an_inconclusive_gate_is_skipped_with_its_reason_or_fails_by_policy(tmp_path, policy, code):
+    from edgekit.ci.junit import write_junit
+    from edgekit.ci.summary import markdown
+
+    result = _synthetic(tmp_path, policy)
+    assert [g.outcome for g in result.runs[0].gates] == ["inconclusive", "pass"]
+    assert result.exit_code == code and result.runs[0].outcome == "inconclusive"
+    root = _junit(write_junit(result, tmp_path / "junit.xml"))
+    case = _cases(root)[("m/t/d", "p50:+5%")]
+    if policy == "warn":
+        assert case.find("skipped").get("message").startswith("inconclusive: p50 ") and "spans the limit" in case.find("skipped").get("message")
+        assert case.find("failure") is None
+    else:
+        assert case.find("failure").get("type") == "inconclusive (--inconclusive fail)"
+    md = markdown(result, "https://ci.example/run 7")
+    head, rows = _md_table(md)
+    assert head == ["device", "result", "p50", "Δ p50 vs baseline (95% CI)", "int8 speed-up", "accuracy drop", "baseline commit (date)"]
+    assert rows[0][1] == "⚠️ inconclusive" and rows[0][3].startswith("+") and "%" in rows[0][3] and ".." in rows[0][3]
+    assert rows[0][6].startswith("feedfacefe (2026-") and "run 1" in rows[0][6]
+    assert "⚠️ inconclusive `p50:+5%`" in md and "[HTML report](https://ci.example/run%207)" in md
+    assert "1 inconclusive" in result.verdict()
