@@ -18,6 +18,7 @@ from edgekit.errors import ModelError, UsageError
 from edgekit.fsutil import sha256_file
 from edgekit.modelio_tflite import is_tflite, load_tflite
 from edgekit.tensorspec import IOSpec, given_shape, shape_overrides
+from edgekit.tomlkeys import unknown_key
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -109,12 +110,19 @@ def read_sidecar(model_path: Path) -> Sidecar:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"{path}: invalid TOML: {exc}", "fix the sidecar file or remove it") from exc
 
-    for section in ("calibration", "evaluation", "inputs"):
+    sections = {"calibration": ("data",), "evaluation": ("data", "labels"), "inputs": None}
+    bad = unknown_key(data, sections)
+    if bad:  # a typo must not silently fall back to random calibration data
+        raise ModelError(f"{path}: {bad[1]}", f"{bad[2]} (see docs/extending.md for the sidecar)")
+    for section, keys in sections.items():
         if section in data and not isinstance(data[section], dict):
             raise ModelError(
                 f"{path}: [{section}] must be a table",
                 f"write it as a section, e.g. [{section}] with data = \"file.npz\" below it",
             )
+        bad = unknown_key(data.get(section, {}), keys) if keys else None
+        if bad:
+            raise ModelError(f"{path}: {section}.{bad[0]}: {bad[1]}", bad[2])
 
     def rel(section: str, key: str) -> Path | None:
         value = data.get(section, {}).get(key)
@@ -126,6 +134,9 @@ def read_sidecar(model_path: Path) -> Sidecar:
 
     shapes = {}
     for name, spec in data.get("inputs", {}).items():
+        bad = unknown_key(spec, ("shape",)) if isinstance(spec, dict) else None
+        if bad:
+            raise ModelError(f"{path}: inputs.{name}.{bad[0]}: {bad[1]}", bad[2])
         shape = spec.get("shape") if isinstance(spec, dict) else None
         if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
             raise ModelError(f"{path}: inputs.{name}.shape must be a list of positive integers", "e.g. shape = [1, 3, 224, 224]")

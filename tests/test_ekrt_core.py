@@ -1047,6 +1047,8 @@ def test_runner_bench_json_is_the_agent_schema(runner, every_op, tmp_path):
     assert doc["config"] == {"warmup": 2, "warmup_mode": "fixed", "iterations": 7, "duration_s": None, "min_time_s": None, "threads": 2, "batch": 1}
     assert doc["model_sha256"] == hashlib.sha256(every_op[1]).hexdigest() and doc["bundle_hash"] == "ab12"
     assert [layer["op"] for layer in doc["layers"]] == [ekm.OP_NAMES[op.type] for op in every_op[0].m.ops]
+    # each op: the median over the profiled runs (7 here) between its quartiles, not a mean
+    assert all(x["calls"] == 7 and x["ns_p25"] <= x["ns"] <= x["ns_p75"] for x in doc["layers"]), doc["layers"]
     assert doc["backend_info"]["isa"] == _ekrt.isa() and doc["backend_info"]["threads"] == 2
     assert doc["device"]["arch"] == os.uname().machine and doc["peak_rss_bytes"] > 0
     record = make_record(doc, model_name="m", target="local", device="local")

@@ -242,8 +242,10 @@ def test_drift_from_the_first_to_the_last_tenth():
 
 
 def test_common_layers_format():
-    got = runner.common_layers([{"name": "conv", "op": "Conv", "ns": 12.6, "exec_type": "jit_avx2"}, {"name": "fc", "op": "Gemm", "ns": 3, "calls": 20}])
-    assert got == [{"name": "conv", "op": "Conv", "ns": 13, "calls": None, "exec_type": "jit_avx2"}, {"name": "fc", "op": "Gemm", "ns": 3, "calls": 20}]
+    got = runner.common_layers([{"name": "conv", "op": "Conv", "ns": 12.6, "exec_type": "jit_avx2"},
+                                {"name": "fc", "op": "Gemm", "ns": 3, "ns_p25": 2.4, "ns_p75": 9, "calls": 20}])  # fmt: skip
+    assert got == [{"name": "conv", "op": "Conv", "ns": 13, "ns_p25": None, "ns_p75": None, "calls": None, "exec_type": "jit_avx2"},
+                   {"name": "fc", "op": "Gemm", "ns": 3, "ns_p25": 2, "ns_p75": 9, "calls": 20}]  # fmt: skip
     assert runner.common_layers(None) is None and runner.common_layers([]) is None
 
 
@@ -256,11 +258,14 @@ def test_ort_profile_events_skip_warmup_runs():
 
     events = run(0) + run(1000) + run(2000)
     assert profile_layers(events, skip_runs=1) == [
-        {"name": "c", "op": "Conv", "ns": 40_000, "calls": 2}, {"name": "r", "op": "Relu", "ns": 10_000, "calls": 2}]  # fmt: skip
+        {"name": "c", "op": "Conv", "ns": 40_000, "ns_p25": 40_000, "ns_p75": 40_000, "calls": 2},
+        {"name": "r", "op": "Relu", "ns": 10_000, "ns_p25": 10_000, "ns_p75": 10_000, "calls": 2}]  # fmt: skip
     # one profiled run stalled by another process (the kernel took 20x): the median ignores it
     stalled = run(3000)
     stalled[1]["dur"] = 800
-    assert profile_layers(events + run(2500) + stalled, skip_runs=1)[0] == {"name": "c", "op": "Conv", "ns": 40_000, "calls": 4}
+    got = profile_layers(events + run(2500) + stalled, skip_runs=1)[0]
+    assert {k: got[k] for k in ("ns", "calls", "ns_p25")} == {"ns": 40_000, "calls": 4, "ns_p25": 40_000}
+    assert got["ns_p75"] > 40_000  # the stalled run shows as spread, not as the layer's time
 
 
 def _digits_bundle(tmp_path: Path):
@@ -282,7 +287,8 @@ def test_ort_profile_layers_on_digits(tmp_path):
     bundle = _digits_bundle(tmp_path)
     doc = runner.bench(str(bundle.root), "fp32", warmup=2, iterations=5, profile=True)
     layers = doc["layers"]
-    assert layers and all(set(x) == {"name", "op", "ns", "calls"} for x in layers)
+    assert layers and all(set(x) == {"name", "op", "ns", "ns_p25", "ns_p75", "calls"} for x in layers)
+    assert all(x["ns_p25"] <= x["ns"] <= x["ns_p75"] for x in layers)  # the median between its quartiles
     assert {"Conv", "Gemm"} <= {x["op"] for x in layers} and all(x["calls"] == 20 for x in layers)
     assert sum(x["ns"] for x in layers) > 0
     assert runner.bench(str(bundle.root), "fp32", warmup=0, iterations=2)["layers"] is None  # not asked

@@ -314,6 +314,9 @@ def test_sidecar_shape_and_paths(tmp_path):
         ("[calibration]\ndata = 3\n", "calibration.data must be a path string"),
         ("[inputs.x]\nshape = [1, 0, 16, 32]\n", "inputs.x.shape must be a list of positive integers"),
         ("[inputs.x]\nshape = \"1,3,16,32\"\n", "inputs.x.shape must be a list of positive integers"),
+        ("[calibration]\ndat = \"c.npz\"\n", "calibration.dat: unknown key 'dat'"),  # was: random calibration data, silently
+        ("[calibrate]\ndata = \"c.npz\"\n", "unknown key 'calibrate'"),
+        ("[inputs.x]\nshap = [1, 3]\n", "inputs.x.shap: unknown key 'shap'"),
     ],
 )
 def test_bad_sidecar(tmp_path, text, needle):

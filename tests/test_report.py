@@ -151,6 +151,16 @@ def test_old_records_without_the_optional_fields_still_report():
     assert "No backend reported a per-layer profile" in text and "the history starts here" in text
 
 
+def test_layers_whose_time_varies_widely_between_profiled_runs_are_marked():
+    layers = [{"name": "steady", "op": "Conv", "ns": 900_000, "ns_p25": 880_000, "ns_p75": 930_000, "calls": 20},
+              {"name": "jumpy", "op": "Conv", "ns": 400_000, "ns_p25": 200_000, "ns_p75": 900_000, "calls": 20},
+              {"name": "old", "op": "Relu", "ns": 100_000, "calls": 20}]  # fmt: skip  # no spread reported: not marked
+    rec = make_record(bench_doc([2_000_000, 2_100_000], layers=layers), model_name="m", target="t", device="d")
+    text = Dom(render_report([rec])).all_text()
+    assert "jumpy ⚠ spread 175%" in text and "steady ⚠" not in text and "old ⚠" not in text
+    assert "Marked ⚠: 1 layer(s) whose time varied widely" in text and "each its median over the profiled runs" in text
+
+
 def test_strings_from_records_are_escaped():
     evil = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
     rec = make_record(bench_doc([2_000_000, 2_100_000], variant=evil, backend=evil,
@@ -228,11 +238,15 @@ def real_report(deployed) -> Path:
     return out
 
 
-def test_report_of_a_real_deploy(real_report):
+def test_report_of_a_real_deploy(real_report, deployed):
     dom = Dom(real_report.read_text(encoding="utf-8"))
     assert {"chart-compare", "chart-latency-fp32", "chart-latency-int8", "chart-timeline-fp32", "chart-timeline-int8",
             "chart-history"} <= chart_ids(dom)  # fmt: skip
     assert "chart-layers-int8" in chart_ids(dom)  # ekrt's per-op timers
+    shown = [json.loads(subprocess.run([sys.executable, "-m", "edgekit", "results", "show", i, "--json"], env={**os.environ, **deployed["env"]},
+                                       capture_output=True, text=True, timeout=60).stdout) for i in deployed["ids"]]  # fmt: skip
+    layers = next(r for r in shown if r["agent"]["variant"] == "int8")["agent"]["layers"]
+    assert layers and all(x["ns_p25"] <= x["ns"] <= x["ns_p75"] for x in layers), layers[:3]  # medians over the profiled runs
     text = dom.all_text()
     assert "Recommended:" in text and "labelled held-out samples" in text
     assert dom.count("circle", "run") == 4  # the first deploy is the history of the second

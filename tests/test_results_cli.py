@@ -88,11 +88,28 @@ def test_list_bad_limit_is_a_usage_error(cli):
     assert_one_line_error(cli("results", "list", "--limit", "0"), EXIT_USAGE)
 
 
-def test_show_json_is_the_stored_record(cli, populated):
-    r = cli("results", "show", str(populated[0]), "--json")
-    assert r.returncode == 0, r.stderr
+def test_show_json_is_the_stored_record_without_samples_unless_asked(cli, populated):
     with ResultsStore() as store:
-        assert json.loads(r.stdout) == store.get(populated[0])
+        stored = store.get(populated[0])
+    r = cli("results", "show", str(populated[0]), "--json", "--samples")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == stored
+    r = cli("results", "show", str(populated[0]), "--json")
+    doc = json.loads(r.stdout)
+    assert "samples_ns" not in doc["agent"] and doc["agent"]["samples_ns_count"] == len(stored["agent"]["samples_ns"])
+    assert {k: v for k, v in doc["agent"].items() if not k.startswith(("samples_ns", "warmup_samples_ns"))} == {
+        k: v for k, v in stored["agent"].items() if k not in ("samples_ns", "warmup_samples_ns")}
+    assert len(r.stdout) < len(json.dumps(stored, indent=2))
+
+
+def test_pin_names_a_baseline_and_pins_lists_them(cli, populated):
+    r = cli("results", "pin", str(populated[1]), "--name", "golden")
+    assert r.returncode == 0, r.stderr
+    assert f"pinned run {populated[1]} " in r.stderr and "--baseline tag:golden" in r.stderr
+    assert json.loads(cli("results", "pins", "--json").stdout) == {"golden": populated[1]}
+    assert "golden" in cli("results", "pins").stdout
+    assert_one_line_error(cli("results", "pin", "999", "--name", "x"), 3, "no result with id 999")
+    assert_one_line_error(cli("results", "pin", str(populated[0]), "--name", "bad name;rm"), 2, "bad pin name")
 
 
 def test_show_human(cli, populated):

@@ -215,7 +215,7 @@ def test_add_then_get_returns_the_full_record():
     with ResultsStore() as store:
         run_id = store.add(rec)
         got = store.get(run_id)
-    assert got == {"id": run_id, **rec}
+    assert got == {"id": run_id, "outcome": None, **rec}  # outcome: what gates decided (None: never gated)
     assert got["agent"]["samples_ns"] == list(range(1, 1001))  # raw samples kept
     # A new store object (another process, later) sees the same thing.
     with ResultsStore() as again:
@@ -350,6 +350,69 @@ def test_import_rejects_bad_documents(document, needle):
         store.import_(document)
     assert needle in info.value.message
     assert info.value.hint
+
+
+# A store as edgekit wrote it before gate outcomes and pins (schema version 1).
+_V1_DDL = """
+CREATE TABLE runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_uuid TEXT NOT NULL UNIQUE, created TEXT NOT NULL,
+    model_name TEXT NOT NULL, target TEXT NOT NULL, device TEXT NOT NULL, variant TEXT NOT NULL,
+    backend TEXT NOT NULL, precision TEXT NOT NULL, bundle_hash TEXT, n INTEGER NOT NULL,
+    p50 REAL NOT NULL, p99 REAL NOT NULL, mean REAL NOT NULL, record TEXT NOT NULL
+);
+CREATE INDEX runs_created ON runs (created);
+CREATE INDEX runs_model_target ON runs (model_name, target);
+PRAGMA user_version = 1;
+"""
+
+
+def test_a_version_1_store_is_migrated_without_losing_a_row(tmp_path):
+    path = tmp_path / "results.db"
+    records = [validate_record(bench_record(model=f"m{i}")) for i in range(3)]
+    conn = sqlite3.connect(path)
+    conn.executescript(_V1_DDL)
+    for r in records:
+        conn.execute(
+            "INSERT INTO runs (run_uuid, created, model_name, target, device, variant, backend, precision, bundle_hash, n, p50, p99, mean, record)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (r["run_uuid"], r["created"], r["model_name"], r["target"], r["device"], r["agent"]["variant"], r["agent"]["backend"],
+             r["agent"]["precision"], None, r["stats"]["n"], r["stats"]["p50"], r["stats"]["p99"], r["stats"]["mean"], json.dumps(r)),
+        )  # fmt: skip
+    conn.commit()
+    conn.close()
+    with ResultsStore(path) as store:
+        rows = store.records(limit=10)
+        assert sorted(r["run_uuid"] for r in rows) == sorted(r["run_uuid"] for r in records)
+        assert {r["outcome"] for r in rows} == {None}  # stored before gates were recorded: not gated
+        store.set_outcome(1, "pass")
+        store.pin(2, "golden")
+        assert (store.get(1)["outcome"], store.pins()) == ("pass", {"golden": 2})
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == DB_SCHEMA_VERSION == 2
+    conn.close()
+
+
+def test_outcomes_filter_travel_with_exports_and_pins_move(tmp_path):
+    with ResultsStore(tmp_path / "a.db") as store:
+        ids = [store.add(bench_record(model="m")) for _ in range(3)]
+        store.set_outcome(ids[0], "pass")
+        store.set_outcome(ids[1], "fail")
+        with pytest.raises(ValueError, match="outcome must be one of"):
+            store.set_outcome(ids[2], "green")
+        with pytest.raises(ResultsError, match="no result with id 99"):
+            store.set_outcome(99, "pass")
+        assert [r["id"] for r in store.records(outcome="pass")] == [ids[0]]
+        assert [r["id"] for r in store.records(outcome="fail")] == [ids[1]]
+        doc = store.export()
+        store.pin(ids[0], "golden")
+        store.pin(ids[2], "golden")  # a name pinned again moves
+        assert store.pinned("golden") == ids[2] and store.pinned("nope") is None
+        with pytest.raises(ResultsError, match="no result with id 42"):
+            store.pin(42, "x")
+    assert [r.get("outcome") for r in doc["records"]] == ["pass", "fail", None]
+    with ResultsStore(tmp_path / "b.db") as other:
+        assert other.import_(doc) == (3, 0)
+        assert [r["outcome"] for r in other.records()][::-1] == ["pass", "fail", None]
 
 
 def test_a_newer_database_is_refused(tmp_path):

@@ -12,7 +12,9 @@
  * Without --inputs, inputs are numpy.random.RandomState(seed).standard_normal(shape) as
  * float32 (seed 0), the same values the Python agent feeds other backends. --warmup auto (the
  * default) warms up until latency is stable, bounded (warmup_done). --profile times each op in a
- * separate pass of up to PROFILE_RUNS runs after the timed loop, so the samples stay clean.
+ * separate pass of up to PROFILE_RUNS runs after the timed loop, so the samples stay clean; each
+ * op's time is the median over those runs (one preempted run must not make a layer look slow),
+ * with the 25th and 75th percentiles as its spread.
  * timed_window_ns is the timed loop's [start, end] on CLOCK_MONOTONIC (the agent's energy meter
  * stamps its samples with the same clock). Failures print
  * {"kind": "edgekit.error", "error", "hint"} with --json, else error:/hint: lines; exit 1
@@ -284,6 +286,13 @@ static size_t warm_up(const struct opts* o, struct loaded* l, uint64_t* kept, si
   return n;
 }
 
+/* The q-quantile (nearest rank) of n values, sorted in place. */
+static uint64_t quantile_u64(uint64_t* v, size_t n, double q) {
+  qsort(v, n, sizeof *v, cmp_u64);
+  size_t i = (size_t)(q * (double)(n - 1) + 0.5);
+  return v[i < n ? i : n - 1];
+}
+
 static int cmd_bench(const struct opts* o) {
   char started[64];
   time_t now = time(NULL);
@@ -324,9 +333,24 @@ static int cmd_bench(const struct opts* o) {
   }
   uint64_t loop_end = now_ns();
   size_t profiled = n < PROFILE_RUNS ? n : PROFILE_RUNS;
-  if (o->profile) {
+  int n_ops = ekrt_num_ops(l.m);
+  uint64_t* per_run = NULL; /* [op][run]: each op's time in each profiled run */
+  if (o->profile && profiled && n_ops > 0) {
+    per_run = calloc((size_t)n_ops * profiled, sizeof *per_run);
+    uint64_t* before = calloc((size_t)n_ops, sizeof *before);
+    if (!per_run || !before) die(1, "profile fewer ops", "out of memory");
     ekrt_profile(l.m, 1);
-    for (size_t i = 0; i < profiled; i++) run_once(&l); /* ekrt_profile(m, 0) would reset the totals */
+    for (size_t i = 0; i < profiled; i++) {
+      run_once(&l); /* the totals accumulate (ekrt_profile(m, 0) would reset them): a run's share is the difference */
+      for (int j = 0; j < n_ops; j++) {
+        const char* name;
+        uint64_t total;
+        ekrt_op_times(l.m, j, &name, &total);
+        per_run[(size_t)j * profiled + i] = total - before[j];
+        before[j] = total;
+      }
+    }
+    free(before);
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
@@ -357,14 +381,16 @@ static int cmd_bench(const struct opts* o) {
     for (size_t i = 0; i < n; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)samples[i]);
     printf("], \"timed_window_ns\": [%llu, %llu], \"load_ns\": %llu, \"first_inference_ns\": %llu, \"peak_rss_bytes\": %lld, \"layers\": ",
            (unsigned long long)loop_start, (unsigned long long)loop_end, (unsigned long long)l.load_ns, (unsigned long long)first_ns, peak);
-    if (o->profile) {
+    if (per_run) {
       putchar('[');
-      for (int j = 0; j < ekrt_num_ops(l.m); j++) {
+      for (int j = 0; j < n_ops; j++) {
         const char* name;
-        uint64_t ns;
-        ekrt_op_times(l.m, j, &name, &ns);
-        printf("%s{\"name\": \"%s#%d\", \"op\": \"%s\", \"ns\": %llu, \"calls\": %zu}", j ? ", " : "", name, j, name,
-               (unsigned long long)(ns / (profiled ? profiled : 1)), profiled);
+        uint64_t total;
+        ekrt_op_times(l.m, j, &name, &total);
+        uint64_t* runs = per_run + (size_t)j * profiled;
+        unsigned long long p25 = quantile_u64(runs, profiled, 0.25), p50 = quantile_u64(runs, profiled, 0.5), p75 = quantile_u64(runs, profiled, 0.75);
+        printf("%s{\"name\": \"%s#%d\", \"op\": \"%s\", \"ns\": %llu, \"ns_p25\": %llu, \"ns_p75\": %llu, \"calls\": %zu}", j ? ", " : "", name, j,
+               name, p50, p25, p75, profiled);
       }
       putchar(']');
     } else {
@@ -383,14 +409,15 @@ static int cmd_bench(const struct opts* o) {
     printf("%s: %zu warm-up (%s) + %zu runs, p50 %.3f ms, min %.3f ms, max %.3f ms, load %.3f ms, peak RSS %.1f MB, isa %s, threads %d\n",
            o->model, warmup, o->warmup_auto ? "auto" : "fixed", n, samples[n / 2] / 1e6, samples[0] / 1e6, samples[n - 1] / 1e6, l.load_ns / 1e6, peak / 1048576.0,
            ekrt_isa_name(), ekrt_get_threads(l.m));
-    if (o->profile)
-      for (int j = 0; j < ekrt_num_ops(l.m); j++) {
+    if (per_run)
+      for (int j = 0; j < n_ops; j++) {
         const char* name;
-        uint64_t ns;
-        ekrt_op_times(l.m, j, &name, &ns);
-        printf("  %4d %-16s %10.1f us\n", j, name, ns / (double)(profiled ? profiled : 1) / 1e3);
+        uint64_t total;
+        ekrt_op_times(l.m, j, &name, &total);
+        printf("  %4d %-16s %10.1f us (median of %zu runs)\n", j, name, quantile_u64(per_run + (size_t)j * profiled, profiled, 0.5) / 1e3, profiled);
       }
   }
+  free(per_run);
   free(samples);
   free_model(&l);
   return 0;

@@ -78,9 +78,10 @@ def _median(values: list) -> float:
 
 
 def common_layers(layers):
-    """Per-layer times in the one format every backend reports (name, op, ns: mean time per
-    inference, calls: how many timed executions that mean is over, or null), plus whatever the
-    backend adds (OpenVINO's exec_type, trtexec's percent)."""
+    """Per-layer times in the one format every backend reports (name, op, ns: the median time per
+    inference over the profiled runs, ns_p25/ns_p75: its spread over them or null, calls: how
+    many timed executions it is over, or null), plus whatever the backend adds (OpenVINO's
+    exec_type, trtexec's percent)."""
     if not layers:
         return None
     out = []
@@ -89,6 +90,9 @@ def common_layers(layers):
         entry["name"] = str(entry.get("name") or "")
         entry["op"] = str(entry.get("op") or "")
         entry["ns"] = max(0, int(round(entry.get("ns") or 0)))
+        for key in ("ns_p25", "ns_p75"):
+            value = entry.get(key)
+            entry[key] = max(0, int(round(value))) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
         calls = entry.get("calls")
         entry["calls"] = int(calls) if isinstance(calls, int) and not isinstance(calls, bool) else None
         out.append(entry)

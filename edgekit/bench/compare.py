@@ -15,7 +15,7 @@ A shared machine also changes speed as a whole for a while, which a run that was
 throughout does not show as drift. The agent times a fixed loop through each window it times
 itself (``speed_probe``), and a change must also exceed what the loop's move between the two
 runs can explain (``verdict.machine_allowance``). A change within that, when the loop moved
-more than ``MACHINE_UNSURE``, is "unsure" (a gate on it is not decided). On the 2-core CI VM
+more than ``MACHINE_UNSURE``, is "inconclusive" (as a gate on it is, see ``edgekit.bench.gates``). On the 2-core CI VM
 the digits model ran at 45 us instead of 25 us for stretches of 0.3-20 s, the loop at 8.6 us
 instead of 5.0 us with it: back-to-back runs of one build 42 % apart.
 
@@ -49,7 +49,7 @@ from edgekit.jsonable import strict_loads
 MIN_CHANGE = 0.05
 DRIFT_BLOCKS = 10
 _MIN_BLOCK = 10  # fewer samples per block than this: too few to say a run drifted
-_REF_HINT = "give a run id (edgekit results list), an export file (FILE or FILE#N), or latest@BRANCH"
+_REF_HINT = "give a run id (edgekit results list), branch:NAME, tag:NAME (edgekit results pin), latest, or an export file (FILE or FILE#N)"
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class LatencyChange:
     def verdict(self) -> str:
         if self.significant:
             return "slower" if self.ratio > 1.0 else "faster"
-        return "unsure" if self.unsure else "no change"
+        return "inconclusive" if self.unsure else "no change"
 
     def why(self) -> str:
         """Why a change is not significant (empty when it is)."""
@@ -194,7 +194,7 @@ class MetricChange:
     b: float | None
     change: float | None  # b vs a: a fraction (accuracy: points)
     ci: tuple[float, float] | None  # 95 % interval of the change (latency only)
-    verdict: str  # faster/slower (latency, throughput), better/worse (others), no change, unsure (latency: see LatencyChange), not measured
+    verdict: str  # faster/slower (latency, throughput), better/worse (others), no change, inconclusive (latency: see LatencyChange), not measured
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -295,8 +295,12 @@ def resolve(
     variant: str | None = None,
     exclude: Sequence[int] = (),
 ) -> dict:
-    """The record ``ref`` names: a store id, ``latest@BRANCH`` (newest stored run on that branch),
-    or an export file (``FILE``: its newest matching record; ``FILE#N``: its ``records[N]``).
+    """The record ``ref`` names: a store id (any run, even a failed one: the user named it),
+    ``branch:NAME`` (the newest *passing* run on that branch; ``latest@NAME``: the newest run on it,
+    whatever its gates said, as ``results compare`` wants it), ``tag:NAME``
+    (the run pinned as NAME by ``edgekit results pin``, else the newest passing run of the commit
+    the git tag NAME names), ``latest`` (the newest passing run), or an export file (``FILE``: its
+    newest matching record that did not fail; ``FILE#N``: its ``records[N]``).
 
     Among several candidates, only those with ``like``'s model name, target, device and variant
     (when ``like`` is given) and the given filters count; the newest wins. Store runs in ``exclude``
@@ -305,32 +309,55 @@ def resolve(
     filters = {"model_name": model, "target": target, "device": device, "variant": variant}
     if ref.isdigit():
         return store.get(int(ref))
-    if ref.startswith("latest@"):
-        branch = ref.removeprefix("latest@")
-        if not branch:
+    if ref.startswith(("latest@", "branch:")) or ref == "latest":
+        branch = ref.split("@", 1)[1] if ref.startswith("latest@") else ref.removeprefix("branch:") if ref != "latest" else None
+        if branch == "":
             raise ResultsError(f"no branch in {ref!r}", _REF_HINT)
-        found = _pick([r for r in store.records(branch=branch, limit=1000) if r.get("id") not in exclude], like, filters)
+        outcome = None if ref.startswith("latest@") else "pass"  # latest@BRANCH: the newest run whatever its gates said
+        found = _pick([r for r in store.records(branch=branch, outcome=outcome, limit=1000) if r.get("id") not in exclude], like, filters)
         if found is None:
-            raise ResultsError(f"no stored run on branch {branch!r}{_matching(like, filters)}", "run the benchmark on that branch first, or list them: edgekit results list --branch " + branch)
+            where = f" on branch {branch!r}" if branch else ""
+            raise ResultsError(f"no {'passing ' if outcome else ''}stored run{where}{_matching(like, filters)}", "a baseline is a run whose gates passed; list them: edgekit results list" + (f" --branch {branch}" if branch else ""))
         return found
+    if ref.startswith("tag:"):
+        return _tagged(ref.removeprefix("tag:"), store, like, filters, exclude)
     path, _, index = ref.partition("#")
     records = read_records(Path(path))
     if index:
         if not index.isdigit() or int(index) >= len(records):
             raise ResultsError(f"{path} has no record #{index} (it holds {len(records)}, #0 to #{len(records) - 1})", _REF_HINT)
         return records[int(index)]
-    found = _pick(sorted(records, key=lambda r: r["created"], reverse=True), like, filters)
+    kept = [r for r in records if r.get("outcome") not in ("fail", "inconclusive")]  # never a failed run
+    found = _pick(sorted(kept, key=lambda r: r["created"], reverse=True), like, filters)
     if found is None:
-        raise ResultsError(f"no record in {path}{_matching(like, filters)}", "pick one by position: FILE#N")
+        raise ResultsError(f"no record in {path}{_matching(like, filters)} that did not fail its gates", "pick one by position: FILE#N")
+    return found
+
+
+def _tagged(name: str, store: ResultsStore, like: dict | None, filters: dict, exclude: Sequence[int]) -> dict:
+    """``tag:NAME``: the pinned run NAME, else the newest passing run of the git tag NAME's commit."""
+    from edgekit.bench.vcs import tag_commit
+
+    if not name:
+        raise ResultsError("no name in 'tag:'", _REF_HINT)
+    pinned = store.pinned(name)
+    if pinned is not None:
+        return store.get(pinned)
+    commit = tag_commit(name)
+    if commit is None:
+        raise ResultsError(f"no pinned run and no git tag named {name!r}", f"pin one: edgekit results pin RUN --name {name} (see: edgekit results pins)")
+    found = _pick([r for r in store.records(commit=commit, outcome="pass", limit=1000) if r.get("id") not in exclude], like, filters)
+    if found is None:
+        raise ResultsError(f"no passing stored run of git tag {name!r} (commit {commit[:12]}){_matching(like, filters)}", f"pin a run as the baseline: edgekit results pin RUN --name {name}")
     return found
 
 
 def check_ref(ref: str) -> None:
     """Fail early (before a long run) on a reference that cannot name a run: a missing file, an empty branch."""
-    if ref == "latest@":
-        raise ResultsError(f"no branch in {ref!r}", _REF_HINT)
+    if ref in ("latest@", "branch:", "tag:"):
+        raise ResultsError(f"no name in {ref!r}", _REF_HINT)
     path = Path(ref.partition("#")[0])
-    if not (ref.isdigit() or ref.startswith("latest@") or path.is_file()):
+    if not (ref.isdigit() or ref == "latest" or ref.startswith(("latest@", "branch:", "tag:")) or path.is_file()):
         raise ResultsError(f"no such file: {path}", _REF_HINT)
 
 
@@ -359,10 +386,24 @@ def read_records(path: Path) -> list[dict]:
 
 
 def default_baseline(store: ResultsStore, record: dict, exclude: Sequence[int] = ()) -> dict | None:
-    """The newest earlier stored run of ``record``'s model name, target, device and variant (not in ``exclude``)."""
+    """The baseline nobody named: the newest earlier *passing* stored run (its gates passed, see
+    ``ResultsStore.set_outcome``) of ``record``'s model name, target, device and variant on the
+    default branch (``vcs.default_branch``), else on any branch; never a failed one, so a red run
+    retried unchanged stays red. When no run passed, a run no gate ever judged (a plain bench, a
+    store from before outcomes were kept) is the baseline. Runs in ``exclude`` never count."""
+    from edgekit.bench.vcs import default_branch
+
     f = _fields(record)
-    stored = store.records(model=f["model_name"], target=f["target"], device=f["device"], variant=f["variant"], limit=50)
-    return baseline_for((c for c in stored if c["created"] <= record["created"]), record, exclude)
+    like = {"model": f["model_name"], "target": f["target"], "device": f["device"], "variant": f["variant"]}
+    main = default_branch()
+    tries = [*([store.records(**like, branch=main, outcome="pass", limit=50)] if main else []), store.records(**like, outcome="pass", limit=50)]
+    # last, a run no gate ever judged (a plain bench, a store from before outcomes were kept): not a failed one either
+    tries.append([r for r in store.records(**like, limit=50) if r.get("outcome") is None])
+    for stored in tries:
+        found = baseline_for((c for c in stored if c["created"] <= record["created"]), record, exclude)
+        if found is not None:
+            return found
+    return None
 
 
 def baseline_for(candidates: Iterable[dict], record: dict, exclude: Collection[int] = ()) -> dict | None:

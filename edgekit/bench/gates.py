@@ -7,13 +7,20 @@ A gate is ``METRIC:LIMIT``. The limit is either
   for ``accuracy`` (``accuracy:-0.5pt``) and ``drop`` (``drop:+0.5pt``);
 * absolute: ``<VALUE UNIT`` or ``>VALUE UNIT`` (also ``<=``, ``>=``).
 
-A relative latency gate (p50, p90, p99, mean, throughput) fails only when the slowdown is beyond
-the limit AND significant by the rule of ``edgekit.bench.compare`` (bootstrap CI of the ratio
-excludes 1, the change exceeds the runs' own drift and the device's own speed change between the
-runs can explain): noise never fails a build. A change within that explanation, when the device's
-own speed moved more than ``verdict.MACHINE_UNSURE`` between the runs, is "unsure": a latency
-gate it would fail is not decided (``passed`` None, "not decided": rerun on a quiet device)
-rather than failed or passed.
+A gate has three outcomes: ``pass``, ``fail`` and ``inconclusive`` (and ``skipped`` when there is
+nothing to judge: no baseline yet, an optional metric not measured). A relative latency gate (p50,
+p90, p99, mean, throughput) fails only when all of these hold (asv / benchstat practice):
+
+* the change is beyond the limit, and so is the whole 95 % bootstrap interval of the change;
+* the change is significant by the rule of ``edgekit.bench.compare`` (beyond the runs' own drift
+  and what the device's own speed change between the runs can explain, ``LatencyChange``);
+* when both runs were timed in several agent processes (``--rounds``), a one-sided Mann-Whitney U
+  test across the rounds' statistics agrees (p <= ``ROUNDS_ALPHA``).
+
+A change beyond the limit that misses any of these, or one within the limit whose interval reaches
+beyond it, is ``inconclusive`` with the reason (the interval spans the limit; the device's own speed
+moved more than the change; the rounds disagree): neither a regression nor a pass can be claimed.
+``edgekit ci --inconclusive fail|warn`` decides what that does to the exit code.
 
 A metric the device did not measure (no energy sensor, no labels for accuracy) FAILS the gate
 with "not measured on this device": a gate the user asked for that silently checks nothing
@@ -24,9 +31,11 @@ neither passed nor failed: "no baseline yet" (``passed`` is None).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 from typing import Any
 
 from edgekit.bench.compare import (
@@ -38,6 +47,8 @@ from edgekit.bench.compare import (
     latency_change,
     resolve,
 )
+from edgekit.bench.record import round_slices
+from edgekit.bench.stats import stat
 from edgekit.bench.store import ResultsStore
 from edgekit.errors import GateError, ResultsError, UsageError
 from edgekit.jsonable import FieldsDict
@@ -85,6 +96,8 @@ SYNTAX_HINT = (
     "write METRIC:+N% (vs baseline), METRIC:<VALUE UNIT or METRIC:>VALUE UNIT, accuracy:-0.5pt; "
     f"metrics: {', '.join(METRICS)}"
 )
+ROUNDS_ALPHA = 0.05  # the test across rounds must reject "no slowdown" at this level
+_EXACT_MAX = 20_000  # exact Mann-Whitney distribution up to this many rank splits, else the normal approximation
 _GATE = re.compile(r"^\s*(?P<metric>[A-Za-z0-9_]+)(?P<opt>\?)?\s*:\s*(?P<op><=|>=|<|>|\+|-)?\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>\S*)\s*$")
 
 
@@ -106,37 +119,39 @@ class Gate(FieldsDict):
         value = m.get(record)
         if value is None:
             status = "skipped, optional" if self.optional else "FAIL"
-            return self._result(None if self.optional else False, None, None, f"{self.metric} not measured on this device ({self._limit_text()}): {status}")
+            return self._result("skipped" if self.optional else "fail", None, None, f"{self.metric} not measured on this device ({self._limit_text()}): {status}")
         shown = f"{self.metric} {_fmt(m, value)}"
         if not self.relative:
             ok = {"<": value < self.limit, "<=": value <= self.limit, ">": value > self.limit, ">=": value >= self.limit}[self.op]
-            return self._result(ok, value, None, f"{shown} ({self._limit_text()}): {'pass' if ok else 'FAIL'}")
+            return self._result("pass" if ok else "fail", value, None, f"{shown} ({self._limit_text()}): {'pass' if ok else 'FAIL'}")
         old = None if baseline is None else m.get(baseline)
         if old is None:
             why = "no baseline yet" if baseline is None else f"no baseline yet (the baseline run has no {self.metric})"
-            return self._result(None, value, None, f"{shown} ({self._limit_text()} vs a baseline): {why}")
+            return self._result("skipped", value, None, f"{shown} ({self._limit_text()} vs a baseline): {why}")
         shown += f" vs {_fmt(m, old)}"
         sign = 1.0 if self.op == "+" else -1.0  # worse is up (+) or down (-)
         if self.unit == "pt":
             delta = value - old
             ok = sign * delta <= self.limit + 1e-9
-            return self._result(ok, value, old, f"{shown} ({delta:+.2f} pt, {self._limit_text()}): {'pass' if ok else 'FAIL'}", change=delta)
+            return self._result("pass" if ok else "fail", value, old, f"{shown} ({delta:+.2f} pt, {self._limit_text()}): {'pass' if ok else 'FAIL'}", change=delta)
         if old == 0:
-            return self._result(None, value, old, f"{shown}: the baseline is 0, no relative change to gate on")
+            return self._result("skipped", value, old, f"{shown}: the baseline is 0, no relative change to gate on")
         change = value / old - 1
         beyond = sign * change * 100 > self.limit
-        passed, status, ci = not beyond, "FAIL" if beyond else "pass", None
+        outcome, status, ci = ("fail", "FAIL", None) if beyond else ("pass", "pass", None)
         text = f"{change * 100:+.1f}%"
         if m.q is not False:  # latency: the slowdown must also stand out of the noise
             lat = latency_change(baseline["agent"], record["agent"], m.q)
             lo, hi = (lat.low, lat.high) if not m.higher_is_better else (1 / lat.high, 1 / lat.low)
             text += f", 95% CI {(lo - 1) * 100:+.1f}..{(hi - 1) * 100:+.1f}%"
             ci = (lo - 1, hi - 1)
-            if beyond and lat.unsure:
-                passed, status = None, f"not decided ({lat.why()})"
-            elif beyond and not lat.significant:
-                passed, status = True, f"pass (not significant: {lat.why()})"
-        return self._result(passed, value, old, f"{shown} ({text}, {self._limit_text()}): {status}", change=change, ci=ci)
+            worse = sorted((sign * (lo - 1) * 100, sign * (hi - 1) * 100))  # the interval of how much worse
+            why = _undecided(beyond, worse, self.limit, lat, baseline["agent"], record["agent"], m.q)
+            if why:
+                outcome, status = "inconclusive", f"inconclusive ({why})"
+            elif beyond:
+                status = "FAIL" + _rounds_note(baseline["agent"], record["agent"], m.q)
+        return self._result(outcome, value, old, f"{shown} ({text}, {self._limit_text()}): {status}", change=change, ci=ci)
 
     def _limit_text(self) -> str:
         if self.relative:
@@ -144,15 +159,59 @@ class Gate(FieldsDict):
         m = METRICS[self.metric]
         return f"limit {self.op} {_fmt(m, self.limit)}"
 
-    def _result(self, passed: bool | None, value, baseline, line: str,
+    def _result(self, outcome: str, value, baseline, line: str,
                 change: float | None = None, ci: tuple[float, float] | None = None) -> GateResult:  # fmt: skip
-        return GateResult(self, passed, value, baseline, self.limit, line, change, ci)
+        return GateResult(self, outcome, value, baseline, self.limit, line, change, ci)
+
+
+def _undecided(beyond: bool, worse: list[float], limit: float, lat: Any, base: dict, cand: dict, q: float | None) -> str:
+    """Why a latency gate can be neither passed nor failed ("" when it can be decided).
+    ``worse``: the 95 % interval (in %) of how much worse the candidate is."""
+    if not beyond:
+        return f"the 95% CI {worse[0]:+.1f}..{worse[1]:+.1f}% spans the limit" if worse[1] > limit else ""
+    if worse[0] <= limit:
+        return f"the 95% CI {worse[0]:+.1f}..{worse[1]:+.1f}% spans the limit"
+    if not lat.significant:
+        return lat.why()
+    p = rounds_p_value(base, cand, q)
+    if p is not None and p > ROUNDS_ALPHA:
+        return f"the rounds disagree: Mann-Whitney p = {p:.2f} > {ROUNDS_ALPHA:g} across {len(round_slices(base))} + {len(round_slices(cand))} rounds"
+    return ""
+
+
+def _rounds_note(base: dict, cand: dict, q: float | None) -> str:
+    p = rounds_p_value(base, cand, q)
+    return f" (rounds agree: Mann-Whitney p = {p:.2f})" if p is not None else ""
+
+
+def rounds_p_value(base: dict, cand: dict, q: float | None) -> float | None:
+    """One-sided Mann-Whitney U p-value that ``cand``'s rounds (agent processes) are slower than
+    ``base``'s at statistic ``q`` (percentile; None: the mean). None when the runs have too few
+    rounds for any split to reach ``ROUNDS_ALPHA`` (e.g. one round each): no test to agree."""
+    xs = [float(stat(r, q)) for r in round_slices(cand)]
+    ys = [float(stat(r, q)) for r in round_slices(base)]
+    n, k = len(xs) + len(ys), len(xs)
+    if 1 / math.comb(n, k) > ROUNDS_ALPHA:
+        return None
+    pooled = xs + ys
+
+    def u(chosen: tuple[int, ...] | list[int]) -> float:
+        rest = [pooled[i] for i in range(n) if i not in chosen]
+        return sum((a > b) + 0.5 * (a == b) for a in (pooled[i] for i in chosen) for b in rest)
+
+    observed = u(range(k))
+    if math.comb(n, k) <= _EXACT_MAX:  # every way of splitting the pooled rounds, as likely under "no change"
+        splits = [u(c) for c in combinations(range(n), k)]
+        return sum(s >= observed - 1e-9 for s in splits) / len(splits)
+    m1, m2 = len(xs), len(ys)
+    mean, sd = m1 * m2 / 2, math.sqrt(m1 * m2 * (n + 1) / 12)
+    return 0.5 * math.erfc((observed - 0.5 - mean) / sd / math.sqrt(2))
 
 
 @dataclass(frozen=True)
 class GateResult:
     gate: Gate
-    passed: bool | None  # None: not decided (no baseline yet, or an optional metric not measured)
+    outcome: str  # "pass", "fail", "inconclusive" (the runs cannot tell), "skipped" (no baseline yet, optional and not measured)
     value: float | None  # the metric's value in the gate's metric unit (ms, /s, %, pt, B, mJ)
     baseline: float | None
     limit: float | None
@@ -161,8 +220,13 @@ class GateResult:
     ci: tuple[float, float] | None = None  # latency: 95 % interval of the change
 
     @property
+    def passed(self) -> bool | None:
+        """True (pass), False (fail), None (inconclusive or skipped)."""
+        return {"pass": True, "fail": False}.get(self.outcome)
+
+    @property
     def status(self) -> str:
-        return {True: "pass", False: "fail", None: "skipped"}[self.passed]
+        return self.outcome
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -267,6 +331,11 @@ class GateReport:
     def failed(self) -> list[GateResult]:
         return [r for r in self.results if r.passed is False]
 
+    @property
+    def outcome(self) -> str:
+        """The run's: ``fail`` when a gate failed, else ``inconclusive`` when one was, else ``pass``."""
+        return run_outcome(self.results)
+
     def lines(self) -> list[str]:
         """One line per gate, naming the variant and the runs: "gate p50:+5% (int8, run 7 vs run 3): ..."."""
         base = "no baseline" if self.baseline is None else f"vs run {_run_name(self.baseline)}"
@@ -312,7 +381,16 @@ def run_gates(
         reason = comparable(base, record, allow_model_change=True)
         if reason:
             raise ResultsError(f"baseline {baseline} cannot be compared with this run: {reason}", "give a baseline run of the same device, backend and variant")
-    return GateReport(record, base, tuple(check_gates(parsed, record, base)))
+    report = GateReport(record, base, tuple(check_gates(parsed, record, base)))
+    if record.get("id") is not None:  # a later default baseline is never a run whose gates failed
+        store.set_outcome(record["id"], report.outcome)
+    return report
+
+
+def run_outcome(results: Sequence[GateResult]) -> str:
+    """What a run's gates decided, as the store keeps it: fail > inconclusive > pass."""
+    outcomes = {r.outcome for r in results}
+    return "fail" if "fail" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
 
 
 def _run_name(record: dict) -> str:

@@ -1,7 +1,9 @@
 """The results store: one SQLite file in the user data dir, safe for many writers at once.
 
 Each run is one row: a few columns to filter and sort on, plus the full record as JSON
-(raw samples included), so nothing a later tool may want is thrown away. WAL mode lets
+(raw samples included), so nothing a later tool may want is thrown away. A run that gates judged
+carries their outcome (``pass``, ``fail``, ``inconclusive``; NULL: never gated), so a baseline is
+never a failed run; ``pins`` names blessed baselines (``edgekit results pin RUN --name NAME``). WAL mode lets
 readers run while a writer commits; writes take the lock up front (BEGIN IMMEDIATE) and wait
 for it (busy_timeout), so parallel benchmarks of many devices never lose a result.
 """
@@ -23,7 +25,8 @@ from edgekit.bench.record import validate_record
 from edgekit.errors import ResultsError
 from edgekit.jsonable import is_int
 
-DB_SCHEMA_VERSION = 1  # PRAGMA user_version; bump with a migration when the tables change
+DB_SCHEMA_VERSION = 2  # PRAGMA user_version; bump with a migration (_MIGRATIONS) when the tables change
+OUTCOMES = ("pass", "fail", "inconclusive")
 EXPORT_KIND = "edgekit.results"
 EXPORT_SCHEMA = 1
 _BUSY_TIMEOUT_MS = 60_000
@@ -40,6 +43,8 @@ _FILTERS = {
     # The branch lives in the record only (record["vcs"], older records have none):
     # a scan of the filtered rows, fine at a store's size.
     "branch": "json_extract(record, '$.vcs.branch')",
+    "commit": "json_extract(record, '$.vcs.commit')",
+    "outcome": "outcome",
 }
 _DDL = """
 CREATE TABLE runs (
@@ -57,11 +62,22 @@ CREATE TABLE runs (
     p50         REAL NOT NULL,
     p99         REAL NOT NULL,
     mean        REAL NOT NULL,
-    record      TEXT NOT NULL
+    record      TEXT NOT NULL,
+    outcome     TEXT
 );
 CREATE INDEX runs_created ON runs (created);
 CREATE INDEX runs_model_target ON runs (model_name, target);
+CREATE TABLE pins (
+    name    TEXT PRIMARY KEY,
+    run_id  INTEGER NOT NULL REFERENCES runs (id),
+    created TEXT NOT NULL
+);
 """
+# from version N to N + 1; every row is kept (a run stored before gates were recorded has outcome NULL)
+_MIGRATIONS = {
+    1: "ALTER TABLE runs ADD COLUMN outcome TEXT;"
+       "CREATE TABLE pins (name TEXT PRIMARY KEY, run_id INTEGER NOT NULL REFERENCES runs (id), created TEXT NOT NULL)",
+}
 
 
 def default_db_path() -> Path:
@@ -116,12 +132,12 @@ class ResultsStore:
 
     # -- reads --------------------------------------------------------------------------
     def get(self, run_id: int) -> dict:
-        """The stored record with its ``id`` added."""
-        found, text = self._row(run_id)
-        return {"id": found, **self._record(found, text)}
+        """The stored record with its ``id`` and gate ``outcome`` (None: never gated) added."""
+        found, text, outcome = self._row(run_id)
+        return {**self._record(found, text), "id": found, "outcome": outcome}
 
-    def _row(self, run_id: int) -> tuple[int, str]:
-        row = self._read(lambda conn: conn.execute("SELECT id, record FROM runs WHERE id = ?", (run_id,)).fetchone())
+    def _row(self, run_id: int) -> tuple[int, str, str | None]:
+        row = self._read(lambda conn: conn.execute("SELECT id, record, outcome FROM runs WHERE id = ?", (run_id,)).fetchone())
         if row is None:
             raise ResultsError(f"no result with id {run_id}", "see the stored runs with: edgekit results list")
         return row
@@ -149,14 +165,43 @@ class ResultsStore:
             "then edgekit results import rescued.json into a new store"
         )
 
+    def set_outcome(self, run_id: int, outcome: str) -> None:
+        """Record what the gates decided about run ``run_id`` (one of ``OUTCOMES``)."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+        with self._write() as conn:
+            if conn.execute("UPDATE runs SET outcome = ? WHERE id = ?", (outcome, run_id)).rowcount != 1:
+                raise ResultsError(f"no result with id {run_id}", "see the stored runs with: edgekit results list")
+
+    def pin(self, run_id: int, name: str) -> None:
+        """Name run ``run_id`` a blessed baseline (``--baseline tag:NAME``); a name pinned before moves."""
+        from datetime import datetime, timezone
+
+        self._row(run_id)  # a clear error for an unknown id
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO pins (name, run_id, created) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET run_id = excluded.run_id, created = excluded.created",
+                (name, run_id, datetime.now(timezone.utc).isoformat(timespec="seconds")),
+            )
+
+    def pinned(self, name: str) -> int | None:
+        """The run id pinned as ``name``, or None."""
+        row = self._connect().execute("SELECT run_id FROM pins WHERE name = ?", (name,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def pins(self) -> dict[str, int]:
+        """Every pin: name -> run id."""
+        return dict(self._connect().execute("SELECT name, run_id FROM pins ORDER BY name").fetchall())
+
     def list(self, *, limit: int = 50, **filters: str | None) -> list[dict]:
         """Summary rows, newest first, optionally filtered by exact model/target/device/variant/branch."""
         rows = self._select(", ".join(_SUMMARY), limit, filters)
         return [dict(zip(_SUMMARY, row, strict=True)) for row in rows]
 
     def records(self, *, limit: int = 50, **filters: str | None) -> list[dict]:
-        """Whole records (with their ``id``), newest first, filtered as ``list``."""
-        return [{"id": i, **self._record(i, record)} for i, record in self._select("id, record", limit, filters)]
+        """Whole records (with their ``id`` and ``outcome``), newest first, filtered as ``list``."""
+        return [{**self._record(i, record), "id": i, "outcome": outcome} for i, record, outcome in self._select("id, record, outcome", limit, filters)]
 
     def _select(self, columns: str, limit: int, filters: dict[str, str | None]) -> list[tuple]:
         if limit < 1:
@@ -173,23 +218,26 @@ class ResultsStore:
         """An import-ready document with the given runs (all runs when ``ids`` is None), oldest first.
 
         In a damaged store (``damage``), all runs means all that can still be read: each is read on
-        its own, and the ids of those that cannot be are in ``skipped``."""
+        its own, and the ids of those that cannot be are in ``skipped``. The gates' outcome travels
+        with each run, so an exported baseline is never a failed run."""
         self.skipped = []
         self._connect()  # opening checks the store: ``damage`` is known from here on
+        rows: list = []
         if ids is not None:
-            records = [self._record(*self._row(run_id)) for run_id in dict.fromkeys(ids)]
+            rows = [self._row(run_id) for run_id in dict.fromkeys(ids)]
         elif self.damage is None:
-            records = [self._record(i, t) for i, t in self._read(lambda conn: conn.execute("SELECT id, record FROM runs ORDER BY id").fetchall())]
+            rows = self._read(lambda conn: conn.execute("SELECT id, record, outcome FROM runs ORDER BY id").fetchall())
         else:
-            records = []
             # each id looked up on its own: a damaged page loses the runs on it, not the scan
             for run_id in range(1, self._last_id() + 1):
                 try:
-                    row = self._connect().execute("SELECT id, record FROM runs WHERE id = ?", (run_id,)).fetchone()
+                    row = self._connect().execute("SELECT id, record, outcome FROM runs WHERE id = ?", (run_id,)).fetchone()
                     if row is not None:
-                        records.append(validate_record(self._record(*row)))
+                        validate_record(self._record(row[0], row[1]))
+                        rows.append(row)
                 except (sqlite3.DatabaseError, ResultsError):
                     self.skipped.append(run_id)
+        records = [{**self._record(i, t), **({"outcome": o} if o else {})} for i, t, o in rows]
         return {"schema": EXPORT_SCHEMA, "kind": EXPORT_KIND, "records": records}
 
     def _last_id(self) -> int:
@@ -239,6 +287,8 @@ class ResultsStore:
                     conn.execute("PRAGMA journal_mode = WAL")
                 if version == 0:
                     version = self._create_schema(conn)
+                elif version < DB_SCHEMA_VERSION:
+                    version = self._migrate(conn)
                 break
             except sqlite3.Error as exc:
                 if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc) and time.monotonic() <= deadline:
@@ -309,6 +359,23 @@ class ResultsStore:
             raise
         return version
 
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> int:
+        """Bring an older store to this schema in one transaction (unless another process just did)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            while version < DB_SCHEMA_VERSION:
+                for statement in filter(str.strip, _MIGRATIONS[version].split(";")):
+                    conn.execute(statement)
+                version += 1
+            conn.execute(f"PRAGMA user_version = {version}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return version
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction that holds the write lock from its start."""
@@ -337,16 +404,18 @@ class ResultsStore:
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, record: dict) -> int:
+        outcome = record.get("outcome") if record.get("outcome") in OUTCOMES else None  # an import carries it
+        record = {k: v for k, v in record.items() if k not in ("id", "outcome")}  # columns, not the record's
         agent, stats = record["agent"], record["stats"]
         cur = conn.execute(
             "INSERT INTO runs (run_uuid, created, model_name, target, device, variant, backend,"
-            " precision, bundle_hash, n, p50, p99, mean, record)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " precision, bundle_hash, n, p50, p99, mean, record, outcome)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record["run_uuid"], record["created"], record["model_name"], record["target"],
                 record["device"], agent["variant"], agent["backend"], agent["precision"],
                 agent.get("bundle_hash"), stats["n"], stats["p50"], stats["p99"], stats["mean"],
-                json.dumps(record, separators=(",", ":")),
+                json.dumps(record, separators=(",", ":")), outcome,
             ),
         )  # fmt: skip
         return int(cur.lastrowid)

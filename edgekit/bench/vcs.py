@@ -42,3 +42,27 @@ def _git(args: list[str], cwd: Path | None) -> str | None:
         return None
     out = proc.stdout.strip()
     return out if proc.returncode == 0 and out else None
+
+
+# GitLab says which branch is the default; GitHub does not export it (EDGEKIT_DEFAULT_BRANCH can).
+DEFAULT_BRANCH_VARS = ("EDGEKIT_DEFAULT_BRANCH", "CI_DEFAULT_BRANCH")
+
+
+def default_branch(cwd: Path | None = None) -> str | None:
+    """The repository's default branch: the CI's word, else the remote's HEAD (``origin/HEAD``),
+    else ``main`` or ``master`` when such a branch exists; None outside a git repository."""
+    named = _env(DEFAULT_BRANCH_VARS)
+    if named:
+        return named
+    head = _git(["symbolic-ref", "--short", "refs/remotes/origin/HEAD"], cwd)
+    if head:
+        return head.split("/", 1)[1] if "/" in head else head
+    for name in ("main", "master"):
+        if _git(["rev-parse", "--verify", "--quiet", f"refs/heads/{name}"], cwd):
+            return name
+    return None
+
+
+def tag_commit(tag: str, cwd: Path | None = None) -> str | None:
+    """The commit a git tag names (None when there is no such tag or no git)."""
+    return _git(["rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}"], cwd)

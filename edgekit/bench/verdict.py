@@ -20,7 +20,7 @@ MACHINE_NOTE = 0.05  # the device's own speed moved more than this between the b
 # latency moves further than the loop with it. On the CI VM, with the loop 1.67-1.74x slower, the
 # digits model ran 1.36-2.43x slower (log ratios up to 1.73 times the loop's), so a change counts only
 # beyond machine_allowance(m) = (1 + m) ** 2 - 1 (2.79x for 1.67x, 10 % for 5 %). A change within it,
-# when the machine moved more than MACHINE_UNSURE, is "unsure": too far to claim a change or none.
+# when the machine moved more than MACHINE_UNSURE, is "inconclusive": too far to claim a change or none.
 MACHINE_POWER = 2.0
 MACHINE_UNSURE = 0.2
 

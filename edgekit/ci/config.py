@@ -7,8 +7,9 @@ jobs = 4                            # devices worked on at once (per model and t
 [defaults]                          # any [[models]] key, for every model that does not set it
 iterations = 50
 
-[baseline]                          # one of: ref = "latest" | "latest@BRANCH" | "12,13" | "FILE.json"
-branch = "main"                     #         branch = "main"   file = "ci/baseline.json"
+[baseline]                          # default: the newest passing run on the default branch, else anywhere
+branch = "main"                     # or one of: ref = "branch:NAME" | "tag:NAME" | "latest" | "12,13" | "FILE.json"
+                                    #            tag = "golden" (edgekit results pin)   file = "ci/baseline.json"
 
 [[models]]
 path = "examples/digits/digits_cnn.onnx"
@@ -23,13 +24,13 @@ missing files, unknown profiles. Errors name the file and, where the file shows 
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgekit.errors import EdgekitError, InputError, UsageError
+from edgekit.tomlkeys import unknown_key
 
 try:
     import tomllib
@@ -37,7 +38,7 @@ except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 _TOP = ("models", "defaults", "baseline", "inventory", "jobs")
-_BASELINE = ("ref", "branch", "file")
+_BASELINE = ("ref", "branch", "tag", "file")
 # key -> (python types accepted, what to say when it is something else)
 _MODEL: dict[str, tuple[tuple[type, ...], str]] = {
     "path": ((str,), "a model file path"),
@@ -59,6 +60,7 @@ _MODEL: dict[str, tuple[tuple[type, ...], str]] = {
     "layers": ((bool,), "true or false (per-layer times, a separate profiled pass)"),
     "backend": ((str,), "a backend name"),
     "method": ((str,), "a calibration method"),
+    "preprocess": ((str,), "image preprocessing as --preprocess takes it, e.g. 'scale=1/255,mean=0.5,std=0.5,color=rgb'"),
 }
 
 
@@ -68,20 +70,30 @@ class ConfigError(InputError):
 
 @dataclass(frozen=True)
 class Baseline:
-    """What each run is compared with: ``latest`` comparable stored run (optionally on a branch),
-    given store run ids, or the records of an export file."""
+    """What each run is compared with. Never a run whose gates failed, unless named by id:
 
-    kind: str  # "latest" | "ids" | "file"
+    * ``default``: the newest passing comparable run on the default branch, else on any branch;
+    * ``latest``: the newest passing comparable run (on ``branch`` when given);
+    * ``tag``: the run pinned as ``name`` (edgekit results pin), else of the git tag ``name``;
+    * ``ids``: given store run ids; ``file``: the records of an export file.
+    """
+
+    kind: str  # "default" | "latest" | "tag" | "ids" | "file"
     branch: str | None = None
     ids: tuple[int, ...] = ()
     file: Path | None = None
+    name: str | None = None
 
     def describe(self) -> str:
+        if self.kind == "default":
+            return "the latest passing run on the default branch (else on any branch)"
         if self.kind == "file":
             return f"file {self.file}"
         if self.kind == "ids":
             return "runs " + ", ".join(map(str, self.ids))
-        return f"latest on {self.branch}" if self.branch else "latest stored run"
+        if self.kind == "tag":
+            return f"tag:{self.name}"
+        return f"latest passing on {self.branch}" if self.branch else "latest passing run"
 
 
 @dataclass(frozen=True)
@@ -153,11 +165,9 @@ class _Reader:
         return start + 1 if start is not None else None
 
     def unknown(self, table: dict, known: tuple[str, ...], where: str, section: tuple[str, int]) -> None:
-        for key in table:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f"did you mean '{close[0]}'? " if close else ""
-                raise self.fail(where, f"unknown key '{key}'", f"{hint}known keys: {', '.join(known)}", section=section, key=key)
+        bad = unknown_key(table, known)
+        if bad:
+            raise self.fail(where, bad[1], bad[2], section=section, key=bad[0])
 
     def config(self, doc: dict, baseline_ref: str | None) -> CiConfig:
         self.unknown(doc, _TOP, "", ("", 0))
@@ -222,6 +232,13 @@ class _Reader:
                 parse_method(m["method"])  # e.g. mse+clip+bias
             except UsageError as exc:
                 raise self.fail(f"{where}.method", exc.message, exc.hint, section=section, key="method") from None
+        if "preprocess" in m:
+            from edgekit.quantize.calib import Preprocess
+
+            try:
+                options["preprocess"] = Preprocess.parse(m["preprocess"])  # the CLI's --preprocess syntax
+            except EdgekitError as exc:
+                raise self.fail(f"{where}.preprocess", exc.message, exc.hint, section=section, key="preprocess") from None
         renamed = {"duration": "duration_s", "min_time": "min_time_s"}
         for key in ("iterations", "warmup", "duration", "min_time", "threads", "rounds", "layers", "quantize", "backend", "method"):
             if key in m:
@@ -235,7 +252,7 @@ class _Reader:
         if ref is not None:
             return self._ref(ref, "--baseline", None)
         if table is None:
-            return Baseline("latest")
+            return Baseline("default")
         if not isinstance(table, dict):
             raise self.fail("baseline", "must be a table", "write [baseline] with ref, branch or file")
         section = ("baseline", 0)
@@ -247,16 +264,23 @@ class _Reader:
             raise self.fail(f"baseline.{key}", f"must be a non-empty string, got {value!r}", 'e.g. branch = "main"', section=section, key=key)
         if key == "branch":
             return Baseline("latest", branch=value)
+        if key == "tag":
+            return Baseline("tag", name=value)
         if key == "file":
             return self._export(self._file(value, "baseline.file", section, key="file"), "baseline.file", section)
         return self._ref(value, "baseline.ref", section)
 
     def _ref(self, ref: str, where: str, section: tuple[str, int] | None) -> Baseline:
-        hint = 'a baseline is "latest", "latest@BRANCH", stored run ids ("12,13") or an export file (edgekit results export)'
+        hint = 'a baseline is RUN ids ("12,13"), "branch:NAME", "tag:NAME" (edgekit results pin), "latest", "default" or an export file (edgekit results export)'
+        if ref == "default":
+            return Baseline("default")
         if ref == "latest":
             return Baseline("latest")
-        if ref.startswith("latest@") and len(ref) > len("latest@"):
-            return Baseline("latest", branch=ref.split("@", 1)[1])
+        for prefix in ("latest@", "branch:"):
+            if ref.startswith(prefix) and len(ref) > len(prefix):
+                return Baseline("latest", branch=ref[len(prefix):])
+        if ref.startswith("tag:") and len(ref) > len("tag:"):
+            return Baseline("tag", name=ref[len("tag:"):])
         if re.fullmatch(r"\d+(,\d+)*", ref):
             return Baseline("ids", ids=tuple(int(x) for x in ref.split(",")))
         candidate = Path(ref) if section is None else self.root / ref

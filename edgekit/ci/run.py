@@ -1,8 +1,14 @@
 """Run an edgekit.toml: every model x target x device through ``edgekit.api`` (the code `edgekit
 deploy` runs: device lock held, a target's devices in parallel), then each run's baseline and gates.
 
-Nothing is written here but the results store (as deploy does); the caller writes JUnit, JSON,
-markdown and the report from the returned ``CiResult`` once everything has run.
+Nothing is written here but the results store (as deploy does, plus each gated run's outcome, so
+a later default baseline is never a failed run); the caller writes JUnit, JSON, markdown and the
+report from the returned ``CiResult`` once everything has run.
+
+A fleet degrades, it does not die: each model x target x device is its own run; a device that
+cannot be reached, a push that fails or an agent that crashes makes that run an error (with the
+reason) and the others go on. ``fail_on_unreachable`` decides whether an unreachable device
+fails the job (exit 4); ``inconclusive`` ("warn" or "fail") whether an inconclusive gate does (exit 5).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any
 
 from edgekit import api
 from edgekit.bench.compare import accuracy
-from edgekit.bench.gates import gated_record
+from edgekit.bench.gates import gated_record, run_outcome
 from edgekit.bench.store import ResultsStore
 from edgekit.ci.config import Baseline, CiConfig, ModelSpec
 from edgekit.devices import DeviceEntry, connect
@@ -41,6 +47,14 @@ class Run:
     hint: str | None = None
     exit_code: int = EXIT_OK
     seconds: float = 0.0
+    unreachable: bool = False  # the error is that the device could not be reached at all
+
+    @property
+    def outcome(self) -> str:
+        """error | unreachable | fail | inconclusive | pass: the run's own verdict."""
+        if self.error:
+            return "unreachable" if self.unreachable else "error"
+        return run_outcome(self.gates) if self.gates else "pass"
 
     @property
     def classname(self) -> str:
@@ -48,7 +62,27 @@ class Run:
 
     @property
     def failed_gates(self) -> list[Any]:
-        return [g for g in self.gates if g.passed is False]
+        return [g for g in self.gates if g.outcome == "fail"]
+
+    @property
+    def inconclusive_gates(self) -> list[Any]:
+        return [g for g in self.gates if g.outcome == "inconclusive"]
+
+    def fp32_record(self) -> dict | None:
+        """The float run of the same deploy (the int8 speed-up's reference), if there is one."""
+        return next((r for r in self.records if r["agent"].get("precision") != "int8"), None)
+
+    def speedup(self) -> float | None:
+        """int8 vs float at p50 on this device in this run (None without both)."""
+        f = self.fp32_record()
+        if self.record is None or f is None or self.record is f or self.record["agent"].get("precision") != "int8":
+            return None
+        return f["stats"]["p50"] / self.record["stats"]["p50"] if self.record["stats"]["p50"] else None
+
+    def accuracy_drop(self) -> float | None:
+        """fp32 minus int8 accuracy on labels, in points (None without labels)."""
+        value = ((self.record or {}).get("agreement") or {}).get("accuracy_drop")
+        return None if value is None else value * 100
 
     def facts(self) -> dict[str, Any]:
         """The numbers and device facts of the gated run (JUnit properties, summary columns)."""
@@ -62,14 +96,18 @@ class Run:
             "precision": agent.get("precision"), "p50_ms": stats.get("p50"), "p99_ms": stats.get("p99"),
             "iterations": stats.get("n"), "accuracy_pct": accuracy(r), "arch": device.get("arch"),
             "cpu_model": device.get("cpu_model"), "hostname": device.get("hostname"),
+            "int8_speedup": None if self.speedup() is None else round(self.speedup(), 3),
+            "accuracy_drop_pt": self.accuracy_drop(),
             "baseline_run_id": self.baseline.get("id") if self.baseline else None,
+            "baseline_commit": ((self.baseline or {}).get("vcs") or {}).get("commit"),
+            "baseline_created": (self.baseline or {}).get("created"),
         }  # fmt: skip
         return {k: v for k, v in out.items() if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "target": self.target, "device": self.device,
-            "status": "error" if self.error else ("failed" if self.failed_gates else "passed"),
+            "status": {"error": "error", "unreachable": "unreachable", "fail": "failed", "inconclusive": "inconclusive"}.get(self.outcome, "passed"),
             "error": self.error, "hint": self.hint, "exit_code": self.exit_code, "seconds": round(self.seconds, 3),
             "facts": self.facts(), "run_ids": [r["id"] for r in self.records],
             "baseline": {"run_id": self.baseline.get("id") if self.baseline else None, "note": self.baseline_note},
@@ -82,30 +120,52 @@ class CiResult:
     config: CiConfig
     runs: list[Run]
     seconds: float
+    fail_on_unreachable: bool = True
+    inconclusive: str = "warn"  # "warn": an inconclusive gate does not fail the job; "fail": it does
 
     @property
     def exit_code(self) -> int:
-        """The first error's code (3 model/input, 4 device), else 5 when a gate failed, else 0."""
-        errors = [r.exit_code for r in self.runs if r.error]
+        """The first counted error's code (3 model/input, 4 device; an unreachable device only with
+        fail_on_unreachable), else 5 when a gate failed (or was inconclusive, with inconclusive="fail"), else 0."""
+        errors = [r.exit_code for r in self.runs if r.error and (self.fail_on_unreachable or not r.unreachable)]
         if errors:
             return errors[0]
-        return EXIT_GATE if any(r.failed_gates for r in self.runs) else EXIT_OK
+        return EXIT_GATE if any(self.failing(r) for r in self.runs) else EXIT_OK
+
+    def failing(self, run: Run) -> list[Any]:
+        """The gates of ``run`` that fail the job: failed ones, and inconclusive ones under inconclusive="fail"."""
+        return [g for g in run.gates if g.outcome == "fail" or (g.outcome == "inconclusive" and self.inconclusive == "fail")]
 
     @property
     def no_baseline(self) -> bool:
-        return any(g.passed is None for r in self.runs for g in r.gates)
+        return any(g.outcome == "skipped" for r in self.runs for g in r.gates)
+
+    def devices(self) -> dict[str, int]:
+        """Devices (by name) ok / failed (a gate failed or the deploy did) / unreachable."""
+        state: dict[str, str] = {}
+        rank = {"ok": 0, "failed": 1, "unreachable": 2}
+        for r in self.runs:
+            s = "unreachable" if r.unreachable else "failed" if r.error or self.failing(r) else "ok"
+            if rank[s] >= rank[state.get(r.device, "ok")]:
+                state[r.device] = s
+        return {k: sum(v == k for v in state.values()) for k in rank}
+
+    def devices_line(self) -> str:
+        d = self.devices()
+        return f"devices: {d['ok']} ok, {d['failed']} failed, {d['unreachable']} unreachable"
 
     def verdict(self) -> str:
         gates = [g for r in self.runs for g in r.gates]
-        failed = sum(g.passed is False for g in gates)
-        pending = sum(g.passed is None for g in gates)
+        count = {k: sum(g.outcome == k for g in gates) for k in ("pass", "fail", "inconclusive", "skipped")}
         errors = sum(1 for r in self.runs if r.error)
-        parts = [f"{len(self.runs)} run(s)", f"{len(gates) - failed - pending} gate(s) passed", f"{failed} failed"]
-        if pending:
-            parts.append(f"{pending} with no baseline yet (not a failure)")
+        parts = [f"{len(self.runs)} run(s)", f"{count['pass']} gate(s) passed", f"{count['fail']} failed"]
+        if count["inconclusive"]:
+            parts.append(f"{count['inconclusive']} inconclusive" + (" (counted as failed)" if self.inconclusive == "fail" else " (not a failure: --inconclusive warn)"))
+        if count["skipped"]:
+            parts.append(f"{count['skipped']} with no baseline yet (not a failure)")
         if errors:
             parts.append(f"{errors} error(s)")
-        return ", ".join(parts)
+        return ", ".join(parts) + "; " + self.devices_line()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -115,41 +175,58 @@ class CiResult:
             "baseline": self.config.baseline.describe(),
             "exit_code": self.exit_code,
             "verdict": self.verdict(),
+            "devices": self.devices(),
+            "fail_on_unreachable": self.fail_on_unreachable,
+            "inconclusive": self.inconclusive,
             "seconds": round(self.seconds, 3),
             "runs": [r.to_dict() for r in self.runs],
         }
 
 
-def check_devices(config: CiConfig, events: Events) -> None:
-    """Reach every SSH device once before anything runs: an unreachable one stops the job here (exit 4)."""
+def check_devices(config: CiConfig, events: Events) -> dict[str, DeviceError]:
+    """Reach every SSH device once before anything runs, in parallel: the ones that cannot be
+    reached (by name, with the reason) are not deployed to; their runs are errors, the others go on."""
     from edgekit.profiles import load_profile
 
-    seen: set[str] = set()
+    todo: dict[str, tuple[DeviceEntry, str]] = {}
     for spec in config.models:
         for target, entries in spec.runs:
             for entry in entries:
-                if entry.is_local or entry.name in seen:
-                    continue
-                seen.add(entry.name)
-                events.info(f"checking {entry.name} is reachable")
-                try:
-                    transport = connect(entry, load_profile(target), connect_timeout=CONNECT_TIMEOUT_S, log=events.info)
-                    try:
-                        transport.run(["true"], timeout=CONNECT_TIMEOUT_S * 4)
-                    finally:
-                        transport.close()
-                except DeviceError as exc:
-                    raise DeviceError(f"{config.path}: models '{spec.name}': device {entry.name}: {exc.message}", exc.hint) from None
+                if not entry.is_local:
+                    todo.setdefault(entry.name, (entry, target))
+
+    def reach(item: tuple[DeviceEntry, str]) -> None:
+        entry, target = item
+        events.info(f"checking {entry.name} is reachable")
+        transport = connect(entry, load_profile(target), connect_timeout=CONNECT_TIMEOUT_S, log=events.info)
+        try:
+            transport.run(["true"], timeout=CONNECT_TIMEOUT_S * 4)
+        finally:
+            transport.close()
+
+    fleet = run_fleet(list(todo.values()), reach, jobs=max(1, config.jobs), name=lambda item: item[0].name)
+    dead = {}
+    for outcome in fleet.outcomes:
+        if not outcome.succeeded:
+            events.warn(f"device {outcome.device} is unreachable: {outcome.error}")
+            dead[outcome.device] = DeviceError(outcome.error or "unreachable", outcome.hint or "")
+    return dead
 
 
-def run_ci(config: CiConfig, events: Events, *, output_root: Path = Path("edgekit-out") / "ci") -> CiResult:
-    """Deploy and bench everything the config names, pick baselines, check gates."""
+def run_ci(
+    config: CiConfig, events: Events, *, output_root: Path = Path("edgekit-out") / "ci",
+    fail_on_unreachable: bool = True, inconclusive: str = "warn",
+) -> CiResult:  # fmt: skip
+    """Deploy and bench everything the config names, pick baselines, check gates, record each gated
+    run's outcome in the store."""
+    if inconclusive not in ("warn", "fail"):
+        raise ValueError(f"inconclusive must be 'warn' or 'fail', got {inconclusive!r}")
     t0 = time.monotonic()
-    check_devices(config, events)
+    dead = check_devices(config, events)
     runs: list[Run] = []
     for spec in config.models:
         for target, entries in spec.runs:
-            runs.extend(_deploy(spec, target, list(entries), config.jobs, events, output_root))
+            runs.extend(_deploy(spec, target, list(entries), config.jobs, events, output_root, dead))
     mine = {r["id"] for run in runs for r in run.records}
     gates = {spec.name: spec.gates for spec in config.models}
     with ResultsStore() as store:
@@ -157,14 +234,26 @@ def run_ci(config: CiConfig, events: Events, *, output_root: Path = Path("edgeki
             if run.record is not None:
                 run.baseline, run.baseline_note = pick_baseline(store, config.baseline, run.record, exclude=mine)
                 run.gates = [gate.check(run.record, run.baseline) for gate in gates[run.model]]
-    return CiResult(config, runs, time.monotonic() - t0)
+                if run.record.get("id") is not None:
+                    store.set_outcome(run.record["id"], run_outcome(run.gates))
+    return CiResult(config, runs, time.monotonic() - t0, fail_on_unreachable, inconclusive)
 
 
-def _deploy(spec: ModelSpec, target: str, entries: list[DeviceEntry], jobs: int, events: Events, root: Path) -> list[Run]:
-    """One model on one target's devices, in parallel as `edgekit deploy --device A --device B` does."""
+def _deploy(
+    spec: ModelSpec, target: str, entries: list[DeviceEntry], jobs: int, events: Events, root: Path, dead: dict[str, DeviceError]
+) -> list[Run]:
+    """One model on one target's devices, in parallel as `edgekit deploy --device A --device B` does;
+    the ``dead`` (unreachable) ones are errors without being tried again."""
     from edgekit.deploy import open_job
 
     runs = {e.name: Run(spec.name, target, e.name) for e in entries}
+    for e in entries:
+        if e.name in dead:
+            run = runs[e.name]
+            run.error, run.hint, run.exit_code, run.unreachable = dead[e.name].message, dead[e.name].hint or None, dead[e.name].exit_code, True
+    entries = [e for e in entries if e.name not in dead]
+    if not entries:
+        return list(runs.values())
     try:
         job = open_job(api.request(spec.path, target=target, device=entries[0], **{**spec.options, "remeasure": True}))  # ci gates new runs: it always measures
     except EdgekitError as exc:  # the model or its data: every device of it fails the same way
@@ -194,11 +283,18 @@ def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, excl
     """The run ``record`` is gated against, and a note saying which it is or that there is none yet:
     the newest candidate of the same model name, target, device and variant that is comparable
     (a changed model is, as against the main branch's run) and not one of this job's runs."""
-    from edgekit.bench.compare import baseline_for, read_records
+    from edgekit.bench.compare import baseline_for, default_baseline, read_records, resolve
 
-    if baseline.kind == "latest":
-        like = {"model": record["model_name"], "target": record["target"], "device": record["device"], "variant": record["agent"]["variant"]}
-        candidates = store.records(limit=50, branch=baseline.branch, **like)
+    like = {"model": record["model_name"], "target": record["target"], "device": record["device"], "variant": record["agent"]["variant"]}
+    if baseline.kind == "default":
+        candidates = [r] if (r := default_baseline(store, record, exclude=sorted(exclude))) else []
+    elif baseline.kind == "latest":  # passing runs only: a failed run is never a baseline
+        candidates = store.records(limit=50, branch=baseline.branch, outcome="pass", **like)
+    elif baseline.kind == "tag":
+        try:
+            candidates = [resolve(f"tag:{baseline.name}", store, like=record, exclude=sorted(exclude))]
+        except ResultsError as exc:
+            return None, f"no baseline: {exc.message}"
     elif baseline.kind == "ids":
         candidates = []
         for run_id in baseline.ids:
@@ -206,10 +302,15 @@ def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, excl
                 candidates.append(store.get(run_id))
             except ResultsError:  # an id of another store: not this run's baseline
                 continue
-    else:
-        candidates = sorted(read_records(baseline.file), key=lambda r: r["created"], reverse=True)
+    else:  # an export file: its runs that did not fail their gates
+        kept = [r for r in read_records(baseline.file) if r.get("outcome") not in ("fail", "inconclusive")]
+        candidates = sorted(kept, key=lambda r: r["created"], reverse=True)
     r = baseline_for(candidates, record, exclude)
     if r is None:
         return None, f"no baseline yet ({baseline.describe()})"
     where = f"{baseline.file.name} " if baseline.kind == "file" else ""
-    return r, f"{where}{'run ' + str(r['id']) if r.get('id') is not None else 'record'} of {r['created'][:19]}"
+    vcs = r.get("vcs") or {}
+    commit = f" at {vcs['commit'][:10]}" if vcs.get("commit") else ""
+    branch = f" on {vcs['branch']}" if vcs.get("branch") else ""
+    failed = " (a run whose gates failed: named by id)" if r.get("outcome") == "fail" else ""
+    return r, f"{where}{'run ' + str(r['id']) if r.get('id') is not None else 'record'}{commit}{branch} of {r['created'][:19]}{failed}"

@@ -124,8 +124,9 @@ Baseline = Annotated[
     str | None,
     typer.Option(
         "--baseline", metavar="REF",
-        help="The run relative gates compare with: a run id, an export file (FILE, FILE#N) or latest@BRANCH. "
-        "Default: the latest earlier run of the same model, target, device and variant.",
+        help="The run relative gates compare with: a run id, branch:NAME, tag:NAME (edgekit results pin), latest, latest@BRANCH "
+        "or an export file (FILE, FILE#N). Default: the latest passing run of the same model, target, device and variant "
+        "on the default branch, else anywhere; never a failed one.",
     ),
 ]  # fmt: skip
 

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from edgekit.errors import EdgekitError, OutputPathError
 from edgekit.events import Events, QuietProgress
+from edgekit.sanitize import quoted
 
 
 def _plain() -> bool:
@@ -42,12 +43,13 @@ class Output(Events):
         self.err.print(message)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"warning: {message}", style="yellow" if not _plain() else None)
+        self.err.print(quoted("warning: ", message), style="yellow" if not _plain() else None)
 
     def error(self, exc: EdgekitError) -> None:
-        self.err.print(f"error: {exc.message}")
+        # one line each, whatever a device put in the message: no fake error:/hint:/::error lines
+        self.err.print(quoted("error: ", exc.message))
         if exc.hint:
-            self.err.print(f"hint: {exc.hint}")
+            self.err.print(quoted("hint: ", exc.hint))
 
     @contextlib.contextmanager
     def progress(self, description: str, total: int | None = None) -> Iterator[Any]:
@@ -82,7 +84,7 @@ class Output(Events):
 
     def line(self, text: str = "") -> None:
         with _stdout_errors():
-            self.out.print(text)
+            self.out.print(text, soft_wrap=True)  # one line stays one line: a wrapped tail would start a line with whatever it holds
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""`edgekit results`: list, show, export and import stored benchmark runs."""
+"""`edgekit results`: list, show, export, import, compare and pin stored benchmark runs."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from edgekit.bench.stats import STAT_FIELDS
 from edgekit.bench.store import ResultsStore
 from edgekit.cli import common
 from edgekit.cli.output import Output
-from edgekit.errors import ResultsError
+from edgekit.errors import ResultsError, UsageError
 from edgekit.fsutil import atomic_path, check_output_path
 from edgekit.jsonable import strict_loads
 
 app = typer.Typer(
     name="results",
-    help="Stored benchmark runs: list, show, export, import.",
+    help="Stored benchmark runs: list, show, export, import, compare, pin.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -78,19 +78,27 @@ def show(
         int, typer.Argument(metavar="ID", help="Run id, as printed by `edgekit results list`.")
     ],
     json_: common.Json = False,
+    samples: Annotated[bool, typer.Option("--samples", help="With --json: include the raw per-iteration samples (left out by default).")] = False,
 ) -> None:
-    """Show one run: latency statistics, device, configuration, backend and bundle.
+    """Show one run: latency statistics, device, configuration, backend, bundle and gate outcome.
 
     \b
     Examples:
       edgekit results show 12
       edgekit results show 12 --json > run12.json
+      edgekit results show 12 --json --samples > run12-full.json
     """
     out = Output()
     with ResultsStore() as store:
         record = store.get(run_id)
         _warn_damage(out, store)
     if json_:
+        if not samples:  # tens of thousands of numbers nobody reads in a terminal: counted, not printed
+            agent = dict(record["agent"])
+            for key in ("samples_ns", "warmup_samples_ns"):
+                if isinstance(agent.get(key), list):
+                    agent[key + "_count"] = len(agent.pop(key))
+            record = {**record, "agent": agent}
         out.json(record)
         return
     agent, stats = record["agent"], record["stats"]
@@ -108,6 +116,7 @@ def show(
     )
     run_rows = [
         ("run uuid", record["run_uuid"]),
+        ("gates", record.get("outcome") or "not gated"),
         ("created (UTC)", _when(record["created"])),
         ("model", record["model_name"] + (f" ({agent['model']})" if agent.get("model") else "")),
         ("model sha256", agent.get("model_sha256")),
@@ -224,6 +233,57 @@ def import_lava(
         out.line(f"imported {_runs(imported)}, skipped {skipped} already in the store")
 
 
+@app.command("pin")
+def pin(
+    run_id: Annotated[int, typer.Argument(metavar="RUN", help="Run id, as printed by `edgekit results list`.")],
+    name: Annotated[str, typer.Option("--name", metavar="NAME", help="The name to compare with: --baseline tag:NAME.")],
+    json_: common.Json = False,
+) -> None:
+    """Pin a run as a named, blessed baseline (a name pinned before moves to this run).
+
+    \b
+    Examples:
+      edgekit results pin 42 --name golden
+      edgekit ci --baseline tag:golden
+      edgekit bench model.onnx --gate p50:+5% --baseline tag:golden
+    """
+    import re
+
+    out = Output()
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,99}", name):
+        raise UsageError(f"bad pin name {name!r}", "use letters, digits, '.', '_', '-', '/' (at most 100), e.g. --name golden")
+    with ResultsStore() as store:
+        record = store.get(run_id)
+        if record.get("outcome") == "fail":
+            out.warn(f"run {run_id}'s gates failed; it is pinned because you named it")
+        store.pin(run_id, name)
+        pins = store.pins()
+    if json_:
+        out.json({"name": name, "run_id": run_id, "pins": pins})
+        return
+    out.info(f"pinned run {run_id} {_describe(record)} as {name}: compare with --baseline tag:{name}")
+
+
+@app.command("pins")
+def pins(json_: common.Json = False) -> None:
+    """List the pinned baselines (name -> run).
+
+    \b
+    Example:
+      edgekit results pins
+    """
+    out = Output()
+    with ResultsStore() as store:
+        found = store.pins()
+    if json_:
+        out.json(found)
+        return
+    if not found:
+        out.info("no pinned baselines; pin one with: edgekit results pin RUN --name NAME")
+        return
+    out.table(["name", "run"], [[k, v] for k, v in found.items()])
+
+
 @app.command("compare")
 def compare(
     a: Annotated[str, typer.Argument(metavar="A", help="The baseline: a run id, an export file (FILE or FILE#N), or latest@BRANCH.")],
@@ -243,7 +303,7 @@ def compare(
     A latency change counts ("faster"/"slower") when the 95% bootstrap CI of the ratio excludes
     no change and the change exceeds 5%, the runs' own drift and what the device's own change of
     speed between them explains (a reference loop timed through each run); else "no change", or
-    "unsure" when that speed moved more than 20%.
+    "inconclusive" when that speed moved more than 20%. A --fail gate is pass, fail or inconclusive.
     Runs of different models, devices, backends, variants or batch sizes are refused.
 
     \b

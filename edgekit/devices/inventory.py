@@ -32,6 +32,7 @@ from typing import Any
 
 from edgekit.errors import InputError, UsageError
 from edgekit.jsonable import FieldsDict
+from edgekit.tomlkeys import unknown_key
 from edgekit.transport.names import check_host, check_user
 from edgekit.transport.sshconfig import parse_device
 
@@ -194,9 +195,9 @@ def _read_toml(text: str, source: str) -> dict[str, DeviceEntry]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{source}: invalid TOML: {exc}", "fix the syntax (see docs/devices.md for an example)") from None
-    unknown = sorted(set(doc) - {"devices"})
-    if unknown:
-        raise InputError(f"{source}: unknown top-level key '{unknown[0]}'", "an inventory has one table: [devices.NAME]")
+    bad = unknown_key(doc, ("devices",))
+    if bad:
+        raise InputError(f"{source}: unknown top-level key '{bad[0]}'", f"an inventory has one table, [devices.NAME]; {bad[2]}")
     table = doc.get("devices", {})
     if not isinstance(table, dict):
         raise InputError(f"{source}: 'devices' must be a table of [devices.NAME] tables", "see docs/devices.md")
@@ -206,9 +207,9 @@ def _read_toml(text: str, source: str) -> dict[str, DeviceEntry]:
         check_name(name, source)
         if not isinstance(entry, dict):
             raise InputError(f"{where} must be a table", f'write it as [devices.{name}] with ssh = "user@host"')
-        bad = sorted(set(entry) - set(_TOML_KEYS))
+        bad = unknown_key(entry, _TOML_KEYS)
         if bad:
-            raise InputError(f"{where}: unknown key '{bad[0]}'", f"allowed keys: {', '.join(_TOML_KEYS)}")
+            raise InputError(f"{where}: {bad[1]}", bad[2])
         for key in ("ssh", "profile", "workdir", "python"):
             if key in entry and (not isinstance(entry[key], str) or not entry[key].strip()):
                 raise InputError(f"{where}.{key} must be a non-empty string", _TOML_HINTS[key])

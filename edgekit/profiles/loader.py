@@ -36,6 +36,7 @@ from edgekit.profiles.model import (
     version_tuple,
 )
 from edgekit.profiles.probe import probe_host
+from edgekit.tomlkeys import closest, unknown_key
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -194,11 +195,12 @@ class _Parser:
         )
 
     def keys(self, table: dict[str, Any], prefix: str, allowed: tuple[str, ...]) -> None:
-        for key in table:
-            if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                problem = f"unknown key{f' (did you mean {close[0]!r}?)' if close else ''}"
-                self.fail(_join(prefix, repr(key) if not _NAME_RE.match(key) else key), problem, ", ".join(allowed))
+        bad = unknown_key(table, allowed)
+        if bad:
+            key = bad[0]
+            close = closest(key, allowed)
+            problem = f"unknown key{f' (did you mean {close!r}?)' if close else ''}"
+            self.fail(_join(prefix, repr(key) if not _NAME_RE.match(key) else key), problem, ", ".join(allowed))
 
     def value(self, table: dict[str, Any], key: str, prefix: str, typ: type, *, required: bool, allowed: str) -> Any:
         path = _join(prefix, key)

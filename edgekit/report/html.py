@@ -29,6 +29,7 @@ from edgekit.bench.stats import Stats
 from edgekit.fsutil import atomic_path
 from edgekit.report import svg
 from edgekit.report.svg import esc, num
+from edgekit.sanitize import plain
 
 # One colour per variant, the same in every chart; known names keep theirs across reports.
 _KNOWN = {"fp32": "#3b6fd4", "int8": "#e8772e", "fp16": "#2e9e6a", "bf16": "#8a5cd0"}
@@ -48,16 +49,19 @@ class _Run:
 def write_report(
     records: list[dict], path: Path, *, title: str | None = None,
     history: list[dict] | None = None, gates: list[Any] | None = None,
+    problems: list[tuple[str, str, str]] | None = None,
 ) -> Path:  # fmt: skip
     """Write the report of ``records`` to ``path`` atomically and return ``path``.
 
     ``records``: results-store records (``results show --json`` / export documents), at least
     one; several models or devices are grouped. ``history``: older records; those of the same
     model, target, device and variant are drawn as a p50 line. ``gates``: GateResult objects
-    or their ``to_dict()``. Raises ResultsError for a malformed record, OutputPathError when
-    ``path`` cannot be written (nothing is left behind then).
+    or their ``to_dict()``. ``problems``: (run, outcome, reason) of runs that could not happen (a
+    device unreachable, a deploy that failed); with them ``records`` may be empty. Raises
+    ResultsError for a malformed record, OutputPathError when ``path`` cannot be written (nothing
+    is left behind then).
     """
-    text = render_report(records, title=title, history=history, gates=gates)
+    text = render_report(records, title=title, history=history, gates=gates, problems=problems)
     with atomic_path(Path(path)) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
@@ -66,9 +70,13 @@ def write_report(
 def render_report(
     records: list[dict], *, title: str | None = None,
     history: list[dict] | None = None, gates: list[Any] | None = None,
+    problems: list[tuple[str, str, str]] | None = None,
 ) -> str:  # fmt: skip
     """The report as one HTML string (see ``write_report``)."""
     checked = _unique(validate_record(r) for r in records)
+    if not checked and problems:
+        title = title or "edgekit report"
+        return _page(title, [f'<header><h1>{esc(title)}</h1><p class="sub">no run finished</p></header>', _problems(problems), _gates(gates) if gates else ""])
     if not checked:
         raise ValueError("a report needs at least one record")
     colors: dict[str, str] = {}
@@ -88,7 +96,7 @@ def render_report(
     title = title or (
         f"{first['model_name']} on {first['target']}" if len(groups) == 1 else f"edgekit report: {len(groups)} model/device pairs"
     )
-    body = [_header(title, runs), _summary(groups, gates or [], unit, scale, len(groups) > 1)]
+    body = [_header(title, runs), _problems(problems or []), _summary(groups, gates or [], unit, scale, len(groups) > 1)]
     for k, (key, group) in enumerate(groups.items()):
         sfx = "" if k == 0 else f"-{k + 1}"
         if len(groups) > 1:
@@ -165,23 +173,38 @@ def _summary(groups: dict, gates: list[Any], unit: str, scale: float, many: bool
     return "".join(out)
 
 
+def _problems(problems: list[tuple[str, str, str]]) -> str:
+    """The runs that could not happen, each with its reason (device text, made plain)."""
+    if not problems:
+        return ""
+    items = "".join(
+        f'<li class="gate error"><span class="badge">{esc(outcome)}</span><span class="muted">{esc(plain(run))}</span> {esc(plain(reason))}</li>'
+        for run, outcome, reason in problems
+    )
+    return f'<div class="gates"><div class="gates-head fail">{len(problems)} run(s) did not finish</div><ul>{items}</ul></div>'
+
+
+_GATE_BADGE = {"pass": "pass", "fail": "FAIL", "inconclusive": "inconclusive", "none": "no baseline"}
+
+
 def _gates(gates: list[Any]) -> str:
-    items, failed = [], 0
+    items, count = [], dict.fromkeys(_GATE_BADGE, 0)
     for g in gates:
         d = g.to_dict() if hasattr(g, "to_dict") else g if isinstance(g, dict) else {"line": str(g)}
+        status = d.get("status")
         passed = d.get("passed")
-        state = "pass" if passed is True else "fail" if passed is False else "none"
-        failed += passed is False
+        state = status if status in ("pass", "fail", "inconclusive") else "pass" if passed is True else "fail" if passed is False else "none"
+        count[state] += 1
         where = " · ".join(str(d[k]) for k in ("model", "target", "device", "variant") if isinstance(d.get(k), str))
         items.append(
-            f'<li class="gate {state}"><span class="badge">{ {"pass": "pass", "fail": "FAIL", "none": "no baseline"}[state]}</span>'
-            + (f'<span class="muted">{esc(where)}</span> ' if where else "")
-            + f"{esc(d.get('line') or _gate_text(d))}</li>"
+            f'<li class="gate {state}"><span class="badge">{_GATE_BADGE[state]}</span>'
+            + (f'<span class="muted">{esc(plain(where))}</span> ' if where else "")
+            + f"{esc(plain(d.get('line') or _gate_text(d)))}</li>"
         )
-    unknown = sum('class="gate none"' in item for item in items)
-    head = f"{len(gates) - failed - unknown} of {len(gates)} gates pass"
-    head += (f", {failed} FAIL" if failed else "") + (f", {unknown} without a baseline yet" if unknown else "")
-    return f'<div class="gates"><div class="gates-head {"fail" if failed else "pass"}">{head}</div><ul>{"".join(items)}</ul></div>'
+    head = f"{count['pass']} of {len(gates)} gates pass"
+    head += (f", {count['fail']} FAIL" if count["fail"] else "") + (f", {count['inconclusive']} inconclusive" if count["inconclusive"] else "")
+    head += f", {count['none']} without a baseline yet" if count["none"] else ""
+    return f'<div class="gates"><div class="gates-head {"fail" if count["fail"] else "pass"}">{head}</div><ul>{"".join(items)}</ul></div>'
 
 
 def _gate_text(d: dict) -> str:
@@ -339,12 +362,16 @@ def _layers(group: list[_Run], sfx: str) -> str:
         total_noise = sum(noise.values()) or 1.0
         total = sum(float(x["ns"]) for x in timed)
         timed.sort(key=lambda x: -float(x["ns"]))
-        rows, joined = [], 0
+        rows, joined, wide = [], 0, []
         for x in timed[:TOP_LAYERS]:
             name = str(x.get("name"))
             hit = name in snr and snr[name] is not None
             joined += hit
-            rows.append(svg.LayerRow(name, str(x.get("op") or ""), float(x["ns"]) / total, float(x["ns"]),
+            spread = layer_spread(x)
+            if spread is not None and spread > WIDE_SPREAD:
+                wide.append(f"{name} ({spread * 100:.0f}%)")
+            shown = f"{name} ⚠ spread {spread * 100:.0f}%" if spread is not None and spread > WIDE_SPREAD else name
+            rows.append(svg.LayerRow(shown, str(x.get("op") or ""), float(x["ns"]) / total, float(x["ns"]),
                                      noise[name] / total_noise if hit else None, snr[name] if hit else None))  # fmt: skip
         rest = timed[TOP_LAYERS:]
         if rest:
@@ -358,12 +385,24 @@ def _layers(group: list[_Run], sfx: str) -> str:
             how = f"{joined} of the {min(len(timed), TOP_LAYERS)} layers shown have the quantizer's error measured (joined by name)"
         else:
             how = "no per-layer quantization error in this record"
-        caption = f"{sentence}. {num(total / 1e3)} µs per inference over {len(timed)} timed layers; {how}."
+        caption = f"{sentence}. {num(total / 1e3)} µs per inference over {len(timed)} timed layers (each its median over the profiled runs); {how}."
+        if wide:
+            caption += (f" Marked ⚠: {len(wide)} layer(s) whose time varied widely between the profiled runs (interquartile range over "
+                        f"{WIDE_SPREAD * 100:.0f}% of the median; another process, a frequency change): {', '.join(wide)}; rank them with care.")
         chart = svg.layers(f"chart-layers-{_slug(r.variant)}{sfx}", rows, color=r.color, label=f"per-layer time of {r.variant}")
         charts.append(_figure(r, chart, caption))
     if not charts:
         charts.append('<p class="caption">No backend reported a per-layer profile for these runs.</p>')
     return f'<section id="layers{sfx}"><h2>Per-layer time and error</h2>{"".join(charts)}</section>'
+
+
+WIDE_SPREAD = 0.5  # a layer's interquartile range over this share of its median: its time is not to be ranked on
+
+
+def layer_spread(layer: dict) -> float | None:
+    """A layer's interquartile range over the profiled runs, relative to its median (None: not reported)."""
+    lo, hi, mid = _f(layer.get("ns_p25")), _f(layer.get("ns_p75")), _f(layer.get("ns"))
+    return None if lo is None or hi is None or not mid else (hi - lo) / mid
 
 
 def _history(group: list[_Run], older: list[dict], unit: str, scale: float, sfx: str) -> str:
@@ -533,8 +572,8 @@ h3{font-size:12px;margin:18px 0 6px;color:var(--muted);text-transform:uppercase;
 .gate{padding:4px 0;border-bottom:1px solid var(--line);font-variant-numeric:tabular-nums}
 .badge{display:inline-block;min-width:88px;text-align:center;font-size:11px;font-weight:700;text-transform:uppercase;
  border-radius:999px;padding:1px 8px;margin-right:10px;color:#fff;background:#9ca3af}
-.gate.pass .badge{background:var(--ok)}.gate.fail .badge{background:var(--bad)}
-.gate.fail{color:var(--bad)}
+.gate.pass .badge{background:var(--ok)}.gate.fail .badge,.gate.error .badge{background:var(--bad)}
+.gate.fail,.gate.error{color:var(--bad)}.gate.inconclusive .badge{background:#b45309}
 figure{margin:14px 0 18px}
 figcaption{font-size:14px;margin-bottom:2px}
 .caption{font-size:13px;margin:4px 0 0}

@@ -336,10 +336,11 @@ class Session:
             times: list = []
             self.run(self._last_feeds, times)
             runs.append(times)
-        return [
-            {"name": name, "op": op, "ns": sorted(r[i] for r in runs)[len(runs) // 2]}
-            for i, (name, op, *_rest) in enumerate(self._nodes)
-        ]
+        out = []
+        for i, (name, op, *_rest) in enumerate(self._nodes):
+            ns = sorted(r[i] for r in runs)
+            out.append({"name": name, "op": op, "ns": ns[len(ns) // 2], "ns_p25": ns[round(0.25 * (len(ns) - 1))], "ns_p75": ns[round(0.75 * (len(ns) - 1))]})
+        return out
 
 
 def load(model_path: str, threads: int | None, options: dict | None = None, workdir: str | None = None) -> Session:

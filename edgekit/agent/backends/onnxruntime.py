@@ -59,7 +59,8 @@ def profile_layers(events: list, skip_runs: int = 0) -> list:
     "args": {"op_name"}}`` inside ``{"cat": "Session", "name": "model_run"}`` spans) -> per node, in
     execution order: ``{name, op, ns, calls}``, ns the mean time per run, over the runs after the
     first ``skip_runs``. A node's time is the median of its calls times its calls per run: one run
-    stalled by another process (a 20x outlier on a busy board) must not make a layer look slow."""
+    stalled by another process (a 20x outlier on a busy board) must not make a layer look slow;
+    ``ns_p25``/``ns_p75`` (the quartiles, the same way) say how far it moved between runs."""
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
     kept = runs[skip_runs:] if len(runs) > skip_runs else runs
     totals = {}
@@ -72,10 +73,13 @@ def profile_layers(events: list, skip_runs: int = 0) -> list:
         entry = totals.setdefault(name[: -len(_KERNEL)], {"op": (e.get("args") or {}).get("op_name") or "", "us": []})
         entry["us"].append(e.get("dur") or 0)
     n = len(kept) or max((len(t["us"]) for t in totals.values()), default=1)
-    return [
-        {"name": k, "op": t["op"], "ns": int(round(statistics.median(t["us"]) * 1000.0 * len(t["us"]) / n)), "calls": len(t["us"])}
-        for k, t in totals.items()
-    ]
+    out = []
+    for k, t in totals.items():
+        per_run = 1000.0 * len(t["us"]) / n  # µs of one call -> ns per run
+        q = statistics.quantiles(t["us"], n=4, method="inclusive") if len(t["us"]) > 1 else [t["us"][0]] * 3
+        out.append({"name": k, "op": t["op"], "ns": int(round(statistics.median(t["us"]) * per_run)),
+                    "ns_p25": int(round(q[0] * per_run)), "ns_p75": int(round(q[2] * per_run)), "calls": len(t["us"])})
+    return out
 
 
 def load(model_path: str, threads: int | None, options: dict | None = None, workdir: str | None = None) -> Session:

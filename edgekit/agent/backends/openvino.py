@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import statistics
 import sys
 import time
 
@@ -38,7 +39,7 @@ class Session:
         return self._infer(feeds)
 
     def layers(self):
-        """Per-layer times averaged over a few inferences of a PERF_COUNT compile of the model."""
+        """Per-layer times of a PERF_COUNT compile of the model: the median over a few inferences (and the quartiles)."""
         if self._last_feeds is None:
             return None
         config = dict(self._config)
@@ -53,20 +54,15 @@ class Session:
         for _ in range(_PROFILE_RUNS):
             request.infer(self._last_feeds)
             for p in request.get_profiling_info():
-                entry = totals.setdefault(p.node_name, [p, 0, 0])  # dicts keep the execution order
-                entry[1] += _ns(p.real_time)
+                entry = totals.setdefault(p.node_name, [p, [], 0])  # dicts keep the execution order
+                entry[1].append(_ns(p.real_time))
                 entry[2] += 1
-        return [
-            {
-                "name": p.node_name,
-                "op": p.node_type,
-                "ns": int(round(ns / _PROFILE_RUNS)),
-                "calls": calls,
-                "exec_type": p.exec_type,
-                "status": _status(p.status),
-            }
-            for p, ns, calls in totals.values()
-        ]
+        out = []
+        for p, ns, calls in totals.values():
+            q = statistics.quantiles(ns, n=4, method="inclusive") if len(ns) > 1 else [ns[0]] * 3
+            out.append({"name": p.node_name, "op": p.node_type, "ns": int(round(statistics.median(ns))), "ns_p25": int(round(q[0])),
+                        "ns_p75": int(round(q[2])), "calls": calls, "exec_type": p.exec_type, "status": _status(p.status)})  # fmt: skip
+        return out
 
 
 def load(model_path: str, threads, options: dict = None, workdir: str = None) -> Session:
