@@ -33,6 +33,7 @@ from edgekit.deploy import DeployRequest, DeployResult, Job, execute, open_job, 
 from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 from edgekit.devices.lock import device_lock
+from edgekit.devices.preflight import ensure_ready
 from edgekit.errors import GateError, ModelError, PlanError, UsageError
 from edgekit.events import Events
 from edgekit.fsutil import check_output_path
@@ -365,7 +366,9 @@ def bench(
 def bench_bundle(
     bundle: Bundle, device: DeviceEntry, profile: Profile, req: DeployRequest, variants: Sequence[str] | None, events: Events
 ) -> DeployResult:
-    """Push ``bundle`` to ``device`` and bench its ``variants`` (default: all) there, under the device's lock."""
+    """Check that ``device`` has the runtimes of the ``variants`` (default: all) of ``bundle`` (a
+    PreflightError naming ``edgekit devices provision`` before anything is pushed), then push the
+    bundle and bench them there, under the device's lock."""
     manifest = bundle.manifest
     known = [v.name for v in manifest.variants]
     selected = list(dict.fromkeys(variants or known))
@@ -376,6 +379,7 @@ def bench_bundle(
     planned = plan_bundle(manifest, profile, device=device.name, variants=selected, config=config)
     transport = connect(device, profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)
     try:
+        ensure_ready(transport, profile, planned, device=device.name, events=events, bundle=bundle)
         with device_lock(transport, wait=req.lock_wait, on_wait=events.info) as lock:
             return execute(planned, None, transport, events, bundle=bundle, lock=lock)
     finally:

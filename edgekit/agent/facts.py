@@ -350,6 +350,7 @@ def python_env() -> dict:
     """The interpreter running the agent, and whether it can make a venv and run pip."""
     import importlib.util
     import sys
+    import sysconfig
 
     def has(module: str) -> bool:
         try:
@@ -365,10 +366,13 @@ def python_env() -> dict:
             pip = metadata.version("pip")
         except Exception:  # metadata missing or broken: pip is there, its version unknown
             pip = "unknown"
+    in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
     return {
         "executable": sys.executable,
         "prefix": sys.prefix,
-        "in_venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
+        "in_venv": in_venv,
+        # PEP 668 (Debian 12, Raspberry Pi OS Bookworm): pip refuses to install into this Python
+        "externally_managed": not in_venv and os.path.isfile(os.path.join(sysconfig.get_path("stdlib") or "", "EXTERNALLY-MANAGED")),
         "implementation": platform.python_implementation(),
         "pip": pip,
         "venv": has("venv"),

@@ -12,7 +12,16 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from . import AGENT_VERSION, REPUSH, SCHEMA, AgentFailure, bundle_hash, read_json, sha256_file
+from . import (
+    AGENT_VERSION,
+    REPUSH,
+    SCHEMA,
+    AgentFailure,
+    bundle_hash,
+    missing_runtime,
+    read_json,
+    sha256_file,
+)
 from .backends import load_backend
 from .energy import energy_record, open_meter
 from .facts import device_facts, device_state
@@ -489,10 +498,7 @@ def peak_rss_bytes() -> int | None:
 def _numpy():
     try:
         import numpy
-    except ImportError as exc:
-        raise AgentFailure(
-            f"numpy is not installed on the device (for {sys.executable}): {exc}",
-            f"install it there: {sys.executable} -m pip install numpy",
-        ) from None
+    except ImportError:
+        raise missing_runtime("numpy") from None
     return numpy
 
