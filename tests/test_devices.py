@@ -194,6 +194,16 @@ def test_preflight_disk_and_memory_against_the_bundle(tmp_path):
     assert small.ok and "bundle 1 MiB" in next(c for c in small.checks if c.name == "disk").detail
 
 
+def test_preflight_fails_a_workdir_it_cannot_write(tmp_path):
+    t = LocalTransport(tmp_path / "device")
+    facts = device_facts(t)
+    assert facts["probe"]["workdir"]["writable"] is True
+    facts["probe"]["workdir"]["writable"] = False  # as a read-only remount reports it (root may write anywhere here)
+    report = preflight(t, load_profile("local"), facts=facts)
+    disk = next(c for c in report.failures if c.name == "disk")
+    assert "is not writable by the device's user" in disk.detail and "workdir" in disk.hint
+
+
 def test_deploy_stops_at_preflight_before_any_push(cli, tmp_path, bare_python, ort_only):
     # a device whose Python has no runtime: deploy refuses with the provision command as hint
     (tmp_path / "devices.toml").write_text(f'[devices.edge7]\nssh = "local"\nworkdir = "{tmp_path / "edge7"}"\npython = "{bare_python}"\n')

@@ -328,12 +328,14 @@ def probe_facts(openvino: bool = True) -> dict:
 
 
 def workdir_disk(path: str) -> dict:
-    """Free and total bytes of the filesystem holding ``path`` (the agent runs in edgekit's workdir)."""
+    """Free and total bytes of the filesystem holding ``path`` (the agent runs in edgekit's workdir),
+    and whether this user may write there (a read-only remount, another owner)."""
+    writable = os.access(path, os.W_OK)
     try:
         st = os.statvfs(path)
     except (OSError, AttributeError):
-        return {"path": path, "free_bytes": None, "total_bytes": None}
-    return {"path": path, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize}
+        return {"path": path, "free_bytes": None, "total_bytes": None, "writable": writable}
+    return {"path": path, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize, "writable": writable}
 
 
 def libc() -> dict:

@@ -359,6 +359,13 @@ def _memory_check(d: dict, probe: dict, bundle_bytes: int | None) -> Check:
 def _disk_check(probe: dict, bundle_bytes: int | None) -> Check:
     wd = probe.get("workdir") or {}
     free, path = wd.get("free_bytes"), wd.get("path") or "the workdir"
+    if wd.get("writable") is False:
+        return Check(
+            "disk",
+            FAIL,
+            f"{path} is not writable by the device's user: the bundle cannot land there",
+            "point the workdir at a directory that user owns (the inventory's workdir = ..., or the profile's [device] workdir), or fix its permissions",
+        )
     if not isinstance(free, int):
         return Check("disk", WARN, f"free space in {path} could not be read")
     if bundle_bytes:
