@@ -143,7 +143,7 @@ def edgekit_max_drop(case: Case, out: Path) -> Column:
     t0 = time.perf_counter()
     try:
         result = api.quantize(case.src, out, target="local", backend="onnxruntime", method=EDGEKIT_METHOD, calib=calib, eval=tune,
-                              max_drop=points / 100, metric=metric)
+                              max_drop=points, metric=metric)
     except GateError as exc:
         return Column(None, time.perf_counter() - t0, setting, error=f"refused: {_first_line(exc).split(': ', 1)[-1]}")
     mp = result.mixed_precision or {}

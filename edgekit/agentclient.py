@@ -12,12 +12,13 @@ from typing import Any
 
 from edgekit.agent import MAX_SAMPLES
 from edgekit.agent import SCHEMA as AGENT_SCHEMA
+from edgekit.agent import provision_hint
 from edgekit.errors import AgentError
 from edgekit.jsonable import strict_loads
 from edgekit.transport.agentzip import agent_server, ask_server, push_agent
 from edgekit.transport.base import MAX_ANSWER_BYTES, CommandResult, Transport
 
-__all__ = ["BenchConfig", "bench_variant", "device_facts", "eval_variant", "parse_agent_output", "push_agent", "run_agent"]
+__all__ = ["BenchConfig", "bench_variant", "device_facts", "device_name", "eval_variant", "parse_agent_output", "push_agent", "run_agent"]
 
 _OUT_OF_STEP = "the agent on the device is out of step with this edgekit; bench again to push the current one"
 
@@ -91,11 +92,17 @@ def run_agent(transport: Transport, args: list[str], *, timeout: float, kind: st
     result = ask_server(transport, server, args, timeout=timeout) if server is not None else None
     if result is None:  # no server, or it ended (killed, or never started): say why the usual way
         result = transport.run([transport.python, push_agent(transport), *args], timeout=timeout, check=False)
-    return parse_agent_output(result, kind=kind)
+    return parse_agent_output(result, kind=kind, device=device_name(transport))
 
 
-def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> dict[str, Any]:
-    """The agent's ``kind`` document from a finished agent command, or AgentError saying why not."""
+def device_name(transport: Transport) -> str:
+    """The name the user gave the device (``edgekit.devices.connect`` records it), else the transport's."""
+    return getattr(transport, "device_name", None) or transport.name
+
+
+def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench", device: str = "DEVICE") -> dict[str, Any]:
+    """The agent's ``kind`` document from a finished agent command, or AgentError saying why not
+    (a runtime missing on the device: the provision hint, naming ``device``)."""
     if result.returncode < 0:
         try:
             signame = signal.Signals(-result.returncode).name
@@ -124,7 +131,9 @@ def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> di
     if not isinstance(doc, dict):
         raise AgentError("the agent printed JSON that is not an object", _OUT_OF_STEP)
     if doc.get("kind") == "edgekit.error":
-        raise AgentError(str(doc.get("error") or "the agent failed"), str(doc.get("hint") or ""))
+        runtime = doc.get("missing_runtime")
+        hint = provision_hint(str(runtime), device) if runtime else str(doc.get("hint") or "")
+        raise AgentError(str(doc.get("error") or "the agent failed"), hint)
     if doc.get("kind") != kind or doc.get("schema") != AGENT_SCHEMA:
         raise AgentError(
             f"the agent printed a {doc.get('kind')!r} document of schema {doc.get('schema')!r}; "

@@ -1,16 +1,18 @@
-"""edgekit's Python API: what the CLI does, as functions with typed arguments and results.
+"""edgekit's Python API: what the CLI does, as functions with typed keyword arguments in the CLI's units.
 
 >>> from edgekit import api as ek
 >>> plan = ek.plan("examples/digits/digits_cnn.onnx", target="rpi5")  # doctest: +SKIP
->>> result = ek.deploy("examples/digits/digits_cnn.onnx", target="local")  # doctest: +SKIP
+>>> result = ek.deploy("examples/digits/digits_cnn.onnx", target="local", iterations=200)  # doctest: +SKIP
 >>> result.summary()["speedup_p50"]  # doctest: +SKIP
 
-Every function takes the model (or bundle) path first and keyword options after: the fields of
-``edgekit.deploy.DeployRequest`` (target, device, backend, calib, eval, labels, method,
-exclude, shapes, preprocess, warmup, iterations, duration_s, min_time_s, threads, rounds, output, inventory,
-provision, lock_wait, trust_new_host, password). ``events`` (an ``edgekit.events.Events``)
+Every function takes the model (or bundle) path first and keyword-only options after, named and
+measured as the CLI's flags are: ``max_drop`` is accuracy POINTS like ``--max-drop`` (1 = one
+point), ``duration_s`` / ``min_time_s`` / ``lock_wait`` are seconds, ``warmup`` a count or
+"auto". A bad value raises ``edgekit.errors.UsageError`` before any work starts, with the CLI's
+words (the checks live once, in ``edgekit.validate``). ``events`` (an ``edgekit.events.Events``)
 receives progress and warnings; by default the library is silent. Errors are
-``edgekit.errors.EdgekitError`` subclasses with ``message`` and ``hint``.
+``edgekit.errors.EdgekitError`` subclasses with ``message`` and ``hint``. docs/api.md has the
+whole shape.
 
 (The functions live here, not on the package root, because ``edgekit.quantize``,
 ``edgekit.plan``, ``edgekit.deploy`` and ``edgekit.bench`` are the modules that implement them.)
@@ -19,20 +21,24 @@ receives progress and warnings; by default the library is silent. Errors are
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from edgekit import validate
 from edgekit.bench.gates import Gate, GateReport, run_gates
 from edgekit.bench.store import ResultsStore
-from edgekit.bundle import load_bundle
+from edgekit.bundle import Bundle, load_bundle
 from edgekit.deploy import DeployRequest, DeployResult, Job, execute, open_job, run
 from edgekit.devices import DeviceEntry, connect, resolve_devices
+from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 from edgekit.devices.lock import device_lock
+from edgekit.devices.preflight import ensure_ready
 from edgekit.errors import GateError, ModelError, PlanError, UsageError
 from edgekit.events import Events
 from edgekit.fsutil import check_output_path
-from edgekit.plan import Plan, Quantize, bench_config, plan_bundle
+from edgekit.modelio import parse_shape_overrides
+from edgekit.plan import CHOICES, GOALS, Plan, Quantize, bench_config, plan_bundle
 from edgekit.profiles import Profile, load_profile
 from edgekit.quantize import (
     QuantizeResult,
@@ -41,55 +47,160 @@ from edgekit.quantize import (
     save_model,
     with_dynamic_inputs,
 )
-from edgekit.quantize.calib import DEFAULT_METHOD, parse_method
+from edgekit.quantize.calib import DEFAULT_METHOD, Preprocess, parse_method
 from edgekit.quantize.mixed import check_metric
+from edgekit.targets import KNOWN_BACKENDS
 
 MODEL_SUFFIXES = (".onnx", ".tflite")
 
+PathArg = str | Path
+Device = str | DeviceEntry | None
+Warmup = int | Literal["auto"] | None
+Shapes = Mapping[str, Sequence[int]] | None
+PreprocessArg = str | Preprocess | None
 
-def request(model: str | Path, **options: Any) -> DeployRequest:
-    """A ``DeployRequest`` for ``model``; an unknown option is a UsageError naming it."""
+
+def request(model: PathArg, **options: Any) -> DeployRequest:
+    """The ``DeployRequest`` the typed functions (and the CLI) build, every value checked here,
+    before any work: an unknown option or a bad value is a UsageError naming it.
+
+    ``max_drop`` is in accuracy points, as everywhere in the API and the CLI.
+    """
     known = {f.name for f in dataclasses.fields(DeployRequest)}
     unknown = sorted(set(options) - known)
     if unknown:
         raise UsageError(f"unknown option(s): {', '.join(unknown)}", f"known options: {', '.join(sorted(known - {'model'}))}")
+    for name in validate.BOUNDS.keys() & options.keys():
+        validate.number(name, options[name])
+    if "warmup" in options:
+        options["warmup"] = validate.warmup(options["warmup"])
+    for name in ("goal", "choose", "backend", "method"):
+        if options.get(name) is not None:
+            _check_choice(name, options[name])
     if "exclude" in options:
-        options["exclude"] = tuple(options["exclude"] or ())
+        options["exclude"] = _names(options["exclude"])
+    if options.get("shapes") is not None:
+        options["shapes"] = _shapes(options["shapes"])
+    elif "shapes" in options:
+        options["shapes"] = {}
+    if isinstance(options.get("preprocess"), str):
+        options["preprocess"] = Preprocess.parse(options["preprocess"])
     for key in ("calib", "eval", "labels", "output", "inventory"):
         if options.get(key) is not None:
             options[key] = Path(options[key])
     return DeployRequest(model=Path(model), **options)
 
 
-def plan(model: str | Path, **options: Any) -> Plan:
-    """What ``deploy`` would do, decided on paper (no device contacted).
+def _check_choice(name: str, value: Any) -> None:
+    if name == "goal":
+        validate.choice("plan goal", value, GOALS)
+    elif name == "choose":
+        validate.choice("--choose", value, CHOICES)
+    elif name == "backend":
+        validate.choice("--backend", value, KNOWN_BACKENDS)
+    else:
+        parse_method(value)  # "unknown calibration method ..." as --method says it
+
+
+def _names(names: Sequence[str] | None) -> tuple[str, ...]:
+    """Node or variant names: a sequence of them (a lone string is one name, not its letters)."""
+    if names is None:
+        return ()
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def _shapes(shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """``{"input": (1, 3, 224, 224)}``, checked as ``--shape input:1,3,224,224`` is."""
+    if not isinstance(shapes, Mapping):
+        raise UsageError(f"shapes must map input names to dimensions, got {shapes!r}", 'e.g. shapes={"input": (1, 3, 224, 224)}')
+    return parse_shape_overrides([f"{name}:{','.join(map(str, dims))}" for name, dims in shapes.items()])
+
+
+def plan(
+    model: PathArg,
+    *,
+    target: str = "local",
+    device: Device = None,
+    inventory: PathArg | None = None,
+    backend: str | None = None,
+    quantize: bool = True,
+    goal: Literal["quantize", "bundle", "deploy"] = "deploy",
+    calib: PathArg | None = None,
+    calib_samples: int | None = None,
+    eval: PathArg | None = None,
+    labels: PathArg | None = None,
+    method: str = DEFAULT_METHOD,
+    exclude: Sequence[str] = (),
+    shapes: Shapes = None,
+    preprocess: PreprocessArg = None,
+    warmup: Warmup = None,
+    iterations: int | None = None,
+    duration_s: float | None = None,
+    min_time_s: float | None = None,
+    threads: int | None = None,
+    rounds: int | None = None,
+    layers: bool = True,
+    output: PathArg | None = None,
+    max_drop: float = 1.0,
+    require_int8: bool = False,
+    choose: Literal["plan", "measure"] = "plan",
+) -> Plan:
+    """What ``deploy`` would do, decided on paper (no device contacted): backend, precision,
+    scheme, float nodes, variants and steps. Same options as ``deploy``; ``goal`` truncates it
+    ("quantize": the quantize step only, "bundle": up to the bundle).
 
     >>> ek.plan("examples/digits/digits_cnn.onnx", target="jetson-nano").precision  # doctest: +SKIP
     'fp16'
     """
-    return open_job(request(model, **options)).plan()
+    req = request(
+        model, target=target, device=device, inventory=inventory, backend=backend, quantize=quantize, goal=goal,
+        calib=calib, calib_samples=calib_samples, eval=eval, labels=labels, method=method, exclude=exclude, shapes=shapes,
+        preprocess=preprocess, warmup=warmup, iterations=iterations, duration_s=duration_s, min_time_s=min_time_s,
+        threads=threads, rounds=rounds, layers=layers, output=output, max_drop=max_drop, require_int8=require_int8, choose=choose,
+    )  # fmt: skip
+    return open_job(req).plan()
 
 
 def quantize(
-    model: str | Path, output: str | Path, *, events: Events | None = None, max_drop: float | None = None, metric: str | None = None, **options: Any
+    model: PathArg,
+    output: PathArg,
+    *,
+    target: str = "local",
+    backend: str | None = None,
+    calib: PathArg | None = None,
+    calib_samples: int | None = None,
+    eval: PathArg | None = None,
+    labels: PathArg | None = None,
+    method: str = DEFAULT_METHOD,
+    exclude: Sequence[str] = (),
+    shapes: Shapes = None,
+    preprocess: PreprocessArg = None,
+    max_drop: float | None = None,
+    metric: str | None = None,
+    events: Events | None = None,
 ) -> QuantizeResult:
     """Quantize ``model`` to QDQ int8 ONNX at ``output`` for the target's backend; the result
-    carries the fp32-vs-int8 agreement on held-out samples.
+    carries the fp32-vs-int8 agreement on held-out samples (``result.agreement``).
 
-    ``max_drop`` (a fraction, as deploy's: 0.01 is one point; ``metric``: top1, cosine, snr, iou,
-    ctc or "path/module.py:fn", default top1 for class vectors, else cosine): mixed precision,
-    the int8 nodes that cost the held-out metric most kept in float until it holds
-    (``result.mixed_precision``); when it cannot hold, a GateError (``.decision``) and no file.
+    ``max_drop`` (POINTS, as ``--max-drop``: 1 keeps the held-out metric within one point of
+    float's) turns on mixed precision: the int8 nodes that cost the metric most are kept in float
+    until it holds (``result.mixed_precision``); when it cannot, a GateError (``.decision``) and no
+    file. ``metric``: top1, cosine, snr, iou, ctc or "path/module.py:fn" (default top1 for class
+    vectors, else cosine).
 
-    >>> r = ek.quantize("examples/digits/digits_cnn.onnx", "digits.int8.onnx", calib="examples/digits/calib.npz")  # doctest: +SKIP
+    >>> r = ek.quantize("examples/digits/digits_cnn.onnx", "digits.int8.onnx", calib="examples/digits/calib.npz", max_drop=1)  # doctest: +SKIP
     >>> r.agreement.accuracy_int8  # doctest: +SKIP
     """
-    output = check_output_path(output)
+    path = check_output_path(output)
+    validate.number("max_drop", max_drop)
     if metric is not None and max_drop is None:
-        raise UsageError(f"metric {metric!r} is what mixed precision holds, and no max_drop was given", "add max_drop (--max-drop POINTS)")
+        raise UsageError("--metric is what --max-drop holds, and no --max-drop was given", "add --max-drop POINTS, e.g. --max-drop 1")
     check_metric(metric)
-    parse_method(options.get("method", DEFAULT_METHOD))  # a bad --method fails before anything loads
-    job = open_job(request(model, goal="quantize", **options))
+    req = request(
+        model, goal="quantize", target=target, backend=backend, calib=calib, calib_samples=calib_samples, eval=eval,
+        labels=labels, method=method, exclude=exclude, shapes=shapes, preprocess=preprocess,
+    )  # fmt: skip
+    job = open_job(req)
     if job.model.format != "onnx":
         raise ModelError(
             f"edgekit quantizes ONNX models; {model} is a {job.model.format} model ({job.model.precision})",
@@ -102,9 +213,10 @@ def quantize(
             "pick a target (or --backend) with an int8 path, e.g. --target local",
         )
     if max_drop is not None:
-        steps = tuple(dataclasses.replace(s, max_drop=max_drop * 100, metric=metric) if isinstance(s, Quantize) else s for s in planned.steps)
+        steps = tuple(dataclasses.replace(s, max_drop=float(max_drop), metric=metric) if isinstance(s, Quantize) else s for s in planned.steps)
         planned = dataclasses.replace(planned, steps=steps)
     result = execute(planned, job, events=events).quantize
+    assert result is not None  # a plan with a Quantize step quantizes
     mp = result.mixed_precision
     if mp is not None and not mp["holds"]:
         def v(x: float | None) -> str:
@@ -115,9 +227,9 @@ def quantize(
             f"{mp['tried_float_layers']} most harmful int8 nodes in float still {v(mp['after'])} (needs >= {v(mp['goal'])}); no model written",
             "allow a larger --max-drop, calibrate on more or better data (--calib, --method percentile), or deploy float (--no-quantize)",
         )
-        err.decision = mp
+        err.decision = mp  # type: ignore[attr-defined]
         raise err
-    save_model(_portable(job, result, events or Events()), output)
+    save_model(_portable(job, result, events or Events()), path)
     return result
 
 
@@ -140,15 +252,59 @@ def _portable(job: Job, result: QuantizeResult, events: Events) -> Any:  # onnx.
     return result.model
 
 
-def deploy(model: str | Path, *, events: Events | None = None, **options: Any) -> DeployResult:
+def deploy(
+    model: PathArg,
+    *,
+    target: str = "local",
+    device: Device = None,
+    inventory: PathArg | None = None,
+    backend: str | None = None,
+    quantize: bool = True,
+    goal: Literal["bundle", "deploy"] = "deploy",
+    calib: PathArg | None = None,
+    calib_samples: int | None = None,
+    eval: PathArg | None = None,
+    labels: PathArg | None = None,
+    method: str = DEFAULT_METHOD,
+    exclude: Sequence[str] = (),
+    shapes: Shapes = None,
+    preprocess: PreprocessArg = None,
+    warmup: Warmup = None,
+    iterations: int | None = None,
+    duration_s: float | None = None,
+    min_time_s: float | None = None,
+    threads: int | None = None,
+    rounds: int | None = None,
+    layers: bool = True,
+    output: PathArg | None = None,
+    max_drop: float = 1.0,
+    require_int8: bool = False,
+    choose: Literal["plan", "measure"] = "plan",
+    remeasure: bool = False,
+    provision: bool = False,
+    lock_wait: float = DEFAULT_LOCK_WAIT,
+    trust_new_host: bool = False,
+    password: str | None = None,
+    events: Events | None = None,
+) -> DeployResult:
     """Quantize, bundle, push to the device, bench each variant there and store the runs.
 
-    ``goal="bundle"`` stops after writing the bundle (no device).
+    ``max_drop``: the int8 gate, accuracy POINTS int8 may lose against ``labels`` (as ``--max-drop``;
+    also how far the host's mixed precision may let the held-out metric drop). ``goal="bundle"``
+    stops after writing the bundle (no device). ``iterations``: timed runs, exactly (default: the
+    profile's count, for at least its ``min_time_s``); ``warmup``: a count or "auto".
 
-    >>> r = ek.deploy("examples/digits/digits_cnn.onnx", target="local")  # doctest: +SKIP
+    >>> r = ek.deploy("examples/digits/digits_cnn.onnx", target="local", iterations=200, max_drop=0.5)  # doctest: +SKIP
     >>> r.to_dict()["summary"]["variants"]["int8"]["p50_ms"]  # doctest: +SKIP
     """
-    job = open_job(request(model, **options))
+    req = request(
+        model, target=target, device=device, inventory=inventory, backend=backend, quantize=quantize, goal=goal,
+        calib=calib, calib_samples=calib_samples, eval=eval, labels=labels, method=method, exclude=exclude, shapes=shapes,
+        preprocess=preprocess, warmup=warmup, iterations=iterations, duration_s=duration_s, min_time_s=min_time_s,
+        threads=threads, rounds=rounds, layers=layers, output=output, max_drop=max_drop, require_int8=require_int8, choose=choose,
+        remeasure=remeasure, provision=provision, lock_wait=lock_wait, trust_new_host=trust_new_host, password=password,
+    )  # fmt: skip
+    job = open_job(req)
     return run(job, job.plan(), events or Events())
 
 
@@ -160,36 +316,59 @@ def deploy_job(job: Job, device: DeviceEntry, events: Events, **changes: Any) ->
 
 
 def bench(
-    path: str | Path,
+    path: PathArg,
     *,
+    target: str | None = None,
+    device: Device = None,
+    inventory: PathArg | None = None,
     variants: Sequence[str] | None = None,
+    backend: str | None = None,
+    shapes: Shapes = None,
+    warmup: Warmup = None,
+    iterations: int | None = None,
+    duration_s: float | None = None,
+    min_time_s: float | None = None,
+    threads: int | None = None,
+    rounds: int | None = None,
+    layers: bool = True,
+    output: PathArg | None = None,
+    lock_wait: float = DEFAULT_LOCK_WAIT,
+    trust_new_host: bool = False,
+    password: str | None = None,
     events: Events | None = None,
-    **options: Any,
 ) -> DeployResult:
     """Bench a bundle directory (push it, time ``variants`` on the device, store the runs), or a
-    model file as it is (unquantized, through the same pipeline as ``deploy``).
+    model file as it is (unquantized, through the same pipeline as ``deploy``; ``output``: where its
+    bundle goes). ``target``: default the bundle's profile (a model file: "local"); ``backend`` and
+    ``shapes`` apply to a model file only.
 
     >>> runs = ek.bench("edgekit-out/digits_cnn-local", variants=["int8"], iterations=500)  # doctest: +SKIP
     """
     path = Path(path)
     events = events or Events()
+    timing = dict(warmup=warmup, iterations=iterations, duration_s=duration_s, min_time_s=min_time_s, threads=threads, rounds=rounds, layers=layers)
+    ssh = dict(inventory=inventory, lock_wait=lock_wait, trust_new_host=trust_new_host, password=password)
     if path.is_file() or path.suffix.lower() in MODEL_SUFFIXES:
         if variants:
             raise UsageError("variants select parts of a bundle; a model file has one", "drop the variant selection, or bench a bundle directory")
-        return deploy(path, events=events, quantize=False, **{"remeasure": True, **options})  # bench measures, always
-    if options.get("backend") or options.get("shapes"):
+        req = request(path, target=target or "local", device=device, backend=backend, shapes=shapes, quantize=False, output=output, remeasure=True, **timing, **ssh)
+        job = open_job(req)  # bench measures, always (remeasure)
+        return run(job, job.plan(), events)
+    if backend or shapes:
         raise UsageError("--backend and --shape apply to a model file; a bundle was built for its backend", "pass a model file, or drop them")
+    req = request(path, device=device, **timing, **ssh)  # every value checked before the bundle is read
+    selected = _names(variants) or None
     bundle = load_bundle(path)
-    target = options.pop("target", None)
-    req = request(path, **options)
     entry = req.device if isinstance(req.device, DeviceEntry) else resolve_devices([req.device or "local"], req.inventory)[0]
-    return bench_bundle(bundle, entry, load_profile(target or bundle.manifest.profile), req, variants, events)
+    return bench_bundle(bundle, entry, load_profile(target or bundle.manifest.profile), req, selected, events)
 
 
 def bench_bundle(
-    bundle: Any, device: DeviceEntry, profile: Profile, req: DeployRequest, variants: Sequence[str] | None, events: Events
+    bundle: Bundle, device: DeviceEntry, profile: Profile, req: DeployRequest, variants: Sequence[str] | None, events: Events
 ) -> DeployResult:
-    """Push ``bundle`` to ``device`` and bench its ``variants`` (default: all) there, under the device's lock."""
+    """Check that ``device`` has the runtimes of the ``variants`` (default: all) of ``bundle`` (a
+    PreflightError naming ``edgekit devices provision`` before anything is pushed), then push the
+    bundle and bench them there, under the device's lock."""
     manifest = bundle.manifest
     known = [v.name for v in manifest.variants]
     selected = list(dict.fromkeys(variants or known))
@@ -200,6 +379,7 @@ def bench_bundle(
     planned = plan_bundle(manifest, profile, device=device.name, variants=selected, config=config)
     transport = connect(device, profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)
     try:
+        ensure_ready(transport, profile, planned, device=device.name, events=events, bundle=bundle)
         with device_lock(transport, wait=req.lock_wait, on_wait=events.info) as lock:
             return execute(planned, None, transport, events, bundle=bundle, lock=lock)
     finally:

@@ -104,7 +104,7 @@ class DeployRequest:
     inventory: Path | None = None  # where a --device name is looked up (default: ./devices.toml)
     provision: bool = False  # install the plan's runtime on the device when preflight finds it missing
     lock_wait: float = DEFAULT_LOCK_WAIT  # seconds to queue behind another job's lock on the device
-    max_drop: float = 0.01  # the int8 gate: accuracy (a fraction) int8 may lose against labels
+    max_drop: float = 1.0  # the int8 gate: accuracy POINTS int8 may lose against labels (as --max-drop)
     require_int8: bool = False  # exit 5 when the int8 gate recommends float
     remeasure: bool = False  # bench and evaluate even when an identical earlier measurement exists
     calib_samples: int | None = None  # calibrate on at most this many samples, spread over the data
@@ -153,6 +153,7 @@ class Job:
         """The plan on paper (no device facts yet)."""
         decided = {"device", "calibration", "evaluation", "output"}  # by loading: given below
         asks = {k: getattr(self.request, k) for k in Options.__dataclass_fields__.keys() - decided}
+        asks["max_drop"] = self.request.max_drop / 100  # points asked, the plan's fraction
         plan = make_plan(
             self.model,
             self.profile,

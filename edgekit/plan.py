@@ -12,15 +12,16 @@ runtime options of each), the bench configuration, and the typed steps a deploy 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from edgekit.agentclient import BenchConfig
-from edgekit.errors import PlanError, UsageError
+from edgekit.errors import PlanError, ProfileError, UsageError
 from edgekit.jsonable import FieldsDict
 from edgekit.modelio import IOSpec, LoadedModel
 from edgekit.profiles import CpuSpec, Profile, resolve
 from edgekit.profiles.model import BenchDefaults
+from edgekit.profiles.probe import normalize_arch
 from edgekit.quantize import analyze_model
 from edgekit.quantize.calib import DEFAULT_METHOD, DYNAMIC, is_dynamic
 from edgekit.quantize.rewrite import NodeDecision
@@ -531,8 +532,44 @@ def _rivals(
 
 
 def replan(plan: Plan, model: LoadedModel, profile: Profile, facts: dict) -> Plan:
-    """The same asks decided again with the probed device's facts (its CPU, its runtimes)."""
-    return make_plan(model, resolve(profile, cpu=cpu_from_facts(facts)), facts=facts, **vars(plan.options))
+    """The same asks decided again with the probed device's facts (its CPU, its runtimes). Where
+    the facts contradict the profile, the plan follows the facts and its notes say so."""
+    fitted, notes = follow_facts(profile, facts)
+    decided = make_plan(model, fitted, facts=facts, **vars(plan.options))
+    if decided.backend != plan.backend and not plan.probed:
+        why = next((r for b, r in decided.skipped if b == plan.backend), "")
+        notes.append(f"on paper {plan.backend}; the device says otherwise{f' ({why})' if why else ''}: running {decided.backend}")
+    return replace(decided, notes=(*notes, *decided.notes))
+
+
+def follow_facts(profile: Profile, facts: dict | None) -> tuple[Profile, list[str]]:
+    """``profile`` with the probed device's CPU (ISA features, cores, model) in place of the one it
+    describes, and a note for each contradiction. A probe profile takes the facts silently: it
+    promises nothing. A device of another architecture is preflight's failure, not a plan's."""
+    cpu = cpu_from_facts(facts)
+    if cpu is None:
+        return profile, []
+    if profile.probe or not profile.cpu.arch:
+        return resolve(profile, cpu=cpu), []
+    try:
+        if normalize_arch(cpu.arch) != profile.cpu.arch:
+            return profile, []
+    except ProfileError:
+        return profile, []
+    said = profile.cpu
+    differs = []
+    extra = [f for f in cpu.isa if f not in said.isa]
+    lacks = [f for f in said.isa if f not in cpu.isa]
+    if extra:
+        differs.append(f"it has {' '.join(extra)} beyond the profile's {' '.join(said.isa) or 'baseline'}")
+    if lacks:
+        differs.append(f"it lacks {' '.join(lacks)}, which the profile lists")
+    if cpu.cores and said.cores and cpu.cores != said.cores:
+        differs.append(f"{cpu.cores} cores, not {said.cores}")
+    fitted = replace(profile, cpu=CpuSpec(arch=said.arch, core=cpu.core or said.core, isa=cpu.isa, cores=cpu.cores or said.cores))
+    if not differs:
+        return fitted, []
+    return fitted, [f"the device's CPU ({cpu.core or 'unknown model'}) differs from profile {profile.name}'s: {'; '.join(differs)}; planned with the device's facts"]
 
 
 def cpu_from_facts(facts: dict | None) -> CpuSpec | None:

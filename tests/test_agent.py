@@ -143,8 +143,16 @@ def test_error_when_the_backend_is_not_installed(tmp_path, agent_zip):
     assert rc == 1, stderr
     assert doc["kind"] == "edgekit.error" and doc["schema"] == 1
     assert doc["error"].startswith("onnxruntime is not installed on the device")
-    assert "pip install onnxruntime" in doc["hint"]
+    # never pip into the device's system Python (PEP 668 refuses it): edgekit's venv there, as preflight says
+    assert doc["missing_runtime"] == "onnxruntime" and "pip install" not in doc["hint"]
+    assert "edgekit devices provision DEVICE --runtime onnxruntime" in doc["hint"]
     assert "Traceback" not in stderr
+    # the host names the device in the hint, as `devices check` does
+    result = CommandResult(("python3", "agent.pyz"), rc, json.dumps(doc).encode(), b"", 0.1)
+    with pytest.raises(AgentError) as err:
+        parse_agent_output(result, device="pi5")
+    assert err.value.message == doc["error"]
+    assert err.value.hint == "install it into edgekit's own venv on the device: edgekit devices provision pi5 --runtime onnxruntime (or add --provision to deploy)"
 
 
 def test_error_without_site_packages(tmp_path, agent_zip):

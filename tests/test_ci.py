@@ -349,7 +349,7 @@ def test_config_defaults_paths_and_units(tmp_path):
     a, b = c.models
     assert (c.jobs, c.baseline.kind, c.baseline.branch) == (2, "latest", "main")
     assert a.name == "digits_cnn" and a.options["calib"] == tmp_path / "data" / "calib.npz"
-    assert a.options["iterations"] == 7 and a.options["max_drop"] == pytest.approx(0.005)  # points -> fraction
+    assert a.options["iterations"] == 7 and a.options["max_drop"] == 0.5  # points, as the CLI and the API take them
     assert [g.text for g in a.gates] == ["p50:+5%"] and [g.metric for g in b.gates] == ["p99", "accuracy"]
     assert b.options["iterations"] == 9 and b.options["duration_s"] == 2 and b.options["min_time_s"] == 0
     assert b.options["rounds"] == 3 and "rounds" not in a.options

@@ -144,6 +144,35 @@ def test_preflight_missing_runtime_names_the_provision_command(tmp_path, bare_py
     assert report.only_runtime_missing and report.runtime_to_provision == "onnxruntime"
 
 
+def test_preflight_checks_every_backend_the_plan_uses(tmp_path, bare_python, numpy_python):
+    # linux-cpu plans native (ekrt travels in the bundle), whose fp32 reference runs on onnxruntime
+    # or numpy: a device with neither passed `devices check`, then deploy failed in the agent.
+    t = LocalTransport(tmp_path / "device")
+    t.python = bare_python
+    report = preflight(t, load_profile("linux-cpu"), device="edge7")
+    runtime = next(c for c in report.checks if c.name == "runtime")
+    assert runtime.status == "fail", runtime
+    assert runtime.detail == "native can run, but the fp32 variant runs on onnxruntime: onnxruntime is not installed on the device"
+    assert "edgekit devices provision edge7 --runtime onnxruntime" in runtime.hint and "pip install" not in runtime.hint
+    assert report.only_runtime_missing and report.runtime_to_provision == "onnxruntime"
+    t.python = numpy_python  # a board with python3-numpy from its OS packages: numpy runs fp32
+    runtime = next(c for c in preflight(t, load_profile("linux-cpu"), device="edge7").checks if c.name == "runtime")
+    assert runtime.status == "ok" and runtime.detail.startswith("native can run; the fp32 variant runs on numpy (numpy "), runtime
+
+
+def test_bench_of_a_bundle_checks_its_variants_runtimes_before_pushing(cli, tmp_path, bare_python):
+    bundle = tmp_path / "bundle"
+    r = cli("deploy", DIGITS, "--no-quantize", "--no-bench", "-o", bundle)  # fp32 on onnxruntime
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "devices.toml").write_text(f'[devices.edge9]\nssh = "local"\nworkdir = "{tmp_path / "edge9"}"\npython = "{bare_python}"\n')
+    r = cli("bench", bundle, "--device", "edge9", "--iterations", "5")
+    assert_one_line_error(r, 4, "runtime: the bundle cannot run on the device: the fp32 variant runs on onnxruntime: onnxruntime is not installed")
+    assert "hint: install it into edgekit's own venv on the device: edgekit devices provision edge9 --runtime onnxruntime" in r.stderr
+    assert not (tmp_path / "edge9" / "bundles").exists()  # stopped before the push (it pushed, then failed in the agent)
+    r = cli("bench", bundle, "--iterations", "5", "--json")  # this machine has it
+    assert r.returncode == 0, r.stderr
+
+
 def test_preflight_missing_accelerator_is_not_a_provisioning_job(tmp_path):
     # OpenVINO is installed here, but the profile asks for an NPU it cannot see.
     profile = tmp_path / "npu-here.toml"
@@ -163,6 +192,16 @@ def test_preflight_disk_and_memory_against_the_bundle(tmp_path):
     assert set(failed) >= {"disk"} and "the bundle needs" in failed["disk"].detail
     small = preflight(t, load_profile("local"), bundle_bytes=1 << 20)
     assert small.ok and "bundle 1 MiB" in next(c for c in small.checks if c.name == "disk").detail
+
+
+def test_preflight_fails_a_workdir_it_cannot_write(tmp_path):
+    t = LocalTransport(tmp_path / "device")
+    facts = device_facts(t)
+    assert facts["probe"]["workdir"]["writable"] is True
+    facts["probe"]["workdir"]["writable"] = False  # as a read-only remount reports it (root may write anywhere here)
+    report = preflight(t, load_profile("local"), facts=facts)
+    disk = next(c for c in report.failures if c.name == "disk")
+    assert "is not writable by the device's user" in disk.detail and "workdir" in disk.hint
 
 
 def test_deploy_stops_at_preflight_before_any_push(cli, tmp_path, bare_python, ort_only):
@@ -344,6 +383,47 @@ def test_check_over_ssh_after_trusting_the_host(cli, ssh_home):
     assert sshd.host_key_line.split()[1] in ssh_home.known_hosts.read_text()
     bad = cli("devices", "check", "lab", "--target", "rpi5")
     assert_one_line_error(bad, 4, "preflight failed on lab (profile rpi5): arch: the device is x86_64")
+
+
+def _pep668_python() -> str | None:
+    """This machine's system Python when it is externally managed (PEP 668) and has no onnxruntime:
+    a Debian 12 / Raspberry Pi OS Bookworm device's python3, as it comes."""
+    code = "import importlib.util, os, sys, sysconfig; print(os.path.isfile(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')) and sys.prefix == sys.base_prefix and importlib.util.find_spec('onnxruntime') is None)"
+    try:
+        out = subprocess.run(["/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    except OSError:
+        return None
+    return "/usr/bin/python3" if out == "True" else None
+
+
+@pytest.mark.slow
+def test_check_names_provision_then_a_provisioned_device_passes_and_deploys_over_ssh(cli, ssh_home, tmp_path, bare_python):
+    # issue 24: `devices check` said ready, `deploy` then failed in the agent with a pip hint that
+    # Debian 12 refuses (PEP 668). A device whose python3 has no runtime, over a real sshd:
+    system = _pep668_python()
+    python = system or bare_python  # a bare venv where this machine's python3 is not a PEP 668 one
+    ssh_home.trust()
+    (tmp_path / "devices.toml").write_text(f'[devices.board]\nssh = "lab"\npython = "{python}"\n')
+    env = ssh_home.env()
+    r = cli("devices", "check", "board", "--target", "linux-cpu", env=env)
+    assert_one_line_error(r, 4, "runtime: native can run, but the fp32 variant runs on onnxruntime: onnxruntime is not installed")
+    assert "hint: install it into edgekit's own venv on the device: edgekit devices provision board --runtime onnxruntime" in r.stderr
+    assert "pip install" not in r.stdout + r.stderr
+    if system:
+        assert f"{system} is externally managed (PEP 668), so pip would refuse it" in r.stderr
+    p = cli("devices", "provision", "board", "--runtime", "onnxruntime", "--json", env=env, timeout=1500)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["versions"]["onnxruntime"]
+    check = cli("devices", "check", "board", "--target", "linux-cpu", "--json", env=env)
+    assert check.returncode == 0, check.stderr
+    doc = json.loads(check.stdout)
+    assert doc["ok"] and doc["python"].endswith("/venv/bin/python")
+    runtime = next(c for c in doc["checks"] if c["name"] == "runtime")
+    assert runtime["status"] == "ok" and "the fp32 variant runs on onnxruntime (onnxruntime " in runtime["detail"]
+    d = cli("deploy", DIGITS, "--device", "board", "--target", "linux-cpu", "--iterations", "5", "--warmup", "1", "--no-layers", "--json", "-o", tmp_path / "b", env=env, timeout=1500)
+    assert d.returncode == 0, d.stderr
+    runs = json.loads(d.stdout)["runs"]
+    assert [(x["variant"], x["backend"]) for x in runs] == [("fp32", "onnxruntime"), ("int8", "native")]
 
 
 def test_provision_over_ssh_into_an_odd_workdir(ssh_home):

@@ -170,6 +170,6 @@ def test_openvino_verdicts_from_device_facts():
 def test_device_without_openvino_skips_it_with_the_reason():
     plan = make_plan(load_model(DIGITS), load_profile("x86-openvino"), facts=_facts())
     assert plan.backend == "onnxruntime" and plan.probed
-    assert plan.skipped == (("openvino", "openvino is not installed on the device (python3 -m pip install openvino)"),)
+    assert plan.skipped == (("openvino", "openvino is not installed on the device"),)
     with_ov = make_plan(load_model(DIGITS), load_profile("x86-openvino"), facts=_facts(openvino=ov.__version__.split("-")[0]))
     assert with_ov.backend == "openvino" and with_ov.skipped == ()

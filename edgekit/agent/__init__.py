@@ -17,7 +17,7 @@ import re
 
 from .digest import sha256_file
 
-__all__ = ["AGENT_VERSION", "SCHEMA", "AgentFailure", "bundle_file", "bundle_hash", "error_document", "sha256_file"]
+__all__ = ["AGENT_VERSION", "SCHEMA", "AgentFailure", "bundle_file", "bundle_hash", "error_document", "missing_runtime", "provision_hint", "sha256_file"]
 
 AGENT_VERSION = "0.1.0"
 SCHEMA = 1
@@ -27,12 +27,28 @@ MAX_SAMPLES = 1_000_000
 
 
 class AgentFailure(Exception):
-    """An expected failure on the device, reported as an ``edgekit.error`` document."""
+    """An expected failure on the device, reported as an ``edgekit.error`` document.
+    ``runtime``: the runtime (a ``devices provision --runtime`` name) whose absence it is, if so."""
 
-    def __init__(self, message: str, hint: str = "") -> None:
+    def __init__(self, message: str, hint: str = "", runtime: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.runtime = runtime
+
+
+def provision_hint(runtime: str, device: str = "DEVICE") -> str:
+    """The one hint for a runtime missing on a device, wherever it is found (preflight, the agent):
+    edgekit's own venv there, never ``pip install`` into the system Python (which Debian 12 and
+    Raspberry Pi OS refuse: PEP 668, "externally-managed-environment")."""
+    return f"install it into edgekit's own venv on the device: edgekit devices provision {device} --runtime {runtime} (or add --provision to deploy)"
+
+
+def missing_runtime(runtime: str, what: str | None = None) -> AgentFailure:
+    """The failure of a backend whose runtime (``what``: its module, default ``runtime``) is not installed."""
+    import sys
+
+    return AgentFailure(f"{what or runtime} is not installed on the device (for {sys.executable})", provision_hint(runtime), runtime=runtime)
 
 
 # Manifest fields that do not define the bundle: a rebuild of the same bundle may differ in them.
@@ -137,5 +153,8 @@ def bundle_file(bundle_dir: str, rel, what: str) -> str:
     return path
 
 
-def error_document(message: str, hint: str = "") -> dict:
-    return {"schema": SCHEMA, "kind": "edgekit.error", "agent_version": AGENT_VERSION, "error": message, "hint": hint}
+def error_document(message: str, hint: str = "", runtime: str | None = None) -> dict:
+    doc = {"schema": SCHEMA, "kind": "edgekit.error", "agent_version": AGENT_VERSION, "error": message, "hint": hint}
+    if runtime:
+        doc["missing_runtime"] = runtime  # the host names the device in the provision hint
+    return doc

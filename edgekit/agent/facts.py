@@ -328,12 +328,14 @@ def probe_facts(openvino: bool = True) -> dict:
 
 
 def workdir_disk(path: str) -> dict:
-    """Free and total bytes of the filesystem holding ``path`` (the agent runs in edgekit's workdir)."""
+    """Free and total bytes of the filesystem holding ``path`` (the agent runs in edgekit's workdir),
+    and whether this user may write there (a read-only remount, another owner)."""
+    writable = os.access(path, os.W_OK)
     try:
         st = os.statvfs(path)
     except (OSError, AttributeError):
-        return {"path": path, "free_bytes": None, "total_bytes": None}
-    return {"path": path, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize}
+        return {"path": path, "free_bytes": None, "total_bytes": None, "writable": writable}
+    return {"path": path, "free_bytes": st.f_bavail * st.f_frsize, "total_bytes": st.f_blocks * st.f_frsize, "writable": writable}
 
 
 def libc() -> dict:
@@ -350,6 +352,7 @@ def python_env() -> dict:
     """The interpreter running the agent, and whether it can make a venv and run pip."""
     import importlib.util
     import sys
+    import sysconfig
 
     def has(module: str) -> bool:
         try:
@@ -365,10 +368,13 @@ def python_env() -> dict:
             pip = metadata.version("pip")
         except Exception:  # metadata missing or broken: pip is there, its version unknown
             pip = "unknown"
+    in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
     return {
         "executable": sys.executable,
         "prefix": sys.prefix,
-        "in_venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
+        "in_venv": in_venv,
+        # PEP 668 (Debian 12, Raspberry Pi OS Bookworm): pip refuses to install into this Python
+        "externally_managed": not in_venv and os.path.isfile(os.path.join(sysconfig.get_path("stdlib") or "", "EXTERNALLY-MANAGED")),
         "implementation": platform.python_implementation(),
         "pip": pip,
         "venv": has("venv"),

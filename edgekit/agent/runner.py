@@ -21,6 +21,7 @@ from . import (
     AgentFailure,
     bundle_file,
     bundle_hash,
+    missing_runtime,
     read_json,
     sha256_file,
 )
@@ -524,10 +525,7 @@ def peak_rss_bytes() -> int | None:
 def _numpy():
     try:
         import numpy
-    except ImportError as exc:
-        raise AgentFailure(
-            f"numpy is not installed on the device (for {sys.executable}): {exc}",
-            f"install it there: {sys.executable} -m pip install numpy",
-        ) from None
+    except ImportError:
+        raise missing_runtime("numpy") from None
     return numpy
 

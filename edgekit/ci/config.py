@@ -244,7 +244,7 @@ class _Reader:
             if key in m:
                 options[renamed.get(key, key)] = m[key]
         if "max_drop" in m:
-            options["max_drop"] = m["max_drop"] / 100  # points in the file, as on the command line
+            options["max_drop"] = m["max_drop"]  # points in the file, as on the command line and in the API
         name = m.get("name") or model.stem
         return ModelSpec(model, name, runs, gates, options)
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from edgekit import validate
 from edgekit.cli.output import Output
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ Calib = Annotated[
 ]
 CalibSamples = Annotated[
     int | None,
-    typer.Option("--calib-samples", min=1, metavar="N", help="Calibrate on at most N samples, spread evenly over the --calib data (a folder: only those files are read)."),
+    typer.Option("--calib-samples", callback=validate.option("calib_samples"), metavar="N", help="Calibrate on at most N samples, spread evenly over the --calib data (a folder: only those files are read)."),
 ]
 Eval = Annotated[Path | None, typer.Option("--eval", help="Held-out data for the fp32-vs-int8 report (same formats as --calib).")]
 Labels = Annotated[Path | None, typer.Option("--labels", help="Class labels (.npy of ints) for the --eval samples: reports accuracy.")]
@@ -66,10 +67,10 @@ Inventory = Annotated[
     Path | None,
     typer.Option("--inventory", "-i", metavar="FILE", help="devices.toml, or an Ansible INI/YAML inventory. Default: ./devices.toml, then the config dir's."),
 ]
-Jobs = Annotated[int, typer.Option("--jobs", "-j", min=1, metavar="N", help="With several devices: how many to work on at once.")]
+Jobs = Annotated[int, typer.Option("--jobs", "-j", callback=validate.option("jobs"), metavar="N", help="With several devices: how many to work on at once.")]
 LockWait = Annotated[
     float,
-    typer.Option("--lock-wait", min=0, metavar="SECONDS", help="Queue this long behind another job holding the device's lock."),
+    typer.Option("--lock-wait", callback=validate.option("lock_wait"), metavar="SECONDS", help="Queue this long behind another job holding the device's lock."),
 ]
 TrustNewHost = Annotated[
     bool,
@@ -82,31 +83,23 @@ Password = Annotated[
     bool,
     typer.Option("--password", help="Allow SSH password login; the password comes from $EDGEKIT_SSH_PASSWORD, else it is asked on the terminal."),
 ]
-def _warmup(value: str | None) -> int | str | None:
-    if value is None or value == "auto":
-        return value
-    if not value.isdigit():
-        raise typer.BadParameter(f"wants a count N >= 0 or 'auto', got {value!r}")
-    return int(value)
-
-
 Warmup = Annotated[
     str | None,
-    typer.Option("--warmup", metavar="N|auto", callback=_warmup, help="Untimed runs first, or auto (the default): until latency is stable, at most 200 runs or 2 s."),
+    typer.Option("--warmup", metavar="N|auto", callback=validate.warmup, help="Untimed runs first, or auto (the default): until latency is stable, at most 200 runs or 2 s."),
 ]
 Iterations = Annotated[
     int | None,
-    typer.Option("--iterations", "-n", min=1, metavar="N", help="Timed runs, exactly (default: the profile's count, run for at least its min_time, 0.5 s)."),
+    typer.Option("--iterations", "-n", callback=validate.option("iterations"), metavar="N", help="Timed runs, exactly (default: the profile's count, run for at least its min_time, 0.5 s)."),
 ]
-Duration = Annotated[float | None, typer.Option("--duration", min=0.001, metavar="SECONDS", help="Time for this many seconds instead of a count.")]
+Duration = Annotated[float | None, typer.Option("--duration", callback=validate.option("duration_s"), metavar="SECONDS", help="Time for this many seconds instead of a count.")]
 MinTime = Annotated[
     float | None,
-    typer.Option("--min-time", min=0, max=3600, metavar="SECONDS", help="Run the timed runs for at least this long as well (default: the profile's, 0.5 s; with --iterations, 0; --duration replaces both)."),
+    typer.Option("--min-time", callback=validate.option("min_time_s"), metavar="SECONDS", help="Run the timed runs for at least this long as well (default: the profile's, 0.5 s; with --iterations, 0; --duration replaces both)."),
 ]
-Threads = Annotated[int | None, typer.Option("--threads", min=1, metavar="N", help="Inference threads (default: the profile's, else one or all cores, whichever a short probe on the device finds faster).")]
+Threads = Annotated[int | None, typer.Option("--threads", callback=validate.option("threads"), metavar="N", help="Inference threads (default: the profile's, else one or all cores, whichever a short probe on the device finds faster).")]
 Rounds = Annotated[
     int | None,
-    typer.Option("--rounds", min=1, max=100, metavar="N", help="Time each variant in N agent processes, one after another (variants alternate), and merge their samples: "
+    typer.Option("--rounds", callback=validate.option("rounds"), metavar="N", help="Time each variant in N agent processes, one after another (variants alternate), and merge their samples: "
                  "the spread between processes then counts as noise (default: the profile's, 1)."),
 ]
 Layers = Annotated[bool, typer.Option("--layers/--no-layers", help="Per-layer times from a separate profiled pass after the timed runs (default: on).")]

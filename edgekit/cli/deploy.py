@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from edgekit import validate
 from edgekit.cli import common, render
 from edgekit.cli.output import Output
 from edgekit.devices.fleet import DEFAULT_JOBS
@@ -26,7 +27,7 @@ def deploy(
     jobs: common.Jobs = DEFAULT_JOBS,
     provision: Annotated[bool, typer.Option("--provision", help="Install the plan's runtime on the device first when it lacks it.")] = False,
     lock_wait: common.LockWait = DEFAULT_LOCK_WAIT,
-    max_drop: Annotated[float, typer.Option("--max-drop", min=0, max=100, metavar="POINTS", help="The int8 gate: accuracy points int8 may lose against --labels (default 1).")] = 1.0,
+    max_drop: Annotated[float, typer.Option("--max-drop", callback=validate.option("max_drop"), metavar="POINTS", help="The int8 gate: accuracy points int8 may lose against --labels (default 1).")] = 1.0,
     require_int8: Annotated[bool, typer.Option("--require-int8", help="Exit 5 when the int8 gate recommends float (int8 not faster on the device, or not accurate enough).")] = False,
     choose: Annotated[str, typer.Option("--choose", metavar="plan|measure", help="plan: the profile's first backend that can run the model (default); measure: bench int8 on every backend of the profile that can, and recommend the fastest that passes the gate.")] = "plan",
     remeasure: Annotated[bool, typer.Option("--remeasure", help="Bench and evaluate on the device even when this very bundle was measured there with the same settings (default: reuse that run, and say so).")] = False,
@@ -67,7 +68,7 @@ def deploy(
         inventory=inventory,
         provision=provision,
         lock_wait=lock_wait,
-        max_drop=max_drop / 100,
+        max_drop=max_drop,
         require_int8=require_int8,
         choose=choose,
         remeasure=remeasure or bool(gates),  # a gated run is a new measurement, never an old one gated again

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from edgekit import validate
 from edgekit.cli import common
 from edgekit.cli.output import Output
 
@@ -114,7 +115,7 @@ def provision(
         typer.Option("--runtime", "-r", metavar="NAME", help="onnxruntime, openvino, tflite or numpy. Default: what the profile's plan needs."),
     ] = None,
     offline: Annotated[bool, typer.Option("--offline", help="Don't let the device try the registry: download wheels here and push them.")] = False,
-    lock_wait: Annotated[float, typer.Option("--lock-wait", min=0, metavar="SECONDS", help="Wait this long for another job's lock on the device.")] = 0.0,
+    lock_wait: Annotated[float, typer.Option("--lock-wait", callback=validate.option("lock_wait"), metavar="SECONDS", help="Wait this long for another job's lock on the device.")] = 0.0,
     json_out: common.Json = False,
     **opts,
 ) -> None:

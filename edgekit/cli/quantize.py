@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from edgekit import validate
 from edgekit.cli import common, render
 from edgekit.cli.output import Output
 
@@ -27,7 +28,7 @@ def quantize(
     max_drop: Annotated[
         float | None,
         typer.Option(
-            "--max-drop", min=0, max=100, metavar="POINTS",
+            "--max-drop", callback=validate.option("max_drop"), metavar="POINTS",
             help="Mixed precision: keep the int8 nodes that cost the held-out --metric most in float until it drops at most POINTS "
             "below float's (snr: until noise is at most POINTS % of the signal); refuse (exit 5, no file) when it cannot.",
         ),
@@ -54,18 +55,16 @@ def quantize(
         edgekit quantize rec.onnx -o rec.int8.onnx --calib lines.npz --eval held.npz --max-drop 1 --metric ctc
     """
     from edgekit import api
-    from edgekit.errors import GateError, UsageError
+    from edgekit.errors import GateError
 
     o = Output()
     if (report or report_full) and opts["method"] == common.DYNAMIC:
         from edgekit.quantize.sensitivity import no_dynamic_report
 
         raise no_dynamic_report()
-    if metric is not None and max_drop is None:
-        raise UsageError("--metric is what --max-drop holds, and no --max-drop was given", "add --max-drop POINTS, e.g. --max-drop 1")
     try:
         result = api.quantize(
-            model, out, events=o, target=target, backend=backend, max_drop=None if max_drop is None else max_drop / 100, metric=metric, **common.quantize_args(opts)
+            model, out, events=o, target=target, backend=backend, max_drop=max_drop, metric=metric, **common.quantize_args(opts)
         )
     except GateError as exc:
         decision = getattr(exc, "decision", None)

@@ -56,6 +56,7 @@ def connect(
                 profile, workdir=entry.workdir or profile.workdir, python=entry.python or profile.python
             )
         transport = open_transport(entry.address, profile, **transport_options)  # trust_new_host, password, log
+    transport.device_name = entry.name  # type: ignore[attr-defined]  # what hints call it: edgekit devices provision NAME
     try:
         use_provisioned_python(transport)
     except BaseException:

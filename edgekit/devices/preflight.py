@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgekit.agent import provision_hint
 from edgekit.agentclient import device_facts
 from edgekit.errors import DeviceError, EdgekitError, ProfileError
 from edgekit.jsonable import FieldsDict
@@ -102,12 +103,15 @@ def preflight(
     device: str | None = None,
     bundle_bytes: int | None = None,
     facts: dict | None = None,
+    bundle: bool = False,
 ) -> PreflightReport:
     """Probe the device and check it against ``profile`` and, when given, ``plan``.
 
     Uses edgekit's own venv on the device when one was provisioned (``transport.python`` is
     pointed at it). ``bundle_bytes`` (default: estimated from the plan's model) is checked
-    against free disk and memory. Nothing is raised for a mismatch: see ``raise_for_failures``.
+    against free disk and memory. ``bundle``: ``plan`` is an existing bundle's (``plan_bundle``):
+    its variants' backends are checked as they are. Nothing is raised for a mismatch: see
+    ``raise_for_failures``.
     """
     from edgekit.devices.provision import use_provisioned_python, venv_python
 
@@ -124,7 +128,7 @@ def preflight(
     venv = " (edgekit's venv)" if transport.python == venv_python(transport) else ""
     where = (probe.get("python") or {}).get("executable") or transport.python
     checks.append(Check("python", OK, f"Python {d.get('python') or '?'} at {where}{venv}"))
-    runtime_check, report.runtime_to_provision = _runtime_check(profile, plan, facts, name)
+    runtime_check, report.runtime_to_provision = _runtime_check(profile, plan, facts, name, bundle)
     checks += [runtime_check, _memory_check(d, probe, bundle_bytes), _disk_check(probe, bundle_bytes)]
     return report
 
@@ -137,18 +141,21 @@ def ensure_ready(
     device: str | None = None,
     provision: bool = False,
     events: Any,
+    bundle: Any = None,
 ) -> PreflightReport:
     """Preflight, provisioning the missing runtime first when asked; raises PreflightError on failure.
 
-    This is what deploy runs before pushing: its warnings go to ``events.warn``.
+    This is what deploy (and bench, with the ``bundle`` it pushes) runs before pushing: its warnings
+    go to ``events.warn``.
     """
-    report = preflight(transport, profile, plan, device=device)
+    size = sum(f.size for f in bundle.manifest.files) if bundle is not None else None
+    report = preflight(transport, profile, plan, device=device, bundle_bytes=size, bundle=bundle is not None)
     if provision and report.only_runtime_missing:
         from edgekit.devices.provision import provision as run_provision
 
         events.info(f"provisioning {report.runtime_to_provision} on {report.device} (deploy --provision)")
         run_provision(transport, report.runtime_to_provision, device=report.device, events=events, facts=report.facts)
-        report = preflight(transport, profile, plan, device=device)
+        report = preflight(transport, profile, plan, device=device, bundle_bytes=size, bundle=bundle is not None)
     report.raise_for_failures()
     for c in report.warnings:
         events.warn(f"preflight: {c.name}: {c.detail}")
@@ -220,10 +227,18 @@ def _cpu_checks(profile: Profile, d: dict) -> list[Check]:
     return checks
 
 
-def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tuple[Check, str | None]:
-    """A runtime for the backend(s) that can run: ok, warn (not the paper plan's, another) or fail."""
+def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str, bundle: bool = False) -> tuple[Check, str | None]:
+    """The runtime of every backend the plan would use on the device: ok, warn (not the paper
+    plan's backend, another) or fail. ``bundle``: ``plan`` is an existing bundle's, whose variants
+    run on the backends they were built for."""
     from edgekit.devices.provision import provisionable
 
+    if bundle:
+        pairs = [(v.name, v.backend) for v in plan.variants]
+        lacking = _lacking(pairs, profile, facts)
+        if lacking:
+            return _lacking_check("the bundle cannot run on the device: ", lacking, facts, device)
+        return Check("runtime", OK, "the bundle's variants can run: " + ", ".join(f"{v} on {_with_version(b, facts)}" for v, b in pairs)), None
     fmt = plan.model_format if plan is not None else None
     if plan is None:
         names = [b.name for b in profile.backends]
@@ -244,8 +259,13 @@ def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tup
         candidates.append(name)
         verdict = impl.runs_on(profile, facts)
         if verdict.ok:
-            version = runtime_version(facts, *impl.runtimes) if impl.runtimes else None
-            what = f"{name} can run ({' / '.join(impl.runtimes)} {version})" if version else f"{name} can run"
+            what = f"{_with_version(name, facts)} can run"
+            # the plan's other variants (native's fp32 reference runs on onnxruntime or numpy) need theirs too
+            others = [(v, b) for v, b in planned_variants(name, profile, plan, facts) if b != name]
+            lacking = _lacking(others, profile, facts)
+            if lacking:
+                return _lacking_check(f"{what}, but ", lacking, facts, device)
+            what += "".join(f"; the {v} variant runs on {_with_version(b, facts)}" for v, b in others)
             if plan is not None and name != plan.backend:
                 return Check("runtime", WARN, f"the plan on paper chose {plan.backend}, which the device lacks ({reasons[0]}); {what}, so deploy runs {name}"), None
             return Check("runtime", OK, what), None
@@ -259,7 +279,7 @@ def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tup
     runtime = next((r for r in (provisionable(n) for n in missing if "onnx" in get_backend(n).formats) if r), None)
     runtime = runtime or next((r for r in (provisionable(n) for n in missing) if r), None)
     if runtime:
-        hint = f"install it into edgekit's own venv on the device: edgekit devices provision {device} --runtime {runtime} (or add --provision to deploy)"
+        hint = _provision_hint(runtime, device, facts)
     elif kinds and kinds[0] == "version":
         hint = "install a runtime version inside the profile's bounds on the device, or use a profile written for the version it has"
     elif kinds and kinds[0] == "device":
@@ -267,6 +287,53 @@ def _runtime_check(profile: Profile, plan: Any, facts: dict, device: str) -> tup
     else:
         hint = "install the runtime on the device, or pick another --target"
     return Check("runtime", FAIL, "no runtime for this profile on the device: " + "; ".join(reasons), hint), runtime
+
+
+def planned_variants(backend: str, profile: Profile, plan: Any, facts: dict | None) -> list[tuple[str, str]]:
+    """(variant, backend that runs it) of a plan made for ``backend`` on the device, as the planner
+    decides them: quantized, the float reference and int8; else the one variant. Without a
+    ``plan`` (devices check), a deploy of an ONNX model with the profile's defaults."""
+    impl = get_backend(backend)
+    spec = profile.backend(backend)
+    int8 = impl.scheme is not None and (spec is None or not spec.precisions or "int8" in spec.precisions)
+    if plan is not None:
+        int8 = plan.quantize if backend == plan.backend else int8 and plan.options.quantize and plan.model_format == "onnx"
+        if not int8 and backend == plan.backend:
+            return [(v.name, v.backend) for v in plan.variants]
+    names = ("fp32", "int8") if int8 else (next((p for p in (spec.precisions if spec else ()) if p != "int8"), "fp32"),)
+    return [(v, impl.variant_backend(v, facts)) for v in names]
+
+
+def _lacking(pairs: list[tuple[str, str]], profile: Profile, facts: dict) -> list[tuple[str, str, Any]]:
+    """The (variant, backend, verdict) of each pair whose backend cannot run on the device."""
+    out = []
+    for v, b in pairs:
+        verdict = get_backend(b).runs_on(profile, facts)
+        if not verdict.ok:
+            out.append((v, b, verdict))
+    return out
+
+
+def _lacking_check(prefix: str, lacking: list[tuple[str, str, Any]], facts: dict, device: str) -> tuple[Check, str | None]:
+    from edgekit.devices.provision import provisionable
+
+    detail = prefix + "; ".join(f"the {v} variant runs on {b}: {'; '.join(verdict.reasons)}" for v, b, verdict in lacking)
+    runtime = next((r for r in (provisionable(b) for _, b, verdict in lacking if verdict.kind == "missing") if r), None)
+    hint = _provision_hint(runtime, device, facts) if runtime else "install the runtime on the device, or pick another --target"
+    return Check("runtime", FAIL, detail, hint), runtime
+
+
+def _provision_hint(runtime: str, device: str, facts: dict) -> str:
+    """The provision command; on a PEP 668 Python, also why not pip (it refuses the system Python)."""
+    python = ((facts.get("probe") or {}).get("python") or {})
+    managed = f"; {python.get('executable') or 'its Python'} is externally managed (PEP 668), so pip would refuse it" if python.get("externally_managed") else ""
+    return provision_hint(runtime, device) + managed
+
+
+def _with_version(backend: str, facts: dict) -> str:
+    impl = get_backend(backend)
+    version = runtime_version(facts, *impl.runtimes) if impl.runtimes else None
+    return f"{backend} ({' / '.join(impl.runtimes)} {version})" if version else backend
 
 
 def _memory_check(d: dict, probe: dict, bundle_bytes: int | None) -> Check:
@@ -292,6 +359,13 @@ def _memory_check(d: dict, probe: dict, bundle_bytes: int | None) -> Check:
 def _disk_check(probe: dict, bundle_bytes: int | None) -> Check:
     wd = probe.get("workdir") or {}
     free, path = wd.get("free_bytes"), wd.get("path") or "the workdir"
+    if wd.get("writable") is False:
+        return Check(
+            "disk",
+            FAIL,
+            f"{path} is not writable by the device's user: the bundle cannot land there",
+            "point the workdir at a directory that user owns (the inventory's workdir = ..., or the profile's [device] workdir), or fix its permissions",
+        )
     if not isinstance(free, int):
         return Check("disk", WARN, f"free space in {path} could not be read")
     if bundle_bytes:

@@ -50,7 +50,6 @@ class OpenVinoBackend(Backend):
     # computes those MatMuls and Convs as f32 FullyConnected/Convolution: no int8 to gain.
     no_dynamic = "OpenVINO's CPU plugin runs run-time-quantized MatMulInteger/ConvInteger in f32, not int8; onnxruntime runs it in int8"
     runtimes = ("openvino",)
-    missing = "openvino is not installed on the device (python3 -m pip install openvino)"
 
     def quant_scheme(self, profile: Profile) -> QuantScheme:
         # only the CPU plugin runs VPMADDUBSW kernels; NPU/VPU/GPU plugins have their own int8 paths

@@ -29,11 +29,8 @@ class TfliteBackend(Backend):
         verdict = super().supports(model, profile, facts)
         if not verdict.ok:
             if facts is not None and runtime_version(facts, *self.runtimes) is None:
-                return Verdict(
-                    False,
-                    ("neither ai-edge-litert nor tflite-runtime is installed on the device "
-                     "(python3 -m pip install ai-edge-litert, or tflite-runtime with numpy<2)",),
-                )
+                # preflight's hint provisions it (ai-edge-litert, which works with numpy 2), never a system pip
+                return Verdict(False, ("neither ai-edge-litert nor tflite-runtime is installed on the device",), "missing")
             return verdict
         if facts is None:
             return Verdict(True)

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from .. import REPUSH, AgentFailure, read_json, sha256_file
+from .. import REPUSH, AgentFailure, missing_runtime, read_json, sha256_file
 
 GRAPH_FORMAT = "edgekit.numpy-graph"
 GRAPH_VERSION = 1
@@ -413,10 +413,7 @@ def _numpy():
     if np is None:
         try:
             import numpy
-        except ImportError as exc:
-            raise AgentFailure(
-                f"numpy is not installed on the device (for {sys.executable}): {exc}",
-                f"install it there: {sys.executable} -m pip install numpy (or the OS package python3-numpy)",
-            ) from None
+        except ImportError:
+            raise missing_runtime("numpy") from None
         np = numpy
     return np

@@ -11,10 +11,9 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 
-from .. import AgentFailure
+from .. import AgentFailure, missing_runtime
 
 PROFILE_WARMUP = 3  # runs left out of the profile: a new session's first runs do one-time work
 PROFILE_RUNS = 20
@@ -87,11 +86,7 @@ def load(model_path: str, threads: int | None, options: dict | None = None, work
         import onnxruntime as ort
     except ImportError as exc:
         if getattr(exc, "name", None) == "onnxruntime":
-            raise AgentFailure(
-                f"onnxruntime is not installed on the device (for {sys.executable})",
-                f"install it there ({sys.executable} -m pip install onnxruntime) or bench a "
-                "variant whose backend the device has",
-            ) from None
+            raise missing_runtime("onnxruntime") from None
         raise AgentFailure(
             f"onnxruntime is installed on the device but does not import: {exc}",
             "install a build of onnxruntime (and numpy) that matches the device's Python and CPU",

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from .. import AgentFailure, sha256_file
+from .. import AgentFailure, missing_runtime, sha256_file
 
 _META_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
 _PROFILE_WARMUP = 5  # a fresh compile's first inferences include one-time work
@@ -159,10 +159,7 @@ def _import_openvino():
         return ov
     except ImportError as exc:
         if getattr(exc, "name", None) in ("openvino", "openvino.runtime"):
-            raise AgentFailure(
-                f"openvino is not installed on the device (for {sys.executable})",
-                f"install it there ({sys.executable} -m pip install openvino) or bench a variant whose backend the device has",
-            ) from None
+            raise missing_runtime("openvino") from None
         raise AgentFailure(
             f"openvino is installed on the device but does not import: {exc}",
             "install an openvino build that matches the device's Python and CPU",

@@ -11,14 +11,12 @@ import os
 import sys
 import tempfile
 
-from .. import AgentFailure
+from .. import AgentFailure, missing_runtime, provision_hint
 
 # distributions that provide an Interpreter, in the order tried under numpy 1
 _PACKAGES = ("tflite-runtime", "ai-edge-litert")
-_INSTALL_HINT = (
-    f"install a LiteRT runtime there: {sys.executable} -m pip install ai-edge-litert (works with numpy 2), "
-    "or tflite-runtime with numpy<2"
-)
+# provisioned, it is ai-edge-litert (works with numpy 2; tflite-runtime needs numpy<2)
+_INSTALL_HINT = provision_hint("tflite")
 
 
 # the runner may probe one thread against this runtime's default (runner.PROBE_*)
@@ -117,20 +115,14 @@ def _import():
             errors.append(f"{dist}: {exc}")
             continue
         return module, dist
-    raise AgentFailure(
-        f"no LiteRT runtime imports on the device (for {sys.executable}): {'; '.join(errors)}",
-        _INSTALL_HINT,
-    )
+    raise AgentFailure(f"no LiteRT runtime imports on the device (for {sys.executable}): {'; '.join(errors)}", _INSTALL_HINT, runtime="tflite")
 
 
 def _numpy_major() -> int:
     try:
         import numpy
     except ImportError:
-        raise AgentFailure(
-            f"numpy is not installed on the device (for {sys.executable})",
-            f"install it there: {sys.executable} -m pip install numpy",
-        ) from None
+        raise missing_runtime("numpy") from None
     try:
         return int(numpy.__version__.split(".")[0])
     except ValueError:

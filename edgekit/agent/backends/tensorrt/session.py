@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 
-from ... import AgentFailure, facts, sha256_file
+from ... import AgentFailure, facts, missing_runtime, sha256_file
 from .probe import TRTEXEC_JETPACK, find_trtexec, tensorrt_version
 from .trtexec import (
     MIN_VERSION,
@@ -111,7 +111,7 @@ def _raw_inputs(npz: str, inputs: list, out_dir: str) -> str:
     try:
         import numpy as np
     except ImportError:
-        raise AgentFailure(f"numpy is needed on the device to read {npz}", "python3 -m pip install numpy") from None
+        raise missing_runtime("numpy", f"numpy (to read {npz})") from None
     try:
         with np.load(npz, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
