@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekit.agent import MAX_SAMPLES
+from edgekit.agent import MAX_SAMPLES, provision_hint
 from edgekit.agent import SCHEMA as AGENT_SCHEMA
-from edgekit.agent import provision_hint
 from edgekit.errors import AgentError
 from edgekit.jsonable import strict_loads
 from edgekit.transport.agentzip import agent_server, ask_server, push_agent

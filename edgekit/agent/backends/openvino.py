@@ -13,7 +13,6 @@ import hashlib
 import os
 import shutil
 import statistics
-import sys
 import time
 
 from .. import AgentFailure, missing_runtime, sha256_file
