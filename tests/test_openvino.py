@@ -173,3 +173,30 @@ def test_device_without_openvino_skips_it_with_the_reason():
     assert plan.skipped == (("openvino", "openvino is not installed on the device (python3 -m pip install openvino)"),)
     with_ov = make_plan(load_model(DIGITS), load_profile("x86-openvino"), facts=_facts(openvino=ov.__version__.split("-")[0]))
     assert with_ov.backend == "openvino" and with_ov.skipped == ()
+
+
+# -- the timed step: OpenVINO's own per-request latency on inputs bound once -------------------------
+
+
+def test_openvino_timed_step_is_the_requests_own_latency(tmp_path):
+    import time
+
+    from edgekit.agent.backends import openvino as agent_ov
+
+    session = agent_ov.load(str(DIGITS), 1, {"device": "CPU", "cache": False}, str(tmp_path))
+    rng = np.random.RandomState(3)
+    a, b = (rng.standard_normal((1, 1, 8, 8)).astype(np.float32) for _ in range(2))
+    want_a, want_b = (next(iter(session.run({"input": x}).values())).copy() for x in (a, b))
+    assert not np.allclose(want_a, want_b)
+    step, how = session.timed({"input": a})
+    assert "InferRequest.latency" in how
+    clock = time.perf_counter_ns
+    for _ in range(50):
+        t = clock()
+        ns = step()
+        wall = clock() - t
+        assert type(ns) is int and 0 < ns <= wall  # timed inside the call, by OpenVINO
+    np.testing.assert_allclose(session._request.get_output_tensor(0).data, want_a, rtol=1e-5, atol=1e-5)  # the bound input
+    step, _ = session.timed({"input": b})
+    step()
+    np.testing.assert_allclose(session._request.get_output_tensor(0).data, want_b, rtol=1e-5, atol=1e-5)
