@@ -136,6 +136,48 @@ def test_openvino_int8_agrees_with_the_qdq_reference(tmp_path):
     assert agree >= 98
 
 
+# -- the openvino scheme's activations: uint8, the dtype OpenVINO's CPU plugin runs in int8 -----------
+
+
+def _conv_kernels(path, feed) -> set:
+    """The kernels OpenVINO's CPU plugin runs the model's convolutions with (compiling raises if it refuses)."""
+    compiled = ov.Core().compile_model(str(path), "CPU", {"PERF_COUNT": True, "INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    request.infer(feed)
+    return {p.exec_type for p in request.get_profiling_info() if p.node_type == "Convolution"}
+
+
+@pytest.mark.parametrize("example", ["digits/digits_cnn.onnx", "mobilenetv2/mobilenetv2.onnx"])
+def test_openvino_scheme_emits_uint8_activations_the_cpu_plugin_runs_in_int8(example, tmp_path):
+    import dataclasses
+
+    import onnx
+
+    from edgekit.quantize import load_feeds, quantize_model, save_model
+
+    loaded = load_model(EXAMPLES / example)
+    planned = make_plan(loaded, load_profile("x86-openvino"), facts=_facts(openvino=ov.__version__.split("-")[0])).scheme
+    assert planned.name == "openvino" and planned.activation_dtype == "uint8"
+    feeds = load_feeds(loaded.sidecar.calibration, loaded.inputs)
+    outcome = {}
+    for dtype in ("int8", "uint8"):  # every activation dtype a QuantScheme can emit
+        result = quantize_model(loaded, dataclasses.replace(planned, activation_dtype=dtype), feeds, feeds)
+        path = tmp_path / f"{dtype}.onnx"
+        save_model(result.model, path)
+        model = onnx.load(str(path))
+        consts = {t.name: t for t in model.graph.initializer}
+        zero_points = {consts[n.input[2]].data_type for n in model.graph.node if n.op_type == "QuantizeLinear"}
+        assert zero_points == {onnx.TensorProto.UINT8 if dtype == "uint8" else onnx.TensorProto.INT8}
+        try:
+            outcome[dtype] = _conv_kernels(path, feeds.feeds[0])
+        except RuntimeError as exc:  # 2026.4 on AMX Xeons: "No suitable implementations" for int8
+            outcome[dtype] = str(exc).splitlines()[0]
+    # uint8: compiles, and every convolution runs an int8 kernel (brgconv_avx512_amx_I8, jit_avx2_I8, ...).
+    # int8 activations on this VM's AMX CPU compiled, but ran digits' convolutions as brgconv_avx512_f32.
+    assert isinstance(outcome["uint8"], set) and outcome["uint8"], outcome
+    assert all(k.lower().endswith("_i8") for k in outcome["uint8"]), outcome
+
+
 # -- plans: NCS2, versions, devices without OpenVINO ---------------------------------------------
 
 
