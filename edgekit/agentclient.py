@@ -115,7 +115,7 @@ def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench") -> di
     if not isinstance(doc, dict):
         raise AgentError("the agent printed JSON that is not an object", _OUT_OF_STEP)
     if doc.get("kind") == "edgekit.error":
-        raise AgentError(str(doc.get("error") or "the agent failed"), str(doc.get("hint") or ""))
+        raise AgentError(str(doc.get("error") or "the agent failed"), str(doc.get("hint") or ""), str(doc.get("reason") or ""))
     if doc.get("kind") != kind or doc.get("schema") != AGENT_SCHEMA:
         raise AgentError(
             f"the agent printed a {doc.get('kind')!r} document of schema {doc.get('schema')!r}; "

@@ -178,6 +178,48 @@ def test_openvino_scheme_emits_uint8_activations_the_cpu_plugin_runs_in_int8(exa
     assert all(k.lower().endswith("_i8") for k in outcome["uint8"]), outcome
 
 
+# -- a model the device's OpenVINO refuses at compile: the deploy falls back to the next backend ----
+
+
+def _scaler_model(path):
+    """MatMul, Relu, then ai.onnx.ml's Scaler: ONNX Runtime runs it, OpenVINO 2026.4's ONNX frontend
+    has no conversion rule for it (a real refusal at compile, on any CPU)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.RandomState(0).standard_normal((16, 8)).astype(np.float32), "W")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Scaler", ["r"], ["y"], domain="ai.onnx.ml", scale=[2.0], offset=[1.0]),
+    ]
+    graph = helper.make_graph(nodes, "scaled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [w])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_model_openvino_refuses_at_compile_falls_back_to_the_next_backend(cli, tmp_path):
+    model = _scaler_model(tmp_path / "scaled.onnx")
+    r = cli("deploy", model, "--target", "x86-openvino", "--iterations", "3", "--json", "-o", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["backend"] == "onnxruntime" and {run["backend"] for run in doc["runs"]} == {"onnxruntime"}
+    skipped = {s["backend"]: s["reason"] for s in doc["plan"]["skipped_backends"]}
+    assert skipped["openvino"].startswith("the device's openvino refused the model at compile: OpenVINO ")
+    assert skipped["openvino"].endswith("No conversion rule found for operations: ai.onnx.ml.Scaler")
+    assert any("fell back to onnxruntime" in n for n in doc["plan"]["notes"])
+    warnings = [x for x in r.stderr.splitlines() if x.startswith("warning: the device's openvino refused")]
+    assert len(warnings) == 1 and warnings[0].endswith("falling back to onnxruntime, the next backend of x86-openvino")
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert {v["backend"] for v in manifest["variants"]} == {"onnxruntime"}  # the bundle is the fallback's
+    # Forced, OpenVINO's refusal is the error: one line and a hint, exit 4, no fallback.
+    forced = cli("deploy", model, "--target", "x86-openvino", "--backend", "openvino", "--iterations", "3", "-o", tmp_path / "c")
+    assert_one_line_error(forced, 4, "No conversion rule found for operations: ai.onnx.ml.Scaler")
+
+
 # -- plans: NCS2, versions, devices without OpenVINO ---------------------------------------------
 
 

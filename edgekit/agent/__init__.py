@@ -26,10 +26,12 @@ SCHEMA = 1
 class AgentFailure(Exception):
     """An expected failure on the device, reported as an ``edgekit.error`` document."""
 
-    def __init__(self, message: str, hint: str = "") -> None:
+    def __init__(self, message: str, hint: str = "", reason: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # what failed, for the host to act on: "compile" (the runtime refused the model), or ""
+        self.reason = reason
 
 
 # Manifest fields that do not define the bundle: a rebuild of the same bundle may differ in them.
@@ -99,5 +101,8 @@ def read_json(path: str, bad_json_hint: str):
 REPUSH = "push the bundle again (edgekit bench / edgekit deploy do this)"
 
 
-def error_document(message: str, hint: str = "") -> dict:
-    return {"schema": SCHEMA, "kind": "edgekit.error", "agent_version": AGENT_VERSION, "error": message, "hint": hint}
+def error_document(message: str, hint: str = "", reason: str = "") -> dict:
+    doc = {"schema": SCHEMA, "kind": "edgekit.error", "agent_version": AGENT_VERSION, "error": message, "hint": hint}
+    if reason:
+        doc["reason"] = reason
+    return doc

@@ -161,13 +161,22 @@ def _compile(core, model_path, device, config, version):
     try:
         compiled = core.compile_model(model_path, device, config)
     except Exception as exc:  # OpenVINO raises RuntimeError (and its own subclasses)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise AgentFailure(
-            f"OpenVINO {version} cannot compile {os.path.basename(model_path)} for {device}: {first}",
+            f"OpenVINO {version} cannot compile {os.path.basename(model_path)} for {device}: {_what(exc)}",
             f"check that the device's OpenVINO supports every op of the model on {device} "
             "(edgekit plan shows the ops); try --backend onnxruntime",
+            reason="compile",
         ) from None
     return compiled, time.perf_counter_ns() - t0
+
+
+def _what(exc: Exception) -> str:
+    """The line of an OpenVINO exception that says what is wrong, not where it was thrown:
+    ``Exception from src/...:132:`` / ``Check 'false' failed at ...`` lines come first."""
+    lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+    said = [x for x in lines if not x.startswith(("Exception from ", "Check '"))]
+    listed = [x[2:].strip() for x in said if x.startswith("--")]  # "-- No conversion rule found for operations: ..."
+    return (listed or said or lines or [type(exc).__name__])[0]
 
 
 def _infer_fn(request):
