@@ -108,7 +108,11 @@ def test_bench_for_a_duration(tmp_path, agent_zip):
     rc, doc, _ = _agent(agent_zip, "bench", str(bundle.root), "--variant", "fp32", "--warmup", "0", "--duration", "0.05")
     assert rc == 0, doc
     assert doc["config"]["iterations"] is None and doc["config"]["duration_s"] == 0.05
-    assert sum(doc["samples_ns"]) >= 0.05e9 * 0.5 and len(doc["samples_ns"]) >= 1
+    # The samples are the runtime's own times (inputs bound once), so they need not fill the window:
+    # the loop's Python and a busy machine's pauses lie between them. A us model runs thousands of
+    # times in 50 ms; the samples, disjoint parts of the window, add up to at most it and its last run.
+    samples = doc["samples_ns"]
+    assert len(samples) >= 50 and sum(samples) <= 0.05e9 + max(samples)
 
 
 def test_bench_for_a_count_and_a_minimum_time(tmp_path, agent_zip):
