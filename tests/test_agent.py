@@ -504,3 +504,29 @@ def test_a_step_that_cannot_bind_is_one_agent_failure(tmp_path, monkeypatch):
         runner.bench(str(bundle.root), "fp32", warmup=0, iterations=5, threads=1)
     assert err.value.message == "binding the inputs of variant 'fp32' for timing failed: input 'x' has the wrong layout"
     assert "inputs" in err.value.hint
+
+
+def test_a_static_shapes_backend_gets_the_variants_known_shapes(tmp_path, monkeypatch):
+    from edgekit.agent import runner
+
+    seen = []
+
+    class Session:
+        version = "0"
+
+        def run(self, feeds):
+            pass
+
+    bundle = _fake_backend(monkeypatch, tmp_path, Session)
+    fake = sys.modules["edgekit.agent.backends.fake"]
+    fake.load = lambda path, threads, options=None, workdir=None: seen.append(dict(options)) or Session()
+    runner.bench(str(bundle.root), "fp32", warmup=0, iterations=2, threads=1)
+    assert "input_shapes" not in seen[-1]  # only for a backend that asks
+    fake.STATIC_SHAPES = True
+    runner.bench(str(bundle.root), "fp32", warmup=0, iterations=2, threads=1)
+    assert seen[-1]["input_shapes"] == {}  # tiny's x is (-1, 16): not known, left dynamic
+    manifest = json.loads((bundle.root / "manifest.json").read_text())
+    manifest["variants"][0]["inputs"][0]["shape"] = [2, 16]
+    (bundle.root / "manifest.json").write_text(json.dumps(manifest))
+    runner.bench(str(bundle.root), "fp32", warmup=0, iterations=2, threads=1)
+    assert seen[-1]["input_shapes"] == {"x": [2, 16]}

@@ -284,3 +284,23 @@ def test_openvino_timed_step_is_the_requests_own_latency(tmp_path):
     step, _ = session.timed({"input": b})
     step()
     np.testing.assert_allclose(session._request.get_output_tensor(0).data, want_b, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_inputs_compile_at_the_shapes_the_variant_is_timed_with(tmp_path):
+    from edgekit.agent.backends import openvino as agent_ov
+
+    model = EXAMPLES / "mobilenetv2" / "mobilenetv2.onnx"  # input 1x3xHxW
+    x = np.random.RandomState(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    dynamic = agent_ov.load(str(model), 1, {"device": "CPU", "cache": False}, str(tmp_path))
+    assert "reshaped" not in dynamic.info and dynamic._request.model_inputs[0].get_partial_shape().is_dynamic
+    shapes = {"input": [1, 3, 64, 64], "absent": [1]}
+    static = agent_ov.load(str(model), 1, {"device": "CPU", "cache": True, "input_shapes": shapes}, str(tmp_path))
+    assert static.info["reshaped"] == {"input": [1, 3, 64, 64]}
+    assert list(static._request.model_inputs[0].get_partial_shape().to_shape()) == [1, 3, 64, 64]
+    assert 0 < static.info["cached_load_ns"] < static.info["first_load_ns"]  # the reshaped model is cached too
+    want = next(iter(dynamic.run({"input": x}).values()))
+    np.testing.assert_allclose(next(iter(static.run({"input": x}).values())), want, rtol=1e-4, atol=1e-4)
+    static.timed({"input": x})
+    assert static.layers()  # the profiled compile is reshaped alike
+    with pytest.raises(RuntimeError):  # compiled for 64x64: another size is refused, not silently recompiled
+        static.run({"input": np.zeros((1, 3, 32, 32), np.float32)})

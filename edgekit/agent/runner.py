@@ -117,6 +117,8 @@ def bench(
     started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
     options = dict(spec.get("options") or {})
+    if getattr(backend, "STATIC_SHAPES", False):  # it compiles dynamic inputs at the shapes timed
+        options["input_shapes"] = {t["name"]: list(t["shape"]) for t in spec["inputs"] if t["shape"] and all(d > 0 for d in t["shape"])}
     t0 = time.perf_counter_ns()
     session = backend.load(model_path, threads, options, bundle_dir)
     load_ns = time.perf_counter_ns() - t0

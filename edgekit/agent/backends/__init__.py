@@ -14,6 +14,10 @@ ns as measured as close to the runtime as it allows (OpenVINO's own per-request 
 Runtime's run on pre-bound inputs and outputs), and ``how``, a line saying what that time spans.
 The timed loop then measures the runtime and not the agent's Python around it (converting feeds,
 building output lists): on a 20 us model that harness was half the figure.
+
+A module with ``STATIC_SHAPES = True`` gets ``options["input_shapes"]`` from the bench: the
+variant's inputs whose dims are all known (name -> dims), so that it can compile a model with
+dynamic inputs for the shapes it is timed with.
 """
 
 from __future__ import annotations
