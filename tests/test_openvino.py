@@ -58,6 +58,12 @@ def test_deploy_x86_openvino_reports_loads_layers_and_devices(cli, tmp_path):
     assert "compile" in [s["name"] for s in doc["plan"]["steps"]]
     cpu = {"device": "CPU", "precision_hint": "f32", "cache": True}
     assert {v["name"]: v["options"] for v in doc["plan"]["variants"]} == {"fp32": cpu, "int8": cpu}
+    # The int8 model in the bundle has uint8 activations (the openvino scheme's; the kernels above ran them).
+    import onnx
+
+    model = onnx.load(str(tmp_path / "b" / "int8" / "model.onnx"))
+    consts = {t.name: t.data_type for t in model.graph.initializer}
+    assert {consts[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"} == {onnx.TensorProto.UINT8}
 
 
 @pytest.mark.slow
