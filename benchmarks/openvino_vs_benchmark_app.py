@@ -93,8 +93,8 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def sh(argv: list[str], env: dict | None = None) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+def sh(argv: list[str], env: dict | None = None, cwd: Path | None = None) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=cwd)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, argv[:6]))} ... exited {proc.returncode}: {(proc.stderr or proc.stdout)[-800:]}")
     return proc.stdout
@@ -135,8 +135,8 @@ def run_edgekit(path: Path, shape, backend: str, seconds: float, env: dict, thre
         argv += ["--shape", f"{shape[0]}:{','.join(map(str, shape[1]))}"]
     if threads:
         argv += ["--threads", str(threads)]
-    run_env = {**env, "PYTHONPATH": str(checkout)}
-    record = json.loads(sh(argv, run_env))[0]
+    # python -m puts the working directory first on sys.path, before PYTHONPATH: run in the checkout
+    record = json.loads(sh(argv, {**env, "PYTHONPATH": str(checkout)}, cwd=checkout))[0]
     agent = record["agent"]
     samples = sorted(agent["samples_ns"])
     return {
@@ -154,7 +154,7 @@ def run_ort_floor(path: Path, shape, seconds: float, threads: int) -> dict:
 
 def quantize(name: str, path: Path, out: Path, env: dict) -> Path:
     target = out / f"{name}.int8.onnx"
-    sh([sys.executable, "-m", "edgekit", "quantize", str(path), "-o", str(target), "--target", "x86-openvino"], {**env, "PYTHONPATH": str(ROOT)})
+    sh([sys.executable, "-m", "edgekit", "quantize", str(path), "-o", str(target), "--target", "x86-openvino"], {**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     return target
 
 
