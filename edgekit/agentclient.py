@@ -132,7 +132,7 @@ def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench", devic
     if doc.get("kind") == "edgekit.error":
         runtime = doc.get("missing_runtime")
         hint = provision_hint(str(runtime), device) if runtime else str(doc.get("hint") or "")
-        raise AgentError(str(doc.get("error") or "the agent failed"), hint)
+        raise AgentError(str(doc.get("error") or "the agent failed"), hint, str(doc.get("reason") or ""))
     if doc.get("kind") != kind or doc.get("schema") != AGENT_SCHEMA:
         raise AgentError(
             f"the agent printed a {doc.get('kind')!r} document of schema {doc.get('schema')!r}; "

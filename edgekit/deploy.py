@@ -32,7 +32,7 @@ from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 from edgekit.devices.lock import device_lock
 from edgekit.devices.preflight import ensure_ready
-from edgekit.errors import GateError, ModelError
+from edgekit.errors import AgentError, GateError, ModelError, PlanError
 from edgekit.events import Events
 from edgekit.fsutil import check_output_dir
 from edgekit.modelio import LoadedModel, load_model, read_sidecar
@@ -234,7 +234,13 @@ def run(job: Job, plan: Plan, events: Events) -> DeployResult:
         for note in plan.notes:
             events.info(f"note: {note}")
         with device_lock(transport, wait=req.lock_wait, on_wait=events.info) as lock:  # no other job benches it meanwhile
-            result = execute(plan, job, transport, events, facts=ready.facts, lock=lock)
+            try:
+                result = execute(plan, job, transport, events, facts=ready.facts, lock=lock)
+            except AgentError as exc:
+                if exc.reason != "compile" or plan.options.backend is not None:  # a backend the user forced stays
+                    raise
+                plan, facts = _after_refusal(plan, job, ready.facts, exc, events)
+                result = execute(plan, job, transport, events, facts=facts, lock=lock)
     finally:
         transport.close()
     v = result.verdict
@@ -244,6 +250,21 @@ def run(job: Job, plan: Plan, events: Events) -> DeployResult:
             f"the runs are stored (edgekit results list); see why with edgekit deploy {job.model.path} --json (summary.recommendation)",
         )
     return result
+
+
+def _after_refusal(plan: Plan, job: Job, facts: dict, exc: AgentError, events: Events) -> tuple[Plan, dict]:
+    """The plan again without the backend whose runtime refused the model at compile (``exc``), and
+    the facts that say so: the next backend of the profile runs it, and the plan's
+    ``skipped_backends`` records why (when no other backend can, the refusal is the error)."""
+    why = f"the device's {plan.backend} refused the model at compile: {exc.message}"
+    facts = {**facts, "refused": {**(facts.get("refused") or {}), plan.backend: why}}
+    try:
+        new = replan(plan, job.model, job.profile, facts)
+    except PlanError:
+        raise exc from None  # nothing to fall back to: the refusal is the error
+    events.warn(f"{why}; falling back to {new.backend}, the next backend of {job.profile.name}")
+    new = dataclasses.replace(new, notes=job.notes + new.notes + (f"{plan.backend} refused the model at compile on {plan.device}; fell back to {new.backend}",))
+    return new, facts
 
 
 @dataclass

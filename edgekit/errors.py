@@ -77,6 +77,10 @@ class LockLostError(DeviceError):
 class AgentError(DeviceError):
     """The device-side agent ran but failed or printed something we cannot read."""
 
+    def __init__(self, message: str, hint: str = "", reason: str = "") -> None:
+        super().__init__(message, hint)
+        self.reason = reason  # the agent's word for what failed: "compile" (the runtime refused the model), or ""
+
 
 class ResultsError(InputError):
     pass

@@ -526,3 +526,26 @@ def test_cli_warmup_takes_auto_or_a_count(cli):
     assert all(s.config.warmup == 3 for s in benches(warmup=3))
     bad = cli("deploy", DIGITS, "--warmup", "soon")
     assert bad.returncode == 2 and "wants a count N >= 0 or 'auto'" in bad.stderr
+
+
+# -- ONNX Runtime's timed step: pre-bound inputs and outputs ----------------------------------------
+
+
+def test_ort_timed_step_computes_what_run_does_on_bound_buffers(tmp_path):
+    from edgekit.agent.backends import onnxruntime as agent_ort
+
+    session = agent_ort.load(str(DIGITS), 1, {}, str(tmp_path))
+    rng = np.random.RandomState(3)
+    a, b = (rng.standard_normal((1, 1, 8, 8)).astype(np.float32) for _ in range(2))
+    want_a, want_b = session.run({"input": a})[0], session.run({"input": b})[0]
+    assert not np.allclose(want_a, want_b)
+    step, how = session.timed({"input": a})
+    assert "run_with_iobinding" in how
+    out = session._bound[1][0]  # the preallocated array ORT writes the output into
+    out[:] = 0
+    times = [step() for _ in range(20)]
+    assert all(type(t) is int and t > 0 for t in times)
+    np.testing.assert_allclose(out, want_a, rtol=1e-5, atol=1e-6)  # ran on a, into the bound output
+    step, _ = session.timed({"input": b})  # binding again follows the new feeds
+    step()
+    np.testing.assert_allclose(session._bound[1][0], want_b, rtol=1e-5, atol=1e-6)

@@ -44,9 +44,9 @@ def _plan(target: str, cpu: CpuSpec, backend: str):
         ("local", "onnxruntime", AVX2, "uint8", 63),
         ("local", "onnxruntime", VNNI, "uint8", 127),
         ("local", "onnxruntime", ARM, "int8", 127),
-        ("x86-openvino", "openvino", AVX2, "int8", 63),
-        ("x86-openvino", "openvino", VNNI, "int8", 127),
-        ("intel-npu", "openvino", AVX2, "int8", 127),  # the NPU plugin has its own int8 path
+        ("x86-openvino", "openvino", AVX2, "uint8", 63),  # OpenVINO: uint8 activations on every device
+        ("x86-openvino", "openvino", VNNI, "uint8", 127),
+        ("intel-npu", "openvino", AVX2, "uint8", 127),  # the NPU plugin has its own int8 path
         ("local", "native", AVX2, "int8", 127),  # ekrt's AVX2 kernels are 16-bit safe (DESIGN §3)
     ],
 )

@@ -30,11 +30,13 @@ class AgentFailure(Exception):
     """An expected failure on the device, reported as an ``edgekit.error`` document.
     ``runtime``: the runtime (a ``devices provision --runtime`` name) whose absence it is, if so."""
 
-    def __init__(self, message: str, hint: str = "", runtime: str | None = None) -> None:
+    def __init__(self, message: str, hint: str = "", runtime: str | None = None, reason: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
         self.runtime = runtime
+        # what failed, for the host to act on: "compile" (the runtime refused the model), or ""
+        self.reason = reason
 
 
 def provision_hint(runtime: str, device: str = "DEVICE") -> str:
@@ -153,8 +155,10 @@ def bundle_file(bundle_dir: str, rel, what: str) -> str:
     return path
 
 
-def error_document(message: str, hint: str = "", runtime: str | None = None) -> dict:
+def error_document(message: str, hint: str = "", runtime: str | None = None, reason: str = "") -> dict:
     doc = {"schema": SCHEMA, "kind": "edgekit.error", "agent_version": AGENT_VERSION, "error": message, "hint": hint}
     if runtime:
         doc["missing_runtime"] = runtime  # the host names the device in the provision hint
+    if reason:
+        doc["reason"] = reason
     return doc

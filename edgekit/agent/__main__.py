@@ -145,7 +145,7 @@ def _answer(argv: list) -> tuple:
         with _stdout_to_stderr():
             return 0, _run(args)
     except AgentFailure as exc:
-        return 1, error_document(exc.message, exc.hint, exc.runtime)
+        return 1, error_document(exc.message, exc.hint, exc.runtime, exc.reason)
     except Exception as exc:  # a bug or a runtime blowing up: still answer in JSON
         traceback.print_exc(file=sys.stderr)
         return 1, error_document(

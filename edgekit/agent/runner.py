@@ -130,7 +130,9 @@ def bench(
     before = device_state()
     started_at = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
-    options = variant_options(bundle_dir, manifest, spec)
+    options = dict(variant_options(bundle_dir, manifest, spec))
+    if getattr(backend, "STATIC_SHAPES", False):  # it compiles dynamic inputs at the shapes timed
+        options["input_shapes"] = {t["name"]: list(t["shape"]) for t in spec["inputs"] if t["shape"] and all(d > 0 for d in t["shape"])}
     t0 = time.perf_counter_ns()
     session = backend.load(model_path, threads, options, bundle_dir)
     load_ns = time.perf_counter_ns() - t0
@@ -172,13 +174,14 @@ def bench(
                 "check that the variant's inputs in manifest.json (or its inputs.npz) match the model",
             ) from None
         first_ns = time.perf_counter_ns() - t0
-        warmup_samples = _warmup(session, feeds, warmup)
+        step, timing = _stepper(session, feeds, variant)
+        warmup_samples = _warmup(step, warmup)
         warmup_run = len(warmup_samples)
         speed = SpeedMeter()
         if meter is not None:
             meter.start()
         start = time.monotonic_ns()
-        samples = _timed_loop(session, feeds, iterations, duration_s, min_time_s, speed)
+        samples = _timed_loop(step, iterations, duration_s, min_time_s, speed)
         end = time.monotonic_ns()
         if meter is not None:
             meter.stop()
@@ -188,6 +191,7 @@ def bench(
         energy = energy_record(meter, start, end, len(samples) * batch)
         layers = session.layers() if profile and hasattr(session, "layers") else None
         info = dict(getattr(session, "info", None) or {})
+        info["timing"] = timing  # what one sample spans (the runtime's own clock, where it has one)
     after = device_state()
 
     return {
@@ -236,6 +240,7 @@ def _probe_threads(backend, session, load_ns: int, model_path: str, options: dic
     single_load_ns = time.perf_counter_ns() - t0
     own = getattr(session, "bench", None)
     feeds = None if own is not None else make_inputs(bundle_dir, spec)
+    steps = {}
     runs = {"all": [], "one": []}
     begin = time.perf_counter_ns()
     for r in range(PROBE_ROUNDS):
@@ -244,8 +249,9 @@ def _probe_threads(backend, session, load_ns: int, model_path: str, options: dic
                 runs[key] += s.bench(PROBE_WARMUP, PROBE_RUNS, None, spec["inputs"], profile=False)[0]
             else:
                 if r == 0:
-                    _warmup(s, feeds, PROBE_WARMUP)
-                runs[key] += _timed_loop(s, feeds, PROBE_RUNS, None)
+                    steps[key] = _stepper(s, feeds, spec["name"])[0]
+                    _warmup(steps[key], PROBE_WARMUP)
+                runs[key] += _timed_loop(steps[key], PROBE_RUNS, None)
         if time.perf_counter_ns() - begin > PROBE_MAX_NS:
             break
     p50 = {key: _median(v) for key, v in runs.items()}
@@ -256,6 +262,7 @@ def _probe_threads(backend, session, load_ns: int, model_path: str, options: dic
         del single
         return session, None, record, load_ns
     del session
+    steps.clear()  # a step holds its session
     gc.collect()
     return single, 1, record, single_load_ns
 
@@ -301,7 +308,7 @@ def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: 
     host compares the variants' outputs: the agreement it reports is what this device computed."""
     np = _numpy()
     manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant)
-    options = variant_options(bundle_dir, manifest, spec)
+    options = dict(variant_options(bundle_dir, manifest, spec))
     path = bundle_file(bundle_dir, samples, "samples file")
     arrays = _npz_inputs(np, path, spec)
     counts = {len(a) for a in arrays.values()}
@@ -354,27 +361,48 @@ def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: 
     }
 
 
-def _warmup(session, feeds: dict, warmup) -> list:
-    """Run the warm-up (a count, or "auto": ``warmup_done``); its latencies in execution order."""
+def _stepper(session, feeds: dict, variant: str) -> tuple:
+    """(step, how): ``step()`` runs one inference on ``feeds`` and returns its time in ns, taken as
+    close to the runtime as the session allows (its ``timed``: inputs bound once, the runtime's
+    own clock where it has one), else by the agent's clock around ``session.run``; ``how`` says which."""
+    timed = getattr(session, "timed", None)
+    if timed is not None:
+        try:
+            return timed(feeds)
+        except Exception as exc:  # the runtime's own error types: name them, don't crash
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise AgentFailure(
+                f"binding the inputs of variant '{variant}' for timing failed: {first}",
+                "check that the variant's inputs in manifest.json (or its inputs.npz) match the model",
+            ) from None
     run = session.run
+    clock = time.perf_counter_ns
+
+    def step() -> int:
+        t = clock()
+        run(feeds)
+        return clock() - t
+
+    return step, "perf_counter_ns around the agent's session.run(feeds)"
+
+
+def _warmup(step, warmup) -> list:
+    """Run the warm-up (a count, or "auto": ``warmup_done``) of ``step`` (``_stepper``); its
+    latencies in execution order."""
     clock = time.perf_counter_ns
     samples = []
     begin = clock()
     while True if warmup == AUTO else len(samples) < warmup:
-        t = clock()
-        run(feeds)
-        end = clock()
-        samples.append(end - t)
-        if warmup == AUTO and warmup_done(samples, end - begin):
+        samples.append(step())
+        if warmup == AUTO and warmup_done(samples, clock() - begin):
             break
     return samples
 
 
-def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None, min_time_s: float = 0.0, speed: SpeedMeter | None = None) -> list:
-    """Per-iteration times: ``iterations`` of them; or for ``duration_s``; or at least ``iterations``
-    and at least ``min_time_s`` (bounded by MAX_SAMPLES). ``speed`` times its loop between
-    inferences when a burst is due (outside the samples)."""
-    run = session.run
+def _timed_loop(step, iterations: int, duration_s: float | None, min_time_s: float = 0.0, speed: SpeedMeter | None = None) -> list:
+    """Per-iteration times of ``step`` (``_stepper``): ``iterations`` of them; or for ``duration_s``;
+    or at least ``iterations`` and at least ``min_time_s`` (bounded by MAX_SAMPLES). ``speed``
+    times its loop between inferences when a burst is due (outside the samples)."""
     clock = time.perf_counter_ns
     tick = speed.tick if speed is not None else (lambda now: None)
     samples = []
@@ -384,19 +412,14 @@ def _timed_loop(session, feeds: dict, iterations: int, duration_s: float | None,
     try:
         if duration_s is None and not min_time_s:
             for _ in range(iterations):
-                t = clock()
-                run(feeds)
-                end = clock()
-                samples.append(end - t)
-                tick(end)
+                samples.append(step())
+                tick(clock())
         else:
             count = 1 if duration_s is not None else iterations
             deadline = clock() + int((duration_s if duration_s is not None else min_time_s) * 1e9)
             while True:
-                t = clock()
-                run(feeds)
+                samples.append(step())
                 end = clock()
-                samples.append(end - t)
                 if (end >= deadline and len(samples) >= count) or len(samples) >= MAX_SAMPLES:
                     break
                 tick(end)

@@ -57,8 +57,18 @@ TENSORRT = QuantScheme(
     quantize_bias=False,
     notes=("TensorRT Q/DQ: symmetric int8, zero point 0, per-channel weights on the output-channel axis, float bias",),
 )
-# OpenVINO reads QDQ ONNX as FakeQuantize; int8 asymmetric activations are fine on CPU/NPU.
-OPENVINO = QuantScheme(name="openvino", notes=("int8 asymmetric activations, per-channel int8 weights",))
+# OpenVINO reads QDQ ONNX as FakeQuantize and its low-precision transformations pick u8 or i8 per
+# tensor; NNCF and OpenVINO's own int8 models use uint8 (asymmetric) activations with symmetric int8
+# weights, the pair its CPU kernels are built around. Signed int8 activations are refused outright
+# by 2026.4's CPU plugin on AMX Xeons ("No suitable implementations"), and on a 2-core AMX VM it
+# compiled them but ran the digits convolutions in f32 (brgconv_avx512_f32) where uint8 ran
+# brgconv_avx512_amx_I8 (tests/test_openvino.py). No device fact shows a plugin that does better
+# with int8 activations, so uint8 is the scheme for every OpenVINO device.
+OPENVINO = QuantScheme(
+    name="openvino",
+    activation_dtype="uint8",
+    notes=("uint8 asymmetric activations (as NNCF and OpenVINO's own int8 models), per-channel symmetric int8 weights",),
+)
 # edgekit's own runtime: same as ORT, so ORT on the same QDQ model is its oracle.
 NATIVE = QuantScheme(name="native", notes=("int8 asymmetric activations, per-channel int8 weights, int32 bias",))
 

@@ -27,7 +27,8 @@ class Verdict:
     ok: bool
     reasons: tuple[str, ...] = ()
     # Why not, for a device that can't: arch, missing (the runtime), version, device (e.g. no
-    # NPU plugin or driver), model. Preflight's hint (provision? upgrade?) depends on it.
+    # NPU plugin or driver), model, refused (the device's runtime refused the model at compile).
+    # Preflight's hint (provision? upgrade?) depends on it.
     kind: str = ""
 
 
@@ -80,6 +81,9 @@ class Backend:
         arch = ((facts or {}).get("device") or {}).get("arch") or profile.cpu.arch
         if arch and arch not in self.archs:
             return Verdict(False, (f"{self.name} does not run on {arch}",), "arch")
+        refused = ((facts or {}).get("refused") or {}).get(self.name)
+        if refused:  # the device's runtime refused this model (deploy's fallback)
+            return Verdict(False, (refused,), "refused")
         if facts is None or not self.runtimes:
             return Verdict(True)
         version = runtime_version(facts, *self.runtimes)

@@ -7,6 +7,17 @@ and a ``version`` string; optionally ``layers() -> list[dict] | None`` (per-laye
 the timed loop: name, op, ns, and backend-specific fields) and ``info`` (a JSON dict such as
 first-load vs cached-load time or the devices that really executed). The module imports its runtime
 inside ``load`` and turns "not installed" into an AgentFailure with an install hint.
+
+A session may also have ``timed(feeds) -> (step, how)``: it binds ``feeds`` to the runtime once
+and returns ``step``, a function of no arguments that runs one inference and returns its time in
+ns as measured as close to the runtime as it allows (OpenVINO's own per-request latency; ONNX
+Runtime's run on pre-bound inputs and outputs), and ``how``, a line saying what that time spans.
+The timed loop then measures the runtime and not the agent's Python around it (converting feeds,
+building output lists): on a 20 us model that harness was half the figure.
+
+A module with ``STATIC_SHAPES = True`` gets ``options["input_shapes"]`` from the bench: the
+variant's inputs whose dims are all known (name -> dims), so that it can compile a model with
+dynamic inputs for the shapes it is timed with.
 """
 
 from __future__ import annotations
