@@ -179,6 +179,8 @@ def bench(
         return deploy(path, events=events, quantize=False, **{"remeasure": True, **options})  # bench measures, always
     if options.get("backend") or options.get("shapes"):
         raise UsageError("--backend and --shape apply to a model file; a bundle was built for its backend", "pass a model file, or drop them")
+    if options.get("layer_error"):
+        raise UsageError("--layers error runs twins of the fp32 and int8 models that deploy builds; a bundle has none", f"deploy the model: edgekit deploy MODEL --layers error (or bench {path} --layers time)")
     bundle = load_bundle(path)
     target = options.pop("target", None)
     req = request(path, **options)

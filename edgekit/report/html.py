@@ -334,8 +334,19 @@ def _layers(group: list[_Run], sfx: str) -> str:
         if not timed:
             continue
         quant = r.record.get("quantization") if isinstance(r.record.get("quantization"), dict) else {}
-        snr = {q.get("name"): _f(q.get("snr_db")) for q in quant.get("layers") or [] if isinstance(q, dict)}
-        noise = {name: 10 ** (-db / 10) for name, db in snr.items() if db is not None}  # noise/signal power
+        device = r.record.get("layer_error") if isinstance(r.record.get("layer_error"), dict) else {}
+        if device.get("layers"):  # --layers error: measured on the device, per region of nodes
+            snr, noise = {}, {}
+            for row in device["layers"]:
+                if not isinstance(row, dict):
+                    continue
+                for node in row.get("nodes") or []:
+                    snr[str(node)] = _f(row.get("snr_db"))
+                    noise[str(node)] = max(_f(row.get("added_nsr")) or 0.0, 0.0)  # the noise this layer adds
+            timed = [{**x, "name": _node_name(str(x.get("name")), snr)} for x in timed]
+        else:
+            snr = {q.get("name"): _f(q.get("snr_db")) for q in quant.get("layers") or [] if isinstance(q, dict)}
+            noise = {name: 10 ** (-db / 10) for name, db in snr.items() if db is not None}  # noise/signal power
         total_noise = sum(noise.values()) or 1.0
         total = sum(float(x["ns"]) for x in timed)
         timed.sort(key=lambda x: -float(x["ns"]))
@@ -354,7 +365,12 @@ def _layers(group: list[_Run], sfx: str) -> str:
         sentence = f"{top.name} costs {top.time_share * 100:.0f}% of the time"
         if top.error_share is not None:
             sentence += f" and adds {top.error_share * 100:.0f}% of the int8 error (SNR {top.snr_db:.1f} dB at its output)"
-        if snr:
+        if device.get("layers"):
+            worst = ", ".join(str(w) for w in (device.get("worst") or [])[:3])
+            how = (f"the error is the int8 tensor against the fp32 one as the device computed them ({device.get('samples')} held-out samples on "
+                   f"{device.get('measured_on')}), each layer's share of the noise it adds; {joined} of the {min(len(timed), TOP_LAYERS)} layers shown joined by name; "
+                   f"most added error: {worst}")  # fmt: skip
+        elif snr:
             how = f"{joined} of the {min(len(timed), TOP_LAYERS)} layers shown have the quantizer's error measured (joined by name)"
         else:
             how = "no per-layer quantization error in this record"
@@ -364,6 +380,14 @@ def _layers(group: list[_Run], sfx: str) -> str:
     if not charts:
         charts.append('<p class="caption">No backend reported a per-layer profile for these runs.</p>')
     return f'<section id="layers{sfx}"><h2>Per-layer time and error</h2>{"".join(charts)}</section>'
+
+
+def _node_name(name: str, known: dict) -> str:
+    """A profiled name as the graph's node name: ONNX Runtime names a fused node after one of its nodes plus a suffix."""
+    if name in known:
+        return name
+    base = re.sub(r"(_token_\d+|_nchwc|_quant)+$", "", name)
+    return base if base in known else name
 
 
 def _history(group: list[_Run], older: list[dict], unit: str, scale: float, sfx: str) -> str:
