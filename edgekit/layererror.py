@@ -18,15 +18,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-import onnx
-from onnx import helper
+if TYPE_CHECKING:  # numpy and onnx load on use: the HTML report imports node_name only
+    import numpy as np
+    import onnx
 
 TWIN_DIR = "layers"  # a variant's twin lives in <variant>/layers/ in the bundle
 WORST = 10  # layers the summary lists
 
-_FUSED = re.compile(r"(_token_\d+|_nchwc|_quant)+$")  # what ORT appends to a fused node's name
+_FUSED = re.compile(r"(_token_\d+|_nchwc|_quant)+$")
 
 
 @dataclass(frozen=True)
@@ -57,32 +58,60 @@ def find_layers(fp32: onnx.ModelProto, int8: onnx.ModelProto) -> list[Layer]:
             qs[n.output[0]] = (t, n)
     # a DequantizeLinear of a layer's int8 output is where the next region starts
     boundary = {n.output[0]: qs[n.input[0]][0] for n in int8.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in qs}
+    matched = {t for t, _ in qs.values()}
+    float_producer = {o: n for n in fp32.graph.node for o in n.output}
+    float_consts = {i.name for i in fp32.graph.initializer}
     layers = []
     for q_out, (t, qnode) in qs.items():
-        nodes, inputs, seen = [qnode.name], [], set()
-        stack = [qnode.input[0]]
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            if name in boundary:
-                inputs.append(boundary[name])
-                continue
-            node = producer.get(name)
-            if node is None or name in consts:
-                continue
-            if node.op_type == "DequantizeLinear" and node.input[0] in consts:
-                continue  # a weight's or bias's DQ: part of the region's constants, not of its chain
-            nodes.append(node.name)
-            stack.extend(i for i in node.input if i)
+        nodes, inputs = [qnode.name], []
+        # the int8 graph's nodes from the layers before up to t: a DQ of a layer's output ends the walk
+        for name in _walk_back([qnode.input[0]], producer, lambda x: x in boundary or x in consts):
+            node = producer[name]
+            if not (node.op_type == "DequantizeLinear" and node.input[0] in consts):  # a weight's or bias's DQ
+                nodes.append(node.name)
+        inputs = [boundary[x] for x in _stops([qnode.input[0]], producer, lambda x: x in boundary or x in consts) if x in boundary]
+        # and the float graph's (a backend may name a fused float node after one the int8 graph folded, e.g. a BatchNormalization)
+        if t in float_producer:
+            before = (matched - {t}) | float_consts
+            nodes += [float_producer[x].name for x in _walk_back([t], float_producer, before.__contains__)]
         layers.append(Layer(t, q_out, qnode.input[1], qnode.input[2], float_op.get(t, "input"), tuple(dict.fromkeys(nodes)), tuple(dict.fromkeys(inputs))))
     return layers
+
+
+def _walk_back(starts: list, producer: dict, stop) -> list:
+    """Tensor names from ``starts`` back through their producers, not past a tensor where ``stop``: those with a producer."""
+    out, seen, stack = [], set(), list(starts)
+    while stack:
+        name = stack.pop()
+        if name in seen or stop(name) or name not in producer:
+            continue
+        seen.add(name)
+        out.append(name)
+        stack.extend(i for i in producer[name].input if i)
+    return out
+
+
+def _stops(starts: list, producer: dict, stop) -> list:
+    """The tensors where ``_walk_back`` stops."""
+    found, seen, stack = [], set(), list(starts)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if stop(name):
+            found.append(name)
+        elif name in producer:
+            stack.extend(i for i in producer[name].input if i)
+    return found
 
 
 def int8_twin(int8: onnx.ModelProto, layers: list[Layer]) -> tuple[onnx.ModelProto, list[str]]:
     """The QDQ model with a DequantizeLinear of each layer's int8 tensor as an extra graph output;
     the outputs' layer names in order (None for the model's own outputs)."""
+    import onnx
+    from onnx import helper
+
     m = onnx.ModelProto()
     m.CopyFrom(int8)
     order: list = [None] * len(m.graph.output)
@@ -96,6 +125,9 @@ def int8_twin(int8: onnx.ModelProto, layers: list[Layer]) -> tuple[onnx.ModelPro
 
 def fp32_twin(fp32: onnx.ModelProto, layers: list[Layer]) -> tuple[onnx.ModelProto, list]:
     """The float model with each layer's tensor as a graph output (one already an output stays where it is)."""
+    import onnx
+    from onnx import helper
+
     m = onnx.ModelProto()
     m.CopyFrom(fp32)
     outputs = [o.name for o in m.graph.output]
@@ -126,6 +158,8 @@ def compare_layers(
     """Per layer (the int8 graph's order): SNR, cosine, max abs error of the int8 tensor against
     the float one over all samples, the noise-to-signal power it adds over its inputs', and the
     per-layer time each variant's profile gives its region (``times``: variant -> profile)."""
+    import numpy as np
+
     nsr: dict[str, float] = {}
     rows = []
     claimed: dict[str, set] = {v: set() for v in times}
@@ -166,6 +200,16 @@ def worst(rows: list[dict], n: int = WORST) -> list[dict]:
     return sorted(rows, key=lambda r: (-r["added_nsr"], math.inf if r["snr_db"] is None else r["snr_db"]))[:n]
 
 
+def node_name(name: str, known) -> str:
+    """A profiled layer's name as the graph node it came from, where one of ``known`` matches: ONNX
+    Runtime names a fused node after one of its nodes plus a suffix (``relu1_nchwc``), OpenVINO
+    an operation it split off after the node (``conv1/WithoutBiases``)."""
+    for candidate in (name, _FUSED.sub("", name), name.rpartition("/")[0]):
+        if candidate in known:
+            return candidate
+    return name
+
+
 def _region_time(layer: Layer, profile: list | None, claimed: set) -> int | None:
     """The profiled ns of the entries whose node belongs to the layer's region (each entry counts once)."""
     if not profile:
@@ -175,13 +219,11 @@ def _region_time(layer: Layer, profile: list | None, claimed: set) -> int | None
     for k, entry in enumerate(profile):
         if k in claimed:
             continue
-        name = str(entry.get("name") or "")
-        base = _FUSED.sub("", name)
-        if name in names or base in names:
+        if node_name(str(entry.get("name") or ""), names) in names:
             total += int(entry.get("ns") or 0)
             claimed.add(k)
             hit = True
     return total if hit else None
 
 
-__all__ = ["TWIN_DIR", "Layer", "by_layer", "compare_layers", "find_layers", "fp32_twin", "int8_twin", "worst"]
+__all__ = ["TWIN_DIR", "Layer", "by_layer", "compare_layers", "find_layers", "fp32_twin", "int8_twin", "node_name", "worst"]

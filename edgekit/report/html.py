@@ -27,6 +27,7 @@ from edgekit import __version__
 from edgekit.bench.record import validate_record
 from edgekit.bench.stats import Stats
 from edgekit.fsutil import atomic_path
+from edgekit.layererror import node_name
 from edgekit.report import svg
 from edgekit.report.svg import esc, num
 
@@ -343,7 +344,7 @@ def _layers(group: list[_Run], sfx: str) -> str:
                 for node in row.get("nodes") or []:
                     snr[str(node)] = _f(row.get("snr_db"))
                     noise[str(node)] = max(_f(row.get("added_nsr")) or 0.0, 0.0)  # the noise this layer adds
-            timed = [{**x, "name": _node_name(str(x.get("name")), snr)} for x in timed]
+            timed = [{**x, "name": node_name(str(x.get("name")), snr)} for x in timed]
         else:
             snr = {q.get("name"): _f(q.get("snr_db")) for q in quant.get("layers") or [] if isinstance(q, dict)}
             noise = {name: 10 ** (-db / 10) for name, db in snr.items() if db is not None}  # noise/signal power
@@ -380,14 +381,6 @@ def _layers(group: list[_Run], sfx: str) -> str:
     if not charts:
         charts.append('<p class="caption">No backend reported a per-layer profile for these runs.</p>')
     return f'<section id="layers{sfx}"><h2>Per-layer time and error</h2>{"".join(charts)}</section>'
-
-
-def _node_name(name: str, known: dict) -> str:
-    """A profiled name as the graph's node name: ONNX Runtime names a fused node after one of its nodes plus a suffix."""
-    if name in known:
-        return name
-    base = re.sub(r"(_token_\d+|_nchwc|_quant)+$", "", name)
-    return base if base in known else name
 
 
 def _history(group: list[_Run], older: list[dict], unit: str, scale: float, sfx: str) -> str:
