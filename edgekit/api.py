@@ -110,9 +110,18 @@ def quantize(
         def v(x: float | None) -> str:
             return "inf" if x is None else f"{x:g}"
 
+        j = mp.get("judged") or {}
+        if j.get("missed"):
+            why = (f"with {len(mp.get('float_layers') or []) or mp['tried_float_layers']} int8 node(s) in float the {mp['samples']} samples it searched on score "
+                   f"{v(mp['after'])} (needs >= {v(mp['goal'])}), but the {j['samples']} held-out samples it did not search on score {v(j['after'])} "
+                   f"(needs >= {v(j['goal'])})")  # fmt: skip
+        elif mp["tried_float_layers"] == 0 and mp.get("not_candidates"):
+            why = f"all int8 scores {v(mp['before'])} (needs >= {v(mp['goal'])}), and no int8 node can stay float on this backend ({'; '.join(mp['not_candidates']['why'])})"
+        else:
+            why = (f"all int8 scores {v(mp['before'])}, and with the {mp['tried_float_layers']} most harmful int8 nodes in float still {v(mp['after'])} "
+                   f"(needs >= {v(mp['goal'])})")  # fmt: skip
         err = GateError(
-            f"--max-drop {mp['max_drop']:g} ({mp['metric']}) cannot hold: all int8 scores {v(mp['before'])}, and with the "
-            f"{mp['tried_float_layers']} most harmful int8 nodes in float still {v(mp['after'])} (needs >= {v(mp['goal'])}); no model written",
+            f"--max-drop {mp['max_drop']:g} ({mp['metric']}) cannot hold: {why}; no model written",
             "allow a larger --max-drop, calibrate on more or better data (--calib, --method percentile), or deploy float (--no-quantize)",
         )
         err.decision = mp

@@ -422,13 +422,22 @@ class _Walk:
 def _quantize(w: _Walk, step: Quantize) -> None:
     job = w.job
     calibration, heldout = job.feeds(w.events)
-    k = qcache.key(job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout, max_drop=step.max_drop, metric=step.metric)
+    backend = w.plan.variant(step.variant).backend
+    k = qcache.key(
+        job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout, max_drop=step.max_drop, metric=step.metric,
+        backend=backend if step.max_drop is not None else None,  # what it can keep float
+    )  # fmt: skip
     result = job.memo.get(("quantize", k), lambda: _quantize_or_reuse(w, step, k, calibration, heldout))
     if step.variant == "int8":  # the plan's own backend; --choose measure's rivals are int8-<backend>
         w.qresult = result
     mp = result.mixed_precision
     if mp and not mp["holds"] and job.request.goal != "quantize":
-        w.events.warn(f"keeping layers in float did not hold the held-out {mp['metric']} within {mp['max_drop']:g} points: the {step.variant} variant stays all int8 (the gate decides)")
+        why = ""
+        if (mp.get("judged") or {}).get("missed"):
+            why = f" on the {mp['judged']['samples']} held-out samples it did not search on ({mp['judged']['after']} < {mp['judged']['goal']})"
+        elif not mp.get("tried_float_layers") and mp.get("not_candidates"):
+            why = f" (no int8 node can stay float on {w.plan.variant(step.variant).backend}: {'; '.join(mp['not_candidates']['why'])})"
+        w.events.warn(f"keeping layers in float did not hold the held-out {mp['metric']} within {mp['max_drop']:g} points{why}: the {step.variant} variant stays all int8 (the gate decides)")
     get_backend(w.plan.variant(step.variant).backend).check_quantized(result.model)  # e.g. TensorRT's Q/DQ rules
     w.sources[step.variant] = w.tmp / f"model.{step.variant}.onnx"
     save_model(result.model, w.sources[step.variant])
@@ -456,6 +465,7 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
         result = quantize_model(
             job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog, max_drop=step.max_drop, metric=step.metric,
             events=w.events, dynamic_fallback=not get_backend(w.plan.variant(step.variant).backend).no_dynamic,
+            runs_float=get_backend(w.plan.variant(step.variant).backend).runs_float,
         )
     path = w.tmp / f"quantized-{k[:12]}.onnx"
     save_model(result.model, path)

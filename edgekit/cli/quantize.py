@@ -120,9 +120,18 @@ def _print_mixed(o, mp: dict) -> None:
 
     picked = f" ({mp['metric_why']})" if mp["metric_why"] else ""
     o.line(
-        f"mixed precision, held-out {mp['metric']}{picked} on {mp['samples']} samples: all int8 {v(mp['before'])}, float {v(mp['reference'])}, "
+        f"mixed precision, {mp['metric']}{picked} searched on {mp['samples']} {mp.get('searched_on') or 'held-out samples'}: all int8 {v(mp['before'])}, float {v(mp['reference'])}, "
         f"needs >= {v(mp['goal'])} (--max-drop {mp['max_drop']:g})"
     )
+    j = mp.get("judged")
+    if j:
+        o.line(
+            f"  judged on {j['samples']} held-out samples the search never saw: all int8 {v(j['before'])}, with its choice {v(j['after'])}, "
+            f"needs >= {v(j['goal'])}" + (": MISSED" if j.get("missed") else "")
+        )
+    if mp.get("not_candidates"):
+        nc = mp["not_candidates"]
+        o.line(f"  {nc['nodes']} int8 node(s) are not candidates for float: {'; '.join(nc['why'])}")
     if not mp["holds"]:
         ranked = mp["sensitivity"]["layers"]
         o.table(

@@ -30,14 +30,16 @@ MODEL, REPORT = "int8.onnx", "report.json"
 
 def key(
     model_sha256: str, scheme: QuantScheme, method: str, exclude: Sequence[str], calibration: FeedSet, heldout: FeedSet,
-    *, max_drop: float | None = None, metric: str | None = None,
+    *, max_drop: float | None = None, metric: str | None = None, backend: str | None = None,
 ) -> str:
     """The cache key of one quantization (hex sha256); ``max_drop`` and ``metric``: mixed precision's
-    (a metric module's source is part of the key, so editing it quantizes again)."""
+    (a metric module's source is part of the key, so editing it quantizes again); ``backend``: the
+    one mixed precision plans for (what it can keep in float)."""
     h = hashlib.sha256()
     head = {
         "format": FORMAT, "edgekit": __version__, "code": code_digest(), "model": model_sha256, "scheme": scheme.to_dict(), "method": method, "exclude": sorted(exclude),
         "max_drop": max_drop, "metric": metric, "metric_source": _metric_source(metric) if max_drop is not None else None,
+        "backend": backend,
     }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
     for part in (calibration, heldout):

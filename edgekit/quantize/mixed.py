@@ -28,12 +28,13 @@ import onnx
 from edgekit.errors import InputError, UsageError
 from edgekit.events import Events
 from edgekit.quantize import qmath, sensitivity
-from edgekit.quantize.calib import FeedSet
+from edgekit.quantize.calib import FeedSet, spread
 from edgekit.quantize.report import session
 from edgekit.quantize.rewrite import Analysis
 
 METRICS = ("top1", "cosine", "snr", "iou", "ctc")
-RANK_SAMPLES = 2  # held-out samples the ranking runs on (one inference per int8 node each)
+RANK_SAMPLES = 2  # search samples the ranking runs on (one inference per int8 node each)
+SEARCH_SAMPLES = 32  # calibration samples the search scores each candidate on (spread over the set)
 MAX_FLOAT_SHARE = 0.5  # refuse rather than keep more than this share of the int8 nodes in float
 PRUNE_TRIES = 32  # kept nodes tried back in int8 (least gain first), one held-out pass each
 LATENCY_ROUNDS = 15
@@ -193,19 +194,40 @@ def decide(
     max_drop: float,
     metric: str | None = None,
     events: Events | None = None,
+    runs_float: Callable[[str], str | None] | None = None,
+    search_on: FeedSet | None = None,
 ) -> tuple[onnx.ModelProto, dict]:
     """The mixed model and its decision (``mixed_precision`` of the quantize result), for
     ``qmodel`` rewritten from the prepared ``float_model``; ``max_drop`` in the metric's points.
-    When nothing holds within MAX_FLOAT_SHARE, the int8 model unchanged and ``holds: False``
-    (with the sensitivity table, most harmful first): the caller refuses or falls back."""
+
+    The search runs on ``search_on`` (the calibration samples: up to SEARCH_SAMPLES of them,
+    spread over the set) and its result is judged on ``heldout``, which it never saw; it holds
+    only when both do. Without ``search_on`` the held-out samples are split: the search runs on
+    the first half (rounded up), the judge on the rest.
+    ``runs_float(op_type)``: why the planned backend cannot run such a node in float (None: it
+    can); only the nodes it can run are candidates, so the search never makes a plan that cannot
+    run. When nothing holds within MAX_FLOAT_SHARE of the candidates, the int8 model unchanged
+    and ``holds: False`` (with the sensitivity table, most harmful first): the caller refuses
+    or falls back."""
     t0 = time.perf_counter()
     found = sensitivity.units(float_model, analysis)
     board = sensitivity.Switchboard(qmodel, float_model, found)
-    feeds = heldout.feeds
-    ref = _stack(board.run({u.name for u in found}, feeds))
-    m = metric_for(metric, ref, heldout.labels)
+    everything = {u.name for u in found}
+    labels = heldout.labels if heldout.labels is not None and len(heldout.labels) == len(heldout.feeds) else None
+    if search_on is not None and search_on.feeds:
+        feeds, search_labels = spread(search_on.feeds, SEARCH_SAMPLES), None
+        judge_feeds, judge_labels = list(heldout.feeds), labels
+    else:
+        split = len(heldout.feeds) - len(heldout.feeds) // 2 if len(heldout.feeds) >= 2 else len(heldout.feeds)
+        feeds, search_labels = list(heldout.feeds[:split]), None if labels is None else labels[:split]
+        judge_feeds, judge_labels = list(heldout.feeds[split:]), None if labels is None else labels[split:]
+    ref = _stack(board.run(everything, feeds))
+    m = metric_for(metric, ref, search_labels)
     reference = m.score(ref, ref)
     goal = m.goal(reference, max_drop)
+    judge_ref = _stack(board.run(everything, judge_feeds)) if judge_feeds else []
+    judge = metric_for(metric, judge_ref, judge_labels) if judge_feeds else None
+    judge_goal = judge.goal(judge.score(judge_ref, judge_ref), max_drop) if judge else None
     scores: dict[frozenset, float] = {}
 
     def value(keep: Sequence[str]) -> float:
@@ -214,21 +236,34 @@ def decide(
             scores[key] = m.score(ref, _stack(board.run(key, feeds)))
         return scores[key]
 
+    def judged(keep: Sequence[str]) -> float | None:
+        return judge.score(judge_ref, _stack(board.run(frozenset(keep), judge_feeds))) if judge else None
+
     before = value(())
     node_macs = sensitivity.macs(float_model)
     total = sum(node_macs.values())
     doc = {
         "metric": m.name, "metric_why": m.why, "unit": m.unit, "max_drop": max_drop, "samples": len(feeds),
+        "searched_on": "calibration samples" if search_on is not None and search_on.feeds else "the first half of the held-out samples",
         "reference": _r(reference), "goal": _r(goal), "before": _r(before),
     }  # fmt: skip
+    cannot = {u.name: why for u in found if runs_float is not None and (why := runs_float(u.op))}
+    if cannot:
+        doc["not_candidates"] = {"nodes": len(cannot), "why": sorted(set(cannot.values()))}
     keep: list[str] | None = []
     sens = None
+    order: list[str] = []
+    bound = 0
     if before < goal:
-        with (events or Events()).progress(f"ranking {len(found)} int8 nodes by what they cost the outputs", total=len(found)) as prog:
-            sens = sensitivity.measure(float_model, qmodel, analysis, feeds, local, samples=RANK_SAMPLES, budget=None, alone=False, board=board, progress=prog)
-        order = [x["name"] for x in sens.layers]
-        bound = max(1, int(len(order) * MAX_FLOAT_SHARE))
-        keep = search(order, lambda keep: value(keep) >= goal, bound)
+        candidates = [u for u in found if u.name not in cannot]
+        with (events or Events()).progress(f"ranking {len(candidates)} int8 nodes by what they cost the outputs", total=len(candidates)) as prog:
+            sens = sensitivity.measure(
+                float_model, qmodel, analysis, feeds, local, samples=RANK_SAMPLES, budget=None, alone=False, board=board, progress=prog,
+                among={u.name for u in candidates},
+            )  # fmt: skip
+        order = [x["name"] for x in sens.layers if x["name"] not in cannot]
+        bound = max(1, int(len(order) * MAX_FLOAT_SHARE)) if order else 0
+        keep = search(order, lambda keep: value(keep) >= goal, bound) if order else None
         doc.update(holds=keep is not None, tried_float_layers=bound, rank_samples=sens.samples)
     else:
         doc["holds"] = True
@@ -238,6 +273,21 @@ def decide(
         keep = []
     else:
         doc["after"] = _r(value(keep))
+    if judge is not None:
+        # the search saw only its half: the other half says whether its answer holds on data it never saw
+        after_judged = judged(keep if doc["holds"] else order[:bound])
+        doc["judged"] = {"samples": len(judge_feeds), "goal": _r(judge_goal), "before": _r(judged([])), "after": _r(after_judged)}
+        if doc["holds"] and after_judged < judge_goal:
+            doc["holds"] = False
+            doc["judged"]["missed"] = True
+            doc.setdefault("tried_float_layers", len(keep))
+            doc.setdefault("rank_samples", sens.samples if sens else 0)
+            if sens is None:  # all int8 held on the search half: rank now, so the refusal can say which nodes cost most
+                sens = sensitivity.measure(float_model, qmodel, analysis, feeds, local, samples=RANK_SAMPLES, budget=None, alone=False, board=board)
+            doc["sensitivity"] = sens.to_dict()
+            keep = []
+    else:
+        doc["judged"] = None  # one held-out sample: nothing left to judge on
     by_name = {x["name"]: x for x in sens.layers} if sens else {}
     doc["float_layers"] = [
         {"name": k, "op": by_name[k]["op"], "gain_db": by_name[k]["output_snr_db_gain_float"], "macs_share": by_name[k]["macs_share"]} for k in keep
