@@ -69,13 +69,16 @@ def test_search_takes_the_shortest_harmful_prefix_then_prunes_what_is_not_needed
         return "c" in keep  # only c matters; a and b rank above it
 
     assert mixed.search(["a", "b", "c", "d", "e"], holds, bound=5) == ["c"]
-    assert asked[:3] == [["a"], ["a", "b"], ["a", "b", "c", "d"]]  # doubling batches
+    assert asked[0] == ["a", "b", "c", "d", "e"]  # the bound first: a refusal costs one evaluation
+    assert asked[1:4] == [["a"], ["a", "b"], ["a", "b", "c", "d"]]  # then doubling batches
     assert ["a", "b", "c"] in asked  # bisected down to the prefix ending at c
     assert mixed.search(["c", "a"], holds, bound=2) == ["c"]  # the first holds alone: nothing to prune
 
 
 def test_search_gives_up_at_the_bound():
-    assert mixed.search(["a", "b", "c", "d"], lambda keep: "d" in keep, bound=2) is None
+    asked = []
+    assert mixed.search(["a", "b", "c", "d"], lambda keep: asked.append(keep) or "d" in keep, bound=2) is None
+    assert asked == [["a", "b"]]
     assert mixed.search(["a", "b", "c", "d"], lambda keep: {"a", "c"} <= set(keep), bound=3) == ["a", "c"]
 
 

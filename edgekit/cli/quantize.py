@@ -111,6 +111,13 @@ def _db(x: float | None) -> str:
     return "-" if x is None else f"{x:+.2f}"
 
 
+def _gain(layer: dict) -> str:
+    """A node's output SNR gain kept float, or its block's when it was ranked in a block of neighbours."""
+    if layer.get("output_snr_db_gain_float") is not None or layer.get("block_gain_db") is None:
+        return _db(layer.get("output_snr_db_gain_float"))
+    return f"{_db(layer['block_gain_db'])} (block of {layer.get('block_size')})"
+
+
 def _print_mixed(o, mp: dict) -> None:
     """What --max-drop decided: the metric before and after, the layers kept float and why, their cost."""
     unit = "dB" if mp["unit"] == "dB" else "pt"
@@ -136,7 +143,7 @@ def _print_mixed(o, mp: dict) -> None:
         ranked = mp["sensitivity"]["layers"]
         o.table(
             ["node", "op", "local SNR dB", "gain kept float dB", "MACs"],
-            [[x["name"], x["op"], _db(x["snr_db"]), _db(x["output_snr_db_gain_float"]), render.fmt_pct(x["macs_share"])] for x in ranked[:20]],
+            [[x["name"], x["op"], _db(x["snr_db"]), _gain(x), render.fmt_pct(x["macs_share"])] for x in ranked[:20]],
             title=f"per-layer sensitivity, most harmful first ({mp['rank_samples']} held-out samples, Q/DQ reference): "
             f"with the first {mp['tried_float_layers']} in float the {mp['metric']} is {v(mp['after'])}",
         )

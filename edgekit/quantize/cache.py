@@ -101,3 +101,19 @@ def save(k: str, model_path: Path, report: dict) -> None:
         tmp.rename(root / k)
     except OSError:  # another job stored the same entry meanwhile: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_ranking(k: str) -> dict | None:
+    """A --max-drop search's cached ranking of int8 nodes (``mixed.rank``); None when absent or unreadable."""
+    try:
+        doc = json.loads((cache_dir("sensitivity") / f"{k}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("layers"), list) else None
+
+
+def save_ranking(k: str, doc: dict) -> None:
+    root = cache_dir("sensitivity")
+    root.mkdir(parents=True, exist_ok=True)
+    with atomic_path(root / f"{k}.json") as p:
+        p.write_text(json.dumps(doc), encoding="utf-8")

@@ -15,7 +15,9 @@ since float's own SNR is infinite.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -27,16 +29,18 @@ import onnx
 
 from edgekit.errors import InputError, UsageError
 from edgekit.events import Events
+from edgekit.quantize import cache as qcache
 from edgekit.quantize import qmath, sensitivity
 from edgekit.quantize.calib import FeedSet, spread
 from edgekit.quantize.report import session
 from edgekit.quantize.rewrite import Analysis
 
 METRICS = ("top1", "cosine", "snr", "iou", "ctc")
-RANK_SAMPLES = 2  # search samples the ranking runs on (one inference per int8 node each)
+RANK_SAMPLES = 2  # search samples the ranking runs on (one inference per block each)
+RANK_BLOCKS = 24  # more candidates than this are ranked in this many blocks of neighbours
 SEARCH_SAMPLES = 32  # calibration samples the search scores each candidate on (spread over the set)
 MAX_FLOAT_SHARE = 0.5  # refuse rather than keep more than this share of the int8 nodes in float
-PRUNE_TRIES = 32  # kept nodes tried back in int8 (least gain first), one held-out pass each
+PRUNE_TRIES = 8  # kept nodes tried back in int8 (least harmful first), one pass over the search samples each
 LATENCY_ROUNDS = 15
 
 Outputs = list[np.ndarray]  # one array per model output, the held-out samples stacked on axis 0
@@ -256,11 +260,7 @@ def decide(
     bound = 0
     if before < goal:
         candidates = [u for u in found if u.name not in cannot]
-        with (events or Events()).progress(f"ranking {len(candidates)} int8 nodes by what they cost the outputs", total=len(candidates)) as prog:
-            sens = sensitivity.measure(
-                float_model, qmodel, analysis, feeds, local, samples=RANK_SAMPLES, budget=None, alone=False, board=board, progress=prog,
-                among={u.name for u in candidates},
-            )  # fmt: skip
+        sens = rank(float_model, qmodel, found, candidates, board, feeds, local, events=events)
         order = [x["name"] for x in sens.layers if x["name"] not in cannot]
         bound = max(1, int(len(order) * MAX_FLOAT_SHARE)) if order else 0
         keep = search(order, lambda keep: value(keep) >= goal, bound) if order else None
@@ -282,8 +282,8 @@ def decide(
             doc["judged"]["missed"] = True
             doc.setdefault("tried_float_layers", len(keep))
             doc.setdefault("rank_samples", sens.samples if sens else 0)
-            if sens is None:  # all int8 held on the search half: rank now, so the refusal can say which nodes cost most
-                sens = sensitivity.measure(float_model, qmodel, analysis, feeds, local, samples=RANK_SAMPLES, budget=None, alone=False, board=board)
+            if sens is None:  # all int8 held where it searched: rank now, so the refusal can say which nodes cost most
+                sens = rank(float_model, qmodel, found, [u for u in found if u.name not in cannot], board, feeds, local, events=events)
             doc["sensitivity"] = sens.to_dict()
             keep = []
     else:
@@ -300,6 +300,70 @@ def decide(
     mixed = sensitivity.keep_float(qmodel, float_model, [u for u in found if u.name in set(keep)]) if keep else qmodel
     doc["seconds"] = round(time.perf_counter() - t0, 3)
     return mixed, doc
+
+
+def rank(
+    float_model: onnx.ModelProto,
+    qmodel: onnx.ModelProto,
+    found: Sequence[sensitivity.Unit],
+    candidates: Sequence[sensitivity.Unit],
+    board: sensitivity.Switchboard,
+    feeds: Sequence[dict],
+    local: dict[str, float | None],
+    *,
+    events: Events | None = None,
+) -> sensitivity.Sensitivity:
+    """The candidates, most harmful first, measured once and cached. Up to RANK_BLOCKS of them one
+    by one (the output SNR gained when each alone is kept float); more in RANK_BLOCKS blocks of
+    neighbours in graph order, each block's gain measured, the blocks most harmful first and within
+    a block the worst local error first: one inference per block instead of per node (a 245-node
+    detector: 24 runs instead of 245). The ranking is cached by the int8 model, the samples and
+    the candidates, so a second search (another --max-drop, another metric) starts from it."""
+    t0 = time.perf_counter()
+    rank_feeds = list(feeds[:RANK_SAMPLES])
+    key = _ranking_key(qmodel, rank_feeds, [u.name for u in candidates])
+    cached = qcache.load_ranking(key)
+    if cached is not None:
+        return sensitivity.Sensitivity(cached["layers"], cached["samples"], cached["output_snr_db"], time.perf_counter() - t0, [*cached["notes"], "ranking reused from the cache"])
+    node_macs = sensitivity.macs(float_model)
+    total = sum(node_macs.values())
+    size = max(1, math.ceil(len(candidates) / RANK_BLOCKS))
+    blocks = [list(candidates[i : i + size]) for i in range(0, len(candidates), size)]
+    everything = {u.name for u in found}
+    ref = board.outputs(everything, rank_feeds)
+    whole = sensitivity._score(ref, board.outputs((), rank_feeds))[0]
+    scored = []
+    what = f"ranking {len(candidates)} int8 nodes by what they cost the outputs" + (f" ({len(blocks)} blocks of {size})" if size > 1 else "")
+    with (events or Events()).progress(what, total=len(blocks)) as prog:
+        for b, block in enumerate(blocks):
+            float_snr = sensitivity._score(ref, board.outputs({u.name for u in block}, rank_feeds))[0]
+            gain = float_snr - whole if math.isfinite(whole) else 0.0
+            scored.append((gain, b))
+            prog.advance()
+    layers = []
+    for gain, b in sorted(scored, key=lambda x: (-x[0], x[1])):
+        for u in sorted(blocks[b], key=lambda u: math.inf if local.get(u.name) is None else local[u.name]):
+            layers.append({
+                "name": u.name, "op": u.op, "snr_db": local.get(u.name), "block": b, "block_size": len(blocks[b]),
+                "macs_share": round(node_macs[u.name] / total, 4) if total and u.name in node_macs else None,
+                "output_snr_db_gain_float": sensitivity._finite(gain) if len(blocks[b]) == 1 else None,
+                "block_gain_db": sensitivity._finite(gain),
+            })  # fmt: skip
+    notes = [f"{len(candidates)} candidates ranked in {len(blocks)} blocks of up to {size} neighbours (block gain kept float, then local error)"] if size > 1 else []
+    sens = sensitivity.Sensitivity(layers, len(rank_feeds), None if not math.isfinite(whole) else sensitivity._finite(whole), time.perf_counter() - t0, notes)
+    qcache.save_ranking(key, {"layers": layers, "samples": sens.samples, "output_snr_db": sens.output_snr_db, "notes": notes})
+    return sens
+
+
+def _ranking_key(qmodel: onnx.ModelProto, feeds: Sequence[dict], candidates: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"code": qcache.code_digest(), "blocks": RANK_BLOCKS, "candidates": sorted(candidates)}).encode())
+    h.update(qmodel.SerializeToString(deterministic=True))
+    for feed in feeds:
+        for name in sorted(feed):
+            h.update(f"{name}:{feed[name].dtype.str}:{feed[name].shape}".encode())
+            h.update(np.ascontiguousarray(feed[name]).tobytes())
+    return h.hexdigest()
 
 
 def check_dynamic(
@@ -330,7 +394,10 @@ def check_dynamic(
 def search(order: Sequence[str], holds: Callable[[list[str]], bool], bound: int) -> list[str] | None:
     """The nodes to keep float: of ``order`` (most harmful first), the shortest prefix that
     ``holds``, found in doubling batches then bisected, pruned by trying each back in int8
-    (least harmful first); None when even the first ``bound`` do not hold."""
+    (least harmful first); None when even the first ``bound`` do not hold, which is asked first:
+    a refusal costs one evaluation, not a doubling run up to the bound."""
+    if not holds(list(order[:bound])):
+        return None
     lo, n, hi = 0, 1, None
     while hi is None:
         n = min(n, bound)
