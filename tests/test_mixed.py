@@ -216,6 +216,9 @@ def test_cli_bad_metric(cli, tiny, tmp_path, args, code, words):
 # harmful of 250 int8 nodes (by the table's gain kept float) in float reach 64.5, short of the 95
 # that --max-drop 5 asks: refused. 39 s on a quiet moment of a shared 2-core machine, 82 s busy.
 # (At 320x320 on 4 scenes the same search holds --max-drop 5 with 15 nodes float: see the README.)
+# 2026-11-28 (AVX-512 VNNI VM, busy): searched on the 4 calibration scenes (48.7 all int8, 52.2 with
+# the 125 nodes of the most harmful blocks float), judged on the 2 held-out ones: refused, 50 s
+# (ranking 24 blocks), 17 s with the ranking from the cache; plain quantize 6-8 s.
 @pytest.mark.realmodels
 @pytest.mark.slow
 def test_ocr_det_refuses_when_half_the_nodes_in_float_cannot_hold_the_mask_iou():
@@ -231,7 +234,8 @@ def test_ocr_det_refuses_when_half_the_nodes_in_float_cannot_hold_the_mask_iou()
     assert mp["before"] < 95 and not mp["holds"] and mp["tried_float_layers"] == 125
     assert mp["before"] < mp["after"] < 95  # the most harmful half in float helps, not enough
     ranked = mp["sensitivity"]["layers"]
-    assert len(ranked) == 250 and ranked[0]["output_snr_db_gain_float"] > ranked[-1]["output_snr_db_gain_float"]
+    # 250 candidates ranked in 24 blocks of neighbours (one run each), most harmful block first
+    assert len(ranked) == 250 and ranked[0]["block_gain_db"] > ranked[-1]["block_gain_db"] and ranked[0]["block_size"] == 11
     assert mp["float_layers"] == [] and mp["int8_mac_share"] == 1.0  # nothing kept: the model stays all int8
 
 

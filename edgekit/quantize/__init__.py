@@ -260,10 +260,12 @@ def _dynamic_fallback(
     static["dynamic_tried"] = {"before": mp["before"], "holds": mp["holds"]}
     if not mp["holds"]:
         return None
-    mp["fallback_from"] = {k: static[k] for k in ("before", "after", "tried_float_layers")} | {"method": method}
+    mp["fallback_from"] = {k: static.get(k) for k in ("before", "after", "tried_float_layers", "judged")} | {"method": method}
+    judged = static.get("judged") or {}
+    missed = f"; on the held-out samples it did not search on {judged['after']}" if judged.get("missed") else ""
     (events or Events()).warn(
         f"--max-drop {max_drop:g} ({mp['metric']}): static int8 ({method}) cannot hold it ({static['after']} with "
-        f"{static['tried_float_layers']} layers float, needs >= {mp['goal']}); --method {DYNAMIC} does ({mp['before']}): using it"
+        f"{static['tried_float_layers']} layers float{missed}, needs >= {mp['goal']}); --method {DYNAMIC} does ({mp['before']}): using it"
         + (f", with {mp['int8_mac_share']:.0%} of the MACs int8" if mp.get("int8_mac_share") is not None else "")
     )
     result.seconds["static_mixed_precision"] = static["seconds"]
