@@ -62,15 +62,21 @@ def bench_variant(
 
 
 def eval_variant(
-    transport: Transport, remote_bundle_dir: str, variant: str, samples: str, local_out: Path, *, threads: int | None = None, timeout: float = 3600
+    transport: Transport, remote_bundle_dir: str, variant: str, samples: str, local_out: Path, *, threads: int | None = None, timeout: float = 3600,
+    model: str | None = None,
 ) -> dict:
     """Run the bundle's held-out ``samples`` through ``variant`` on the device and fetch the
-    outputs it computed to ``local_out`` (.npz keyed by output name); the agent's document."""
+    outputs it computed to ``local_out`` (.npz keyed by output name); the agent's document.
+    ``model``: the bundle file the variant's backend runs instead (its twin with intermediate
+    tensors exposed; outputs keyed output0, output1... in the twin's order)."""
     # beside the bundles, not in one: a bundle holds exactly the files its manifest lists
-    remote_out = f"{posixpath.dirname(posixpath.dirname(remote_bundle_dir))}/eval/{posixpath.basename(remote_bundle_dir)}.{variant}.npz"
+    twin = ".layers" if model else ""
+    remote_out = f"{posixpath.dirname(posixpath.dirname(remote_bundle_dir))}/eval/{posixpath.basename(remote_bundle_dir)}.{variant}{twin}.npz"
     args = ["eval", remote_bundle_dir, "--variant", variant, "--samples", samples, "--output", remote_out]
     if threads is not None:
         args += ["--threads", str(threads)]
+    if model:
+        args += ["--model", model]
     doc = _of_variant(run_agent(transport, args, timeout=timeout, kind="edgekit.eval"), variant, "evaluated")
     transport.get(remote_out, local_out)
     return doc

@@ -140,6 +140,7 @@ def plan(
     threads: int | None = None,
     rounds: int | None = None,
     layers: bool = True,
+    layer_error: bool = False,
     output: PathArg | None = None,
     max_drop: float = 1.0,
     require_int8: bool = False,
@@ -156,7 +157,8 @@ def plan(
         model, target=target, device=device, inventory=inventory, backend=backend, quantize=quantize, goal=goal,
         calib=calib, calib_samples=calib_samples, eval=eval, labels=labels, method=method, exclude=exclude, shapes=shapes,
         preprocess=preprocess, warmup=warmup, iterations=iterations, duration_s=duration_s, min_time_s=min_time_s,
-        threads=threads, rounds=rounds, layers=layers, output=output, max_drop=max_drop, require_int8=require_int8, choose=choose,
+        threads=threads, rounds=rounds, layers=layers, layer_error=layer_error, output=output, max_drop=max_drop,
+        require_int8=require_int8, choose=choose,
     )  # fmt: skip
     return open_job(req).plan()
 
@@ -222,9 +224,18 @@ def quantize(
         def v(x: float | None) -> str:
             return "inf" if x is None else f"{x:g}"
 
+        j = mp.get("judged") or {}
+        if j.get("missed"):
+            why = (f"with {len(mp.get('float_layers') or []) or mp['tried_float_layers']} int8 node(s) in float the {mp['samples']} samples it searched on score "
+                   f"{v(mp['after'])} (needs >= {v(mp['goal'])}), but the {j['samples']} held-out samples it did not search on score {v(j['after'])} "
+                   f"(needs >= {v(j['goal'])})")  # fmt: skip
+        elif mp["tried_float_layers"] == 0 and mp.get("not_candidates"):
+            why = f"all int8 scores {v(mp['before'])} (needs >= {v(mp['goal'])}), and no int8 node can stay float on this backend ({'; '.join(mp['not_candidates']['why'])})"
+        else:
+            why = (f"all int8 scores {v(mp['before'])}, and with the {mp['tried_float_layers']} most harmful int8 nodes in float still {v(mp['after'])} "
+                   f"(needs >= {v(mp['goal'])})")  # fmt: skip
         err = GateError(
-            f"--max-drop {mp['max_drop']:g} ({mp['metric']}) cannot hold: all int8 scores {v(mp['before'])}, and with the "
-            f"{mp['tried_float_layers']} most harmful int8 nodes in float still {v(mp['after'])} (needs >= {v(mp['goal'])}); no model written",
+            f"--max-drop {mp['max_drop']:g} ({mp['metric']}) cannot hold: {why}; no model written",
             "allow a larger --max-drop, calibrate on more or better data (--calib, --method percentile), or deploy float (--no-quantize)",
         )
         err.decision = mp  # type: ignore[attr-defined]
@@ -276,6 +287,7 @@ def deploy(
     threads: int | None = None,
     rounds: int | None = None,
     layers: bool = True,
+    layer_error: bool = False,
     output: PathArg | None = None,
     max_drop: float = 1.0,
     require_int8: bool = False,
@@ -290,7 +302,8 @@ def deploy(
     """Quantize, bundle, push to the device, bench each variant there and store the runs.
 
     ``max_drop``: the int8 gate, accuracy POINTS int8 may lose against ``labels`` (as ``--max-drop``;
-    also how far the host's mixed precision may let the held-out metric drop). ``goal="bundle"``
+    also how far the host's mixed precision may let the held-out metric drop). ``layer_error``: per-layer
+    fp32-vs-int8 error measured on the device (as ``--layers error``). ``goal="bundle"``
     stops after writing the bundle (no device). ``iterations``: timed runs, exactly (default: the
     profile's count, for at least its ``min_time_s``); ``warmup``: a count or "auto".
 
@@ -301,7 +314,8 @@ def deploy(
         model, target=target, device=device, inventory=inventory, backend=backend, quantize=quantize, goal=goal,
         calib=calib, calib_samples=calib_samples, eval=eval, labels=labels, method=method, exclude=exclude, shapes=shapes,
         preprocess=preprocess, warmup=warmup, iterations=iterations, duration_s=duration_s, min_time_s=min_time_s,
-        threads=threads, rounds=rounds, layers=layers, output=output, max_drop=max_drop, require_int8=require_int8, choose=choose,
+        threads=threads, rounds=rounds, layers=layers, layer_error=layer_error, output=output, max_drop=max_drop,
+        require_int8=require_int8, choose=choose,
         remeasure=remeasure, provision=provision, lock_wait=lock_wait, trust_new_host=trust_new_host, password=password,
     )  # fmt: skip
     job = open_job(req)
@@ -331,6 +345,7 @@ def bench(
     threads: int | None = None,
     rounds: int | None = None,
     layers: bool = True,
+    layer_error: bool = False,
     output: PathArg | None = None,
     lock_wait: float = DEFAULT_LOCK_WAIT,
     trust_new_host: bool = False,
@@ -351,11 +366,14 @@ def bench(
     if path.is_file() or path.suffix.lower() in MODEL_SUFFIXES:
         if variants:
             raise UsageError("variants select parts of a bundle; a model file has one", "drop the variant selection, or bench a bundle directory")
-        req = request(path, target=target or "local", device=device, backend=backend, shapes=shapes, quantize=False, output=output, remeasure=True, **timing, **ssh)
+        req = request(path, target=target or "local", device=device, backend=backend, shapes=shapes, quantize=False, output=output, remeasure=True,
+                      layer_error=layer_error, **timing, **ssh)
         job = open_job(req)  # bench measures, always (remeasure)
         return run(job, job.plan(), events)
     if backend or shapes:
         raise UsageError("--backend and --shape apply to a model file; a bundle was built for its backend", "pass a model file, or drop them")
+    if layer_error:
+        raise UsageError("--layers error runs twins of the fp32 and int8 models that deploy builds; a bundle has none", f"deploy the model: edgekit deploy MODEL --layers error (or bench {path} --layers time)")
     req = request(path, device=device, **timing, **ssh)  # every value checked before the bundle is read
     selected = _names(variants) or None
     bundle = load_bundle(path)

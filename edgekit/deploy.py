@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from edgekit import layererror
 from edgekit.agentclient import bench_variant, eval_variant
 from edgekit.bench import reuse
 from edgekit.bench.compare import machine_shift
@@ -37,10 +38,12 @@ from edgekit.events import Events
 from edgekit.fsutil import check_output_dir
 from edgekit.modelio import LoadedModel, load_model, read_sidecar
 from edgekit.plan import (
+    LAYER_SAMPLES,
     Bench,
     Compile,
     Eval,
     Gate,
+    LayerError,
     Options,
     Plan,
     Push,
@@ -100,6 +103,7 @@ class DeployRequest:
     threads: int | None = None
     rounds: int | None = None  # agent processes per variant, samples merged (None: the profile's, 1)
     layers: bool = True  # per-layer times, from a separate profiled pass after the timed runs
+    layer_error: bool = False  # per-layer fp32-vs-int8 error measured on the device (--layers error)
     output: Path | None = None
     inventory: Path | None = None  # where a --device name is looked up (default: ./devices.toml)
     provision: bool = False  # install the plan's runtime on the device when preflight finds it missing
@@ -282,6 +286,7 @@ class DeployResult:
     seconds: list[float] = field(default_factory=list)  # wall time of each executed step
     reused: set[int] = field(default_factory=set)  # run ids of earlier measurements that stood in for new ones
     agreements: dict[str, AgreementReport] = field(default_factory=dict)  # each int8 variant's, on the device (--choose measure: several)
+    layer_error: dict | None = None  # per-layer fp32-vs-int8 error on the device (--layers error)
 
     def summary(self) -> dict[str, Any]:
         by_variant = {r["agent"]["variant"]: (r, rid) for r, rid in zip(self.records, self.run_ids)}
@@ -363,6 +368,7 @@ class DeployResult:
                 for rid, r in zip(self.run_ids, self.records)
             ],
             "summary": self.summary(),
+            "layer_error": self.layer_error,
         }
 
 
@@ -389,7 +395,7 @@ def execute(
             walk.seconds.append(time.perf_counter() - t0)
     return DeployResult(
         plan, walk.qresult, walk.bundle, walk.push, walk.records, walk.run_ids, walk.sizes, walk.executed, walk.agreement, walk.verdict,
-        walk.seconds, walk.reused_ids, walk.agreements,
+        walk.seconds, walk.reused_ids, walk.agreements, walk.layer_error,
     )
 
 
@@ -422,6 +428,8 @@ class _Walk:
     agreements: dict[str, AgreementReport] = field(default_factory=dict)  # int8 variant -> its agreement on the device
     reused_ids: set[int] = field(default_factory=set)
     rounds: dict[str, list[dict]] = field(default_factory=dict)  # variant -> the agent documents of its rounds so far
+    twins: dict[str, Any] = field(default_factory=dict)  # --layers error: the layers, and per variant its twin's bundle path and output order
+    layer_error: dict | None = None
 
     def source(self, name: str) -> Path:
         return self.sources.get(name, self.job.model.path)  # unquantized: the model as it is
@@ -435,13 +443,22 @@ class _Walk:
 def _quantize(w: _Walk, step: Quantize) -> None:
     job = w.job
     calibration, heldout = job.feeds(w.events)
-    k = qcache.key(job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout, max_drop=step.max_drop, metric=step.metric)
+    backend = w.plan.variant(step.variant).backend
+    k = qcache.key(
+        job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout, max_drop=step.max_drop, metric=step.metric,
+        backend=backend if step.max_drop is not None else None,  # what it can keep float
+    )  # fmt: skip
     result = job.memo.get(("quantize", k), lambda: _quantize_or_reuse(w, step, k, calibration, heldout))
     if step.variant == "int8":  # the plan's own backend; --choose measure's rivals are int8-<backend>
         w.qresult = result
     mp = result.mixed_precision
     if mp and not mp["holds"] and job.request.goal != "quantize":
-        w.events.warn(f"keeping layers in float did not hold the held-out {mp['metric']} within {mp['max_drop']:g} points: the {step.variant} variant stays all int8 (the gate decides)")
+        why = ""
+        if (mp.get("judged") or {}).get("missed"):
+            why = f" on the {mp['judged']['samples']} held-out samples it did not search on ({mp['judged']['after']} < {mp['judged']['goal']})"
+        elif not mp.get("tried_float_layers") and mp.get("not_candidates"):
+            why = f" (no int8 node can stay float on {w.plan.variant(step.variant).backend}: {'; '.join(mp['not_candidates']['why'])})"
+        w.events.warn(f"keeping layers in float did not hold the held-out {mp['metric']} within {mp['max_drop']:g} points{why}: the {step.variant} variant stays all int8 (the gate decides)")
     get_backend(w.plan.variant(step.variant).backend).check_quantized(result.model)  # e.g. TensorRT's Q/DQ rules
     w.sources[step.variant] = w.tmp / f"model.{step.variant}.onnx"
     save_model(result.model, w.sources[step.variant])
@@ -469,6 +486,7 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
         result = quantize_model(
             job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog, max_drop=step.max_drop, metric=step.metric,
             events=w.events, dynamic_fallback=not get_backend(w.plan.variant(step.variant).backend).no_dynamic,
+            runs_float=get_backend(w.plan.variant(step.variant).backend).runs_float,
         )
     path = w.tmp / f"quantized-{k[:12]}.onnx"
     save_model(result.model, path)
@@ -510,6 +528,8 @@ def _write_bundle(w: _Walk, step: WriteBundle) -> None:
         path = w.tmp / "eval-samples.npz"
         np.savez(path, **{name: np.concatenate([f[name] for f in heldout.feeds]) for name in heldout.feeds[0]})
         w.files.update({rel: path for rel in evals})
+    for le in (s for s in plan.steps if isinstance(s, LayerError)):
+        _twins(w, le)
     out = Path(step.output)
     if job.request.output is None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -592,6 +612,66 @@ def _eval(w: _Walk, step: Eval) -> None:
     w.agreement = w.agreements.get("int8")
 
 
+def _twins(w: _Walk, step: LayerError) -> None:
+    """Each variant's twin with the int8 tensors exposed (``layererror``), compiled by its backend
+    into ``<variant>/layers/``, and the few held-out samples they run."""
+    fp32, int8 = onnx.load(str(w.source(step.fp32.name))), onnx.load(str(w.source(step.int8.name)))
+    layers = layererror.find_layers(fp32, int8)
+    w.twins["layers"] = layers
+    for v, (twin, order) in ((step.fp32, layererror.fp32_twin(fp32, layers)), (step.int8, layererror.int8_twin(int8, layers))):
+        d = w.tmp / f"twin-{v.name}"
+        d.mkdir()
+        src = d / "model.onnx"
+        onnx.save(twin, str(src))
+        compiled = get_backend(v.backend).compile(src, d / "out")
+        base = f"{v.name}/{layererror.TWIN_DIR}"
+        if compiled:
+            w.files.update({f"{base}/{p.name}": p for p in compiled})
+            w.twins[v.name] = (f"{base}/{compiled[0].name}", order)
+        else:
+            w.files[f"{base}/model.onnx"] = src
+            w.twins[v.name] = (f"{base}/model.onnx", order)
+    _, heldout = w.job.feeds(w.events)
+    path = w.tmp / "layer-samples.npz"
+    few = heldout.feeds[:LAYER_SAMPLES]
+    np.savez(path, **{name: np.concatenate([f[name] for f in few]) for name in few[0]})
+    w.files[step.samples] = path
+
+
+def _layer_error(w: _Walk, step: LayerError) -> None:
+    """Both twins on the device, then per layer the int8 tensor against the float one."""
+    transport, layers = w.device(), w.twins["layers"]
+    got, fidelity = {}, {}
+    with np.load(w.files[step.samples], allow_pickle=False) as data:
+        feeds = {k: data[k] for k in data.files}
+    n = len(next(iter(feeds.values())))
+    for v in (step.fp32, step.int8):
+        rel, order = w.twins[v.name]
+        local = w.tmp / f"{v.name}.layers.npz"
+        with w.events.progress(f"{v.name} on {transport.name} ({v.backend}) with {len(layers)} int8 tensors exposed, {n} samples"):
+            eval_variant(transport, w.push.remote_dir, v.name, step.samples, local, threads=step.threads, model=rel)
+        with np.load(local, allow_pickle=False) as data:
+            outs = {k: data[k] for k in data.files}
+        got[v.name] = layererror.by_layer(outs, order)
+        # the twin's own outputs against the plain variant's on the same samples: 0 unless exposing
+        # tensors changed how the backend computes (ONNX Runtime does not fuse a Q/DQ group whose tensor is an output)
+        plain = w.outputs.get(v.name) or {}
+        diffs = [float(np.max(np.abs(outs[f"output{k}"] - plain[o.name][:n]))) for k, o in enumerate(w.job.model.outputs)
+                 if f"output{k}" in outs and o.name in plain and plain[o.name][:n].shape == outs[f"output{k}"].shape]  # fmt: skip
+        fidelity[v.name] = max(diffs) if diffs else None
+    for name, value in feeds.items():  # a quantized graph input: the float side is the input itself
+        got[step.fp32.name].setdefault(name, value)
+    times = {r["agent"]["variant"]: r["agent"].get("layers") for r in w.records if r["agent"]["variant"] in (step.fp32.name, step.int8.name)}
+    rows = layererror.compare_layers(layers, got[step.fp32.name], got[step.int8.name], times)
+    w.layer_error = {
+        "measured_on": w.plan.device,
+        "samples": n,
+        "variants": {v.name: {"backend": v.backend, "twin": w.twins[v.name][0], "outputs_max_abs_diff_vs_plain": fidelity[v.name]} for v in (step.fp32, step.int8)},
+        "worst": [r["tensor"] for r in layererror.worst(rows)],
+        "layers": rows,
+    }
+
+
 def _measurement_key(w: _Walk, step: Bench | Eval) -> str:
     if isinstance(step, Bench):
         settings = {"config": dataclasses.asdict(step.config), "device_steps": [s.name for s in step.device_steps]}
@@ -657,6 +737,8 @@ def _store(w: _Walk, step: Store) -> None:
             r["agreement"] = w.agreements[r["agent"]["variant"]].to_dict()
         if r["agent"]["variant"] == "int8" and w.verdict is not None:
             r["recommendation"] = w.verdict.to_dict()
+        if r["agent"]["variant"] == "int8" and w.layer_error is not None:
+            r["layer_error"] = w.layer_error  # measured on the device, per layer
         if r["agent"]["variant"] == "int8" and w.qresult is not None and w.qresult.layers:
             r["quantization"] = w.qresult.quantization_record()  # each int8 node's local error
         r.setdefault("vcs", dict(vcs))
@@ -665,7 +747,8 @@ def _store(w: _Walk, step: Store) -> None:
 
 
 _HANDLERS = {
-    Quantize: _quantize, Compile: _compile, WriteBundle: _write_bundle, Push: _push, Bench: _bench, Eval: _eval, Gate: _gate, Store: _store,
+    Quantize: _quantize, Compile: _compile, WriteBundle: _write_bundle, Push: _push, Bench: _bench, Eval: _eval, LayerError: _layer_error,
+    Gate: _gate, Store: _store,
 }  # fmt: skip
 
 

@@ -33,6 +33,8 @@ PLAN_SCHEMA = 2
 GOALS = ("quantize", "bundle", "deploy")  # how far a plan goes: stop after quantize, after the bundle, or run it all
 CHOICES = ("plan", "measure")  # --choose: the planner's first feasible backend, or the fastest measured on the device
 EVAL_SAMPLES = "eval/samples.npz"  # the held-out inputs, in the bundle
+LAYER_SAMPLES = 4  # held-out samples the twins of --layers error run: a few are enough to rank layers
+LAYER_SAMPLES_FILE = "eval/layer-samples.npz"
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,23 @@ class Eval:
         return f"{self.variant.name} on {self.variant.backend}: every held-out sample, outputs back to the host for the agreement{_REUSE if self.reuse else ''}"
 
 
+@dataclass(frozen=True)
+class LayerError:
+    fp32: VariantPlan
+    int8: VariantPlan
+    samples: str  # the bundle's few held-out inputs the twins run
+    threads: int | None = None
+
+    name = "layers"
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"{self.fp32.name} on {self.fp32.backend} and {self.int8.name} on {self.int8.backend} again, each with every int8 tensor "
+            f"as an output, on {LAYER_SAMPLES} held-out samples: per-layer SNR/cosine as the device computed them, beside each layer's time"
+        )
+
+
 # what a reusing Bench/Eval says it may do instead of measuring
 _REUSE = " (or reused: the identical earlier measurement of this bundle on this device)"
 
@@ -173,7 +192,7 @@ class Store:
         return "results into the local results database (edgekit results list)"
 
 
-Step = Quantize | Compile | WriteBundle | Push | Bench | Eval | Gate | Store
+Step = Quantize | Compile | WriteBundle | Push | Bench | Eval | LayerError | Gate | Store
 
 
 def step_dict(step: Step) -> dict[str, Any]:
@@ -181,6 +200,8 @@ def step_dict(step: Step) -> dict[str, Any]:
     doc: dict[str, Any] = {"name": step.name, "detail": step.detail}
     if isinstance(step, (Compile, Bench, Eval)):
         doc["variant"] = step.variant.to_dict()
+    if isinstance(step, LayerError):
+        doc["variants"] = [step.fp32.to_dict(), step.int8.to_dict()]
     if isinstance(step, Bench):
         doc["config"] = asdict(step.config)
         doc["device_steps"] = [{"name": s.name, "detail": s.detail} for s in step.device_steps]
@@ -212,6 +233,7 @@ class Options:
     threads: int | None = None
     rounds: int | None = None  # agent processes per variant (None: the profile's)
     layers: bool = True  # per-layer times (a separate profiled pass)
+    layer_error: bool = False  # per-layer fp32-vs-int8 error on the device (--layers error)
     output: str = ""
     max_drop: float = 0.01  # the int8 gate: accuracy points (a fraction) int8 may lose
     require_int8: bool = False  # the int8 gate failing is an error (exit 5)
@@ -475,10 +497,16 @@ def make_plan(model: LoadedModel, profile: Profile, *, facts: dict | None = None
             blind = [v.backend for v in variants if not get_backend(v.backend).evaluates]
             if blind:
                 notes.append(f"{', '.join(sorted(set(blind)))} gives no per-sample outputs on the device: the int8 gate uses the host's estimate of the agreement")
+                if options.layer_error:
+                    notes.append("--layers error: no per-layer error, for the same reason")
             else:
                 steps += [Eval(v, EVAL_SAMPLES, config.threads, reuse=not options.remeasure) for v in variants]
+                if options.layer_error:
+                    steps.append(LayerError(variants[0], variants[1], LAYER_SAMPLES_FILE, config.threads))
             steps.append(Gate(options.max_drop, options.require_int8, ("int8", *(v.name for v, _ in rivals))))
         steps.append(Store())
+        if options.layer_error and scheme is None:
+            notes.append(f"--layers error compares int8 with fp32 layer by layer, and {name} on {profile.name} runs {precision} only: per-layer times only")
     elif options.require_int8:
         raise UsageError("--require-int8 needs the device: the gate compares int8 with float there", "drop --no-bench (or --require-int8)")
     if options.require_int8 and scheme is None:

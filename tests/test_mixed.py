@@ -69,13 +69,16 @@ def test_search_takes_the_shortest_harmful_prefix_then_prunes_what_is_not_needed
         return "c" in keep  # only c matters; a and b rank above it
 
     assert mixed.search(["a", "b", "c", "d", "e"], holds, bound=5) == ["c"]
-    assert asked[:3] == [["a"], ["a", "b"], ["a", "b", "c", "d"]]  # doubling batches
+    assert asked[0] == ["a", "b", "c", "d", "e"]  # the bound first: a refusal costs one evaluation
+    assert asked[1:4] == [["a"], ["a", "b"], ["a", "b", "c", "d"]]  # then doubling batches
     assert ["a", "b", "c"] in asked  # bisected down to the prefix ending at c
     assert mixed.search(["c", "a"], holds, bound=2) == ["c"]  # the first holds alone: nothing to prune
 
 
 def test_search_gives_up_at_the_bound():
-    assert mixed.search(["a", "b", "c", "d"], lambda keep: "d" in keep, bound=2) is None
+    asked = []
+    assert mixed.search(["a", "b", "c", "d"], lambda keep: asked.append(keep) or "d" in keep, bound=2) is None
+    assert asked == [["a", "b"]]
     assert mixed.search(["a", "b", "c", "d"], lambda keep: {"a", "c"} <= set(keep), bound=3) == ["a", "c"]
 
 
@@ -213,6 +216,9 @@ def test_cli_bad_metric(cli, tiny, tmp_path, args, code, words):
 # harmful of 250 int8 nodes (by the table's gain kept float) in float reach 64.5, short of the 95
 # that --max-drop 5 asks: refused. 39 s on a quiet moment of a shared 2-core machine, 82 s busy.
 # (At 320x320 on 4 scenes the same search holds --max-drop 5 with 15 nodes float: see the README.)
+# 2026-11-28 (AVX-512 VNNI VM, busy): searched on the 4 calibration scenes (48.7 all int8, 52.2 with
+# the 125 nodes of the most harmful blocks float), judged on the 2 held-out ones: refused, 50 s
+# (ranking 24 blocks), 17 s with the ranking from the cache; plain quantize 6-8 s.
 @pytest.mark.realmodels
 @pytest.mark.slow
 def test_ocr_det_refuses_when_half_the_nodes_in_float_cannot_hold_the_mask_iou():
@@ -228,7 +234,8 @@ def test_ocr_det_refuses_when_half_the_nodes_in_float_cannot_hold_the_mask_iou()
     assert mp["before"] < 95 and not mp["holds"] and mp["tried_float_layers"] == 125
     assert mp["before"] < mp["after"] < 95  # the most harmful half in float helps, not enough
     ranked = mp["sensitivity"]["layers"]
-    assert len(ranked) == 250 and ranked[0]["output_snr_db_gain_float"] > ranked[-1]["output_snr_db_gain_float"]
+    # 250 candidates ranked in 24 blocks of neighbours (one run each), most harmful block first
+    assert len(ranked) == 250 and ranked[0]["block_gain_db"] > ranked[-1]["block_gain_db"] and ranked[0]["block_size"] == 11
     assert mp["float_layers"] == [] and mp["int8_mac_share"] == 1.0  # nothing kept: the model stays all int8
 
 

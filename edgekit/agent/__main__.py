@@ -83,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--samples", required=True, help="the bundle's .npz of stacked inputs")
     ev.add_argument("--output", required=True, help="where to write the outputs (.npz)")
     ev.add_argument("--threads", type=_positive_int, default=None)
+    ev.add_argument("--model", default=None, help="a bundle file the variant's backend runs instead (its twin with intermediate tensors exposed)")
     facts = sub.add_parser("facts", help="describe this device")
     facts.add_argument("--no-openvino", action="store_true", help="do not import OpenVINO to list its devices")
     sub.add_parser("serve", help="answer JSON-lines requests on stdin, one forked worker each")
@@ -118,7 +119,7 @@ def _run(args: argparse.Namespace) -> dict:
             "probe": facts.probe_facts(openvino=not args.no_openvino),  # preflight extras: disk, libc, pip/venv, OpenVINO devices
         }
     if args.command == "eval":
-        return runner.evaluate(args.bundle_dir, args.variant, args.samples, args.output, threads=args.threads)
+        return runner.evaluate(args.bundle_dir, args.variant, args.samples, args.output, threads=args.threads, model=args.model)
     return runner.bench(
         args.bundle_dir,
         args.variant,

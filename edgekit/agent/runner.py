@@ -267,11 +267,13 @@ def _probe_threads(backend, session, load_ns: int, model_path: str, options: dic
     return single, 1, record, single_load_ns
 
 
-def _open_variant(bundle_dir: str, variant: str) -> tuple:
-    """The manifest, the variant's spec, its model path and sha256 (checked against the manifest)."""
+def _open_variant(bundle_dir: str, variant: str, model: str | None = None) -> tuple:
+    """The manifest, the variant's spec, its model path and sha256 (checked against the manifest).
+    ``model``: another file of the bundle that the variant's backend runs instead (its twin with
+    intermediate tensors exposed)."""
     manifest = read_manifest(bundle_dir)
     spec = find_variant(manifest, variant)
-    model_rel = spec["model"]
+    model_rel = model or spec["model"]
     model_path = bundle_file(bundle_dir, model_rel, f"variant '{variant}' model")
     if not os.path.isfile(model_path):
         raise AgentFailure(f"the bundle on the device has no model file {model_rel}", REPUSH)
@@ -301,13 +303,15 @@ def variant_options(bundle_dir: str, manifest: dict, spec: dict) -> dict:
     return dict(options)
 
 
-def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: int | None = None) -> dict:
+def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: int | None = None, model: str | None = None) -> dict:
     """Run every sample of the bundle's ``samples`` file (an .npz of stacked inputs, sample i is
     ``arr[i:i+1]``) through ``variant`` on this device; write the stacked outputs to ``output`` (.npz
     keyed by output name; outside the bundle, whose files are only what the manifest lists). The
-    host compares the variants' outputs: the agreement it reports is what this device computed."""
+    host compares the variants' outputs: the agreement it reports is what this device computed.
+    ``model``: a bundle file the variant's backend runs instead (the host's twin of it with
+    intermediate tensors as outputs); its outputs are keyed ``output0``, ``output1``... in order."""
     np = _numpy()
-    manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant)
+    manifest, spec, model_path, model_sha = _open_variant(bundle_dir, variant, model)
     options = dict(variant_options(bundle_dir, manifest, spec))
     path = bundle_file(bundle_dir, samples, "samples file")
     arrays = _npz_inputs(np, path, spec)
@@ -316,7 +320,7 @@ def evaluate(bundle_dir: str, variant: str, samples: str, output: str, threads: 
         raise AgentFailure(f"{samples}: the inputs hold different numbers of samples ({sorted(counts)})", REPUSH)
     n = counts.pop()
     session = load_backend(spec["backend"]).load(model_path, threads, options, bundle_dir)
-    names = [t["name"] for t in spec.get("outputs") or []]
+    names = [t["name"] for t in spec.get("outputs") or []] if model is None else []
     got = {}
 
     def infer(fn, feeds, where: str = ""):

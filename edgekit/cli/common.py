@@ -102,7 +102,16 @@ Rounds = Annotated[
     typer.Option("--rounds", callback=validate.option("rounds"), metavar="N", help="Time each variant in N agent processes, one after another (variants alternate), and merge their samples: "
                  "the spread between processes then counts as noise (default: the profile's, 1)."),
 ]
-Layers = Annotated[bool, typer.Option("--layers/--no-layers", help="Per-layer times from a separate profiled pass after the timed runs (default: on).")]
+LAYER_MODES = ("time", "error", "off")
+Layers = Annotated[
+    str,
+    typer.Option(
+        "--layers", metavar="time|error|off",
+        help="Per layer: time (the default: times from a separate profiled pass after the timed runs); error: also the fp32-vs-int8 "
+        "error of every int8 tensor as the device's backends computed it, on a few held-out samples (deploy); off: neither.",
+    ),
+]  # fmt: skip
+NoLayers = Annotated[bool, typer.Option("--no-layers", help="The same as --layers off.")]
 
 Fail = Annotated[
     list[str] | None,
@@ -129,7 +138,7 @@ GROUPS: dict[str, dict[str, tuple]] = {
         "calib": (Calib, None), "calib_samples": (CalibSamples, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, DEFAULT_METHOD),
         "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None),
     },
-    "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "min_time": (MinTime, None), "threads": (Threads, None), "rounds": (Rounds, None), "layers": (Layers, True)},
+    "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "min_time": (MinTime, None), "threads": (Threads, None), "rounds": (Rounds, None), "layers": (Layers, "time"), "no_layers": (NoLayers, False)},
     "gates": {"fail": (Fail, None), "baseline": (Baseline, None)},
     "ssh": {"trust_new_host": (TrustNewHost, False), "password": (Password, False), "inventory": (Inventory, None)},
 }  # fmt: skip
@@ -164,7 +173,17 @@ def quantize_args(opts: dict) -> dict:
 
 def bench_args(opts: dict) -> dict:
     """The "bench" group as the API's keyword arguments."""
-    return dict(warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], min_time_s=opts["min_time"], threads=opts["threads"], rounds=opts["rounds"], layers=opts["layers"])
+    from edgekit.errors import UsageError
+
+    mode = "off" if opts["no_layers"] else opts["layers"]
+    if mode not in LAYER_MODES:
+        raise UsageError(f"unknown --layers '{mode}'", f"choose one of: {', '.join(LAYER_MODES)}")
+    if opts["no_layers"] and opts["layers"] != "time":
+        raise UsageError(f"--no-layers and --layers {opts['layers']} contradict each other", "drop one of them")
+    return dict(
+        warmup=opts["warmup"], iterations=opts["iterations"], duration_s=opts["duration"], min_time_s=opts["min_time"], threads=opts["threads"],
+        rounds=opts["rounds"], layers=mode != "off", layer_error=mode == "error",
+    )  # fmt: skip
 
 
 def gates(opts: dict, *, fleet: bool, runs: bool = True) -> list:

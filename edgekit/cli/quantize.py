@@ -110,6 +110,13 @@ def _db(x: float | None) -> str:
     return "-" if x is None else f"{x:+.2f}"
 
 
+def _gain(layer: dict) -> str:
+    """A node's output SNR gain kept float, or its block's when it was ranked in a block of neighbours."""
+    if layer.get("output_snr_db_gain_float") is not None or layer.get("block_gain_db") is None:
+        return _db(layer.get("output_snr_db_gain_float"))
+    return f"{_db(layer['block_gain_db'])} (block of {layer.get('block_size')})"
+
+
 def _print_mixed(o, mp: dict) -> None:
     """What --max-drop decided: the metric before and after, the layers kept float and why, their cost."""
     unit = "dB" if mp["unit"] == "dB" else "pt"
@@ -119,14 +126,23 @@ def _print_mixed(o, mp: dict) -> None:
 
     picked = f" ({mp['metric_why']})" if mp["metric_why"] else ""
     o.line(
-        f"mixed precision, held-out {mp['metric']}{picked} on {mp['samples']} samples: all int8 {v(mp['before'])}, float {v(mp['reference'])}, "
+        f"mixed precision, {mp['metric']}{picked} searched on {mp['samples']} {mp.get('searched_on') or 'held-out samples'}: all int8 {v(mp['before'])}, float {v(mp['reference'])}, "
         f"needs >= {v(mp['goal'])} (--max-drop {mp['max_drop']:g})"
     )
+    j = mp.get("judged")
+    if j:
+        o.line(
+            f"  judged on {j['samples']} held-out samples the search never saw: all int8 {v(j['before'])}, with its choice {v(j['after'])}, "
+            f"needs >= {v(j['goal'])}" + (": MISSED" if j.get("missed") else "")
+        )
+    if mp.get("not_candidates"):
+        nc = mp["not_candidates"]
+        o.line(f"  {nc['nodes']} int8 node(s) are not candidates for float: {'; '.join(nc['why'])}")
     if not mp["holds"]:
         ranked = mp["sensitivity"]["layers"]
         o.table(
             ["node", "op", "local SNR dB", "gain kept float dB", "MACs"],
-            [[x["name"], x["op"], _db(x["snr_db"]), _db(x["output_snr_db_gain_float"]), render.fmt_pct(x["macs_share"])] for x in ranked[:20]],
+            [[x["name"], x["op"], _db(x["snr_db"]), _gain(x), render.fmt_pct(x["macs_share"])] for x in ranked[:20]],
             title=f"per-layer sensitivity, most harmful first ({mp['rank_samples']} held-out samples, Q/DQ reference): "
             f"with the first {mp['tried_float_layers']} in float the {mp['metric']} is {v(mp['after'])}",
         )

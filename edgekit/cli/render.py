@@ -141,6 +141,8 @@ def print_summary(o: Output, doc: dict) -> None:
         if sentence:
             o.line(sentence)
     print_backend_details(o, doc["runs"])
+    if doc.get("layer_error"):
+        print_layer_error(o, doc["layer_error"])
     reused = [r for r in doc["runs"] if r.get("reused")]
     if reused:
         o.line(
@@ -191,6 +193,34 @@ def print_backend_details(o: Output, runs: list[dict]) -> None:
                 [[x["name"], x["op"], *([x.get("exec_type", "")] if kernel else []), f"{x['ns'] / 1e3:.1f}", f"{x['ns'] / total * 100:.0f}%"] for x in top],
                 title=f"{run['variant']}: slowest {len(top)} of {len(layers)} layers, from a separate profiled pass (its overhead included: compare shares)",
             )
+
+
+def print_layer_error(o: Output, le: dict) -> None:
+    """--layers error: the layers that add the most int8 error, measured on the device, beside their times."""
+    from edgekit.layererror import worst
+
+    v = le["variants"]
+    names = list(v)
+    rows = []
+    for r in worst(le["layers"]):
+        t = r.get("time_ns") or {}
+        rows.append([
+            r["tensor"], r["op"], "inf" if r["snr_db"] is None else f"{r['snr_db']:.1f}", f"{r['cosine']:.4f}", f"{min(r['added_nsr'], 9.99) * 100:.2f}%",
+            *("-" if t.get(n) is None else f"{t[n] / 1e3:.1f}" for n in names),
+        ])  # fmt: skip
+    where = ", ".join(f"{n} on {v[n]['backend']}" for n in names)
+    o.table(
+        ["layer (tensor)", "op", "SNR dB", "cosine", "adds", *(f"{n} us" for n in names)], rows,
+        title=f"per-layer int8 error measured on {le['measured_on']} ({where}; {le['samples']} held-out samples): "
+        f"the {len(rows)} of {len(le['layers'])} layers that add the most noise (as a share of the signal's power)",
+    )  # fmt: skip
+    if le["worst"]:
+        o.line(f"worst layer: {le['worst'][0]} (the int8 error grows most there; the layers after it inherit it)")
+    for n in names:
+        diff = v[n].get("outputs_max_abs_diff_vs_plain")
+        if diff:
+            o.warn(f"{n} on {v[n]['backend']}: with its tensors exposed the model's outputs differ from the plain run's by up to {diff:.4g} "
+                   "(the backend computes an exposed graph differently, e.g. ONNX Runtime does not fuse a Q/DQ group whose tensor is an output)")
 
 
 def _ranges(method: str, calibration: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +117,7 @@ def quantize_model(
     progress=None,
     events=None,
     dynamic_fallback: bool = False,
+    runs_float: Callable[[str], str | None] | None = None,
 ) -> QuantizeResult:
     """Quantize ``loaded`` with ``scheme``, calibrated on ``calibration``, checked on ``heldout``.
 
@@ -125,7 +126,9 @@ def quantize_model(
     (when not, the model is all int8 and the caller refuses or falls back). ``events``: where
     its progress goes (an ``edgekit.events.Events``). ``dynamic_fallback`` (the backend runs
     ``--method dynamic`` models): when ``max_drop`` cannot hold, try the dynamic model, and
-    return it if it holds (``mixed_precision["fallback_from"]`` says what static scored)."""
+    return it if it holds (``mixed_precision["fallback_from"]`` says what static scored).
+    ``runs_float(op_type)``: why the backend cannot run such a node in float (None: it can);
+    ``max_drop`` keeps float only nodes it can run."""
     recipe = parse_method(method)
     if recipe.ranges == DYNAMIC:
         return _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
@@ -169,7 +172,10 @@ def quantize_model(
     decision = None
     if max_drop is not None:
         all_int8 = qmodel
-        qmodel, decision = mixed_precision.decide(prepared, qmodel, analysis, heldout, snr, max_drop=max_drop, metric=metric, events=events)
+        qmodel, decision = mixed_precision.decide(
+            prepared, qmodel, analysis, heldout, snr, max_drop=max_drop, metric=metric, events=events, runs_float=runs_float,
+            search_on=None if calibration.random else calibration,
+        )
         if not decision["holds"] and dynamic_fallback:
             fallback = _dynamic_fallback(loaded, scheme, calibration, heldout, exclude, max_drop, metric, method, decision, events)
             if fallback is not None:
@@ -254,10 +260,12 @@ def _dynamic_fallback(
     static["dynamic_tried"] = {"before": mp["before"], "holds": mp["holds"]}
     if not mp["holds"]:
         return None
-    mp["fallback_from"] = {k: static[k] for k in ("before", "after", "tried_float_layers")} | {"method": method}
+    mp["fallback_from"] = {k: static.get(k) for k in ("before", "after", "tried_float_layers", "judged")} | {"method": method}
+    judged = static.get("judged") or {}
+    missed = f"; on the held-out samples it did not search on {judged['after']}" if judged.get("missed") else ""
     (events or Events()).warn(
         f"--max-drop {max_drop:g} ({mp['metric']}): static int8 ({method}) cannot hold it ({static['after']} with "
-        f"{static['tried_float_layers']} layers float, needs >= {mp['goal']}); --method {DYNAMIC} does ({mp['before']}): using it"
+        f"{static['tried_float_layers']} layers float{missed}, needs >= {mp['goal']}); --method {DYNAMIC} does ({mp['before']}): using it"
         + (f", with {mp['int8_mac_share']:.0%} of the MACs int8" if mp.get("int8_mac_share") is not None else "")
     )
     result.seconds["static_mixed_precision"] = static["seconds"]

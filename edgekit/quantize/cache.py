@@ -30,14 +30,16 @@ MODEL, REPORT = "int8.onnx", "report.json"
 
 def key(
     model_sha256: str, scheme: QuantScheme, method: str, exclude: Sequence[str], calibration: FeedSet, heldout: FeedSet,
-    *, max_drop: float | None = None, metric: str | None = None,
+    *, max_drop: float | None = None, metric: str | None = None, backend: str | None = None,
 ) -> str:
     """The cache key of one quantization (hex sha256); ``max_drop`` and ``metric``: mixed precision's
-    (a metric module's source is part of the key, so editing it quantizes again)."""
+    (a metric module's source is part of the key, so editing it quantizes again); ``backend``: the
+    one mixed precision plans for (what it can keep in float)."""
     h = hashlib.sha256()
     head = {
         "format": FORMAT, "edgekit": __version__, "code": code_digest(), "model": model_sha256, "scheme": scheme.to_dict(), "method": method, "exclude": sorted(exclude),
         "max_drop": max_drop, "metric": metric, "metric_source": _metric_source(metric) if max_drop is not None else None,
+        "backend": backend,
     }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())
     for part in (calibration, heldout):
@@ -99,3 +101,19 @@ def save(k: str, model_path: Path, report: dict) -> None:
         tmp.rename(root / k)
     except OSError:  # another job stored the same entry meanwhile: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_ranking(k: str) -> dict | None:
+    """A --max-drop search's cached ranking of int8 nodes (``mixed.rank``); None when absent or unreadable."""
+    try:
+        doc = json.loads((cache_dir("sensitivity") / f"{k}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("layers"), list) else None
+
+
+def save_ranking(k: str, doc: dict) -> None:
+    root = cache_dir("sensitivity")
+    root.mkdir(parents=True, exist_ok=True)
+    with atomic_path(root / f"{k}.json") as p:
+        p.write_text(json.dumps(doc), encoding="utf-8")

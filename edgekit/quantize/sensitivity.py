@@ -255,10 +255,12 @@ def measure(
     alone: bool = True,
     board: Switchboard | None = None,
     progress=None,
+    among: Collection[str] | None = None,
 ) -> Sensitivity:
     """Each int8 node's local error (``local``: node -> dB) and, within ``budget`` nodes (None:
     no limit), its effect on the outputs alone float and (``alone``) alone quantized, on
-    ``samples`` of ``feeds``. ``board``: a ``Switchboard`` of these models, if one is open."""
+    ``samples`` of ``feeds``. ``board``: a ``Switchboard`` of these models, if one is open.
+    ``among``: the nodes whose output effects are measured (the others rank last); None: all."""
     t0 = time.perf_counter()
     found = units(float_model, analysis)
     node_macs = macs(float_model)
@@ -280,6 +282,10 @@ def measure(
         whole = _score(ref, board.outputs((), feeds))[0]
         raw = {}  # node -> (gain kept float, SNR alone quantized), unrounded, for the order
         for u, layer in zip(found, layers):
+            if among is not None and u.name not in among:
+                raw[u.name] = (-math.inf, math.inf)
+                layer.update({"output_snr_db_float": None, "output_snr_db_gain_float": None})
+                continue
             float_snr, _ = _score(ref, board.outputs({u.name}, feeds))
             gain = float_snr - whole if math.isfinite(whole) else 0.0
             alone_snr = 0.0

@@ -27,6 +27,7 @@ from edgekit import __version__
 from edgekit.bench.record import validate_record
 from edgekit.bench.stats import Stats
 from edgekit.fsutil import atomic_path
+from edgekit.layererror import node_name
 from edgekit.report import svg
 from edgekit.report.svg import esc, num
 from edgekit.sanitize import plain
@@ -357,8 +358,19 @@ def _layers(group: list[_Run], sfx: str) -> str:
         if not timed:
             continue
         quant = r.record.get("quantization") if isinstance(r.record.get("quantization"), dict) else {}
-        snr = {q.get("name"): _f(q.get("snr_db")) for q in quant.get("layers") or [] if isinstance(q, dict)}
-        noise = {name: 10 ** (-db / 10) for name, db in snr.items() if db is not None}  # noise/signal power
+        device = r.record.get("layer_error") if isinstance(r.record.get("layer_error"), dict) else {}
+        if device.get("layers"):  # --layers error: measured on the device, per region of nodes
+            snr, noise = {}, {}
+            for row in device["layers"]:
+                if not isinstance(row, dict):
+                    continue
+                for node in row.get("nodes") or []:
+                    snr[str(node)] = _f(row.get("snr_db"))
+                    noise[str(node)] = max(_f(row.get("added_nsr")) or 0.0, 0.0)  # the noise this layer adds
+            timed = [{**x, "name": node_name(str(x.get("name")), snr)} for x in timed]
+        else:
+            snr = {q.get("name"): _f(q.get("snr_db")) for q in quant.get("layers") or [] if isinstance(q, dict)}
+            noise = {name: 10 ** (-db / 10) for name, db in snr.items() if db is not None}  # noise/signal power
         total_noise = sum(noise.values()) or 1.0
         total = sum(float(x["ns"]) for x in timed)
         timed.sort(key=lambda x: -float(x["ns"]))
@@ -381,7 +393,12 @@ def _layers(group: list[_Run], sfx: str) -> str:
         sentence = f"{top.name} costs {top.time_share * 100:.0f}% of the time"
         if top.error_share is not None:
             sentence += f" and adds {top.error_share * 100:.0f}% of the int8 error (SNR {top.snr_db:.1f} dB at its output)"
-        if snr:
+        if device.get("layers"):
+            worst = ", ".join(str(w) for w in (device.get("worst") or [])[:3])
+            how = (f"the error is the int8 tensor against the fp32 one as the device computed them ({device.get('samples')} held-out samples on "
+                   f"{device.get('measured_on')}), each layer's share of the noise it adds; {joined} of the {min(len(timed), TOP_LAYERS)} layers shown joined by name; "
+                   f"most added error: {worst}")  # fmt: skip
+        elif snr:
             how = f"{joined} of the {min(len(timed), TOP_LAYERS)} layers shown have the quantizer's error measured (joined by name)"
         else:
             how = "no per-layer quantization error in this record"

@@ -63,6 +63,11 @@ class Backend:
     # DynamicQuantizeLinear + MatMulInteger/ConvInteger) in int8; "" when it can. The planner skips it.
     no_dynamic: str = "it has no run-time-quantized int8 path"
 
+    def runs_float(self, op_type: str) -> str | None:
+        """Why this backend cannot run an ``op_type`` node that mixed precision keeps in float
+        between int8 ones (None: it can). ``--max-drop`` only keeps float what it can run."""
+        return None
+
     def quant_scheme(self, profile: Profile) -> QuantScheme | None:
         """The scheme this backend wants on ``profile``'s CPU (resolved with the device's facts once probed)."""
         return self.scheme

@@ -51,6 +51,12 @@ class NativeBackend(Backend):
 
         return coverage(model) if model.format == "onnx" else None
 
+    def runs_float(self, op_type: str) -> str | None:
+        """ekrt runs float only the ops of its float islands (docs/ekrt.md): no float Conv or Gemm."""
+        from edgekit.targets.native.lower.islands import FLOAT_LOWERINGS
+
+        return None if op_type in FLOAT_LOWERINGS else f"ekrt has no float {op_type}"
+
     def variant_backend(self, variant: str, facts: dict | None = None) -> str:
         """ekrt runs the int8 variant; the fp32 reference runs on ONNX Runtime, or numpy."""
         if variant == "int8":
