@@ -267,7 +267,7 @@ def scaling(prep: Path, models: list[str], threads: list[int], rounds: int, seco
         row["best_peer"] = min(peers, key=peers.__getitem__) if peers else None
         row["ekrt_over_best"] = row["ekrt"] / peers[row["best_peer"]] if peers and row.get("ekrt") else None
     return {"schema": 1, "machine": machine(), "threads": threads, "rounds": done, "seconds_per_process": seconds,
-            "runtimes": runtimes, "openvino": absent or _version("openvino"), "onnxruntime": _version("onnxruntime"),
+            "runtimes": runtimes, "openvino": "absent" if absent else _version("openvino"), "onnxruntime": _version("onnxruntime"),
             "rows": rows, "errors": errors}
 
 

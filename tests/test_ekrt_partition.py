@@ -1,9 +1,10 @@
 """How ekrt splits an inference over threads (issue 29 item 3): the partition is read from the C
 runtime itself (``Model.partition``, ``ekrt info --json``'s ``partition_macs``), never recomputed
 here. On the conv-heavy real models each of N threads gets its 1/N of the multiply-accumulates
-within 10 %, for every x86 ISA this CPU has and, through the cross-built runner under
+within 10 % (of the whole model up to 8 threads; of the ops split N ways, >= 90 % of the MACs,
+at 12 and 16), for every x86 ISA this CPU has and, through the cross-built runner under
 qemu-aarch64, for the Cortex-A72 (NEON) and Cortex-A76 (dot-product) paths, whose kernel tiles
-differ. qemu's timing means nothing, so the share of work is what is checked there."""
+and break-evens differ. qemu's timing means nothing, so the share of work is what is checked."""
 
 from __future__ import annotations
 
@@ -80,7 +81,16 @@ _SHARES = """
 import json, sys
 from edgekit import _ekrt
 m = _ekrt.Model(sys.argv[1], threads=1)
-print(json.dumps({"isa": _ekrt.isa(), "shares": {n: m.partition(n) for n in map(int, sys.argv[2:])}}))
+out = {"isa": _ekrt.isa(), "whole": {}, "split": {}}
+for n in map(int, sys.argv[2:]):
+    out["whole"][n] = m.partition(n)
+    split = [0] * n  # the ops the cost model splits over all n threads
+    for j in range(len(m.op_times())):
+        p = m.partition(n, j)
+        if min(p) > 0:
+            split = [a + b for a, b in zip(split, p)]
+    out["split"][n] = split
+print(json.dumps(out))
 """
 
 
@@ -94,6 +104,10 @@ def _assert_shares(shares: list[int], total: int, what: str) -> None:
 @pytest.mark.realmodels
 @pytest.mark.parametrize("isa", X86_ISAS)
 def test_each_thread_gets_its_share_of_the_macs_on_x86(model, isa):
+    """Up to 8 threads (Pi-, Orin-class boards) each thread's share of the whole model is within
+    10 % of 1/N. At 12 and 16 an op of 1..N break-evens of work goes to fewer threads, by design
+    (the caller's range 0 and the first workers'), so the check there is on the ops split N
+    ways: within 10 % of 1/N each, and those ops are >= 90 % of the model's MACs."""
     env = {**os.environ, "EKRT_ISA": isa, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", _SHARES, str(model), *map(str, THREADS)], capture_output=True, text=True,
                        env=env, timeout=300)
@@ -102,8 +116,14 @@ def test_each_thread_gets_its_share_of_the_macs_on_x86(model, isa):
     if doc["isa"] != isa:
         pytest.skip(f"this CPU has no {isa} (ekrt runs {doc['isa']})")
     total = conv_macs(model)
-    for n, shares in doc["shares"].items():
-        _assert_shares(shares, total, f"{model.stem} {isa} {n} threads")
+    for n, shares in doc["whole"].items():
+        if int(n) <= 8:
+            _assert_shares(shares, total, f"{model.stem} {isa} {n} threads")
+        else:
+            assert sum(shares) == total
+        split = doc["split"][n]
+        assert sum(split) >= 0.9 * total, f"{model.stem} {isa} {n} threads: only {sum(split) / total:.1%} of the MACs split {n} ways"
+        _assert_shares(split, sum(split), f"{model.stem} {isa} {n} threads, the ops split {n} ways")
 
 
 @pytest.fixture(scope="module")
