@@ -516,9 +516,6 @@ def test_threads_never_change_a_bit():
         np.testing.assert_array_equal(g, w)
 
 
-WORK_PER_THREAD = 1 << 20  # EK_WORK_PER_THREAD (csrc/src/internal.h): the cost model's threshold
-
-
 def big_and_tiny_model() -> Builder:
     """Ops far above the split threshold (a 3x3 conv of ~38 M MACs, its 1x1 of ~8 M) between
     ops far below it (an 8-element FC, a softmax of 10)."""
@@ -553,23 +550,22 @@ def _usable_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def test_threads_default_comes_from_the_op_sizes(every_op, monkeypatch):
-    monkeypatch.delenv("EKRT_WORK_PER_THREAD", raising=False)
-    _, tiny = every_op  # 16x16: no op has 2 M MACs
-    assert _ekrt.Model(tiny).threads == 1
+def test_threads_default_is_every_usable_core_when_an_op_splits(every_op, monkeypatch):
+    """The default is the device's cores (issue 29), not what the biggest op's size pays for; a
+    model with no op worth a second thread (per the per-ISA break-even) gets 1."""
+    cpus = _usable_cpus()
+    _, tiny = every_op
     b = big_and_tiny_model()
     blob = b.finish()
-    conv = b.m.ops[1]
-    biggest = int(np.prod(b.t(conv.outputs[0]).dims)) * int(np.prod(b.t(conv.inputs[1]).dims[1:]))
-    want = min(_usable_cpus(), biggest // WORK_PER_THREAD)
-    model = _ekrt.Model(blob)
-    assert model.threads == (want if want >= 2 else 1)
+    monkeypatch.delenv("EKRT_WORK_PER_THREAD", raising=False)
+    model = _ekrt.Model(blob)  # a 38 M MAC conv: worth splitting on any ISA
+    assert model.threads == cpus
     model.set_threads(1)
     assert model.threads == 1
     model.set_threads(None)  # back to ekrt's choice
-    assert model.threads == (want if want >= 2 else 1)
+    assert model.threads == cpus
     monkeypatch.setenv("EKRT_WORK_PER_THREAD", "0")  # every op worth every core
-    assert _ekrt.Model(tiny).threads == _usable_cpus()
+    assert _ekrt.Model(tiny).threads == cpus
     monkeypatch.setenv("EKRT_WORK_PER_THREAD", str(1 << 40))  # no op worth a second thread
     assert _ekrt.Model(blob).threads == 1
     with pytest.raises(ValueError, match="threads must be 1..256"):

@@ -6,8 +6,9 @@
  *   m.inputs, m.outputs             -> [(name, shape), ...]
  *   m.run([x0, ...]) or m.run({name: x})  -> [y0, ...] (float32 numpy arrays)
  *   m.set_threads(4); m.threads      -> threads run() uses; Model(..., threads=None) and
- *                                      set_threads(None) let ekrt choose from the op sizes
+ *                                      set_threads(None) let ekrt choose (ekrt.h)
  *   m.profile(True); m.run(...); m.op_times() -> [(op_type, ns), ...]
+ *   m.partition(threads, op=-1)     -> MACs per thread of ekrt_run's split (ekrt_partition)
  *   _ekrt.isa(), _ekrt.features(), _ekrt.kernels(), _ekrt.built_isas()
  *   _ekrt.quantize_multiplier(r), _ekrt.requant(acc, m, s, zp, qmin, qmax): requant.h, for tests
  *   _ekrt.histogram_add(values, lo, scale, counts, absolute): the calibrator's histograms */
@@ -329,11 +330,32 @@ static PyObject* Model_op_times(ModelObject* self, PyObject* Py_UNUSED(unused)) 
   return list;
 }
 
+static PyObject* Model_partition(ModelObject* self, PyObject* args) {
+  int threads, op = -1;
+  if (!PyArg_ParseTuple(args, "i|i", &threads, &op)) return NULL;
+  if (check_idle(self)) return NULL;
+  if (threads < 1 || threads > 256) {
+    PyErr_Format(PyExc_ValueError, "threads must be 1..256, not %d", threads);
+    return NULL;
+  }
+  uint64_t macs[256];
+  if (ekrt_partition(self->model, threads, op, macs)) {
+    PyErr_Format(PyExc_IndexError, "op %d out of range (-1 for the whole model, or 0..%d)", op,
+                 ekrt_num_ops(self->model) - 1);
+    return NULL;
+  }
+  PyObject* list = PyList_New(threads);
+  if (!list) return NULL;
+  for (int t = 0; t < threads; t++) PyList_SET_ITEM(list, t, PyLong_FromUnsignedLongLong(macs[t]));
+  return list;
+}
+
 static PyMethodDef Model_methods[] = {
     {"run", (PyCFunction)Model_run, METH_O, "run(inputs) -> list of float32 arrays; inputs: list or {name: array}"},
-    {"set_threads", (PyCFunction)Model_set_threads, METH_O, "set_threads(n): threads for run(), the caller included; None: chosen from the op sizes (results do not change)"},
+    {"set_threads", (PyCFunction)Model_set_threads, METH_O, "set_threads(n): threads for run(), the caller included; None: one per usable CPU when an op is big enough to split (results do not change)"},
     {"profile", (PyCFunction)Model_profile, METH_VARARGS, "profile(enable=True): per-op timing on/off (resets totals)"},
     {"op_times", (PyCFunction)Model_op_times, METH_NOARGS, "op_times() -> [(op type, total ns), ...] in execution order"},
+    {"partition", (PyCFunction)Model_partition, METH_VARARGS, "partition(threads, op=-1) -> conv/FC MACs per thread as run() splits them at that count (op -1: the whole model)"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Model_getset[] = {

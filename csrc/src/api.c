@@ -45,24 +45,41 @@ static int usable_cpus(void) {
   return n < 1 ? 1 : n > 256 ? 256 : (int)n;
 }
 
-/* EKRT_THREADS_AUTO: as many threads as the biggest op pays for (ek_threads_for), at most one
- * per usable CPU; 1 when no op is big enough to split */
+/* EKRT_THREADS_AUTO: one thread per usable CPU when some op of the model is big enough to
+ * split in two (ek_threads_for), else 1. A busy machine is handled by measurement, not by
+ * starting fewer threads: the pool rests while its workers miss jobs (pool.c), and the
+ * agent's bench probes one thread against this choice. */
 static int auto_threads(ekrt_model* m) {
-  int cpus = usable_cpus(), best = 1, saved = m->threads;
+  int cpus = usable_cpus(), saved = m->threads, any = 0;
   m->threads = cpus;
-  for (uint32_t j = 0; j < m->n_ops; j++) {
-    int t = ek_threads_for(m, ek_op_work(m, &m->ops[j]));
-    if (t > best) best = t;
-  }
+  for (uint32_t j = 0; j < m->n_ops && !any; j++) any = ek_threads_for(m, ek_op_work(m, &m->ops[j])) > 1;
   m->threads = saved;
-  return best;
+  return any ? cpus : 1;
+}
+
+/* The work per thread below which splitting an op costs more than it saves, per ISA: about
+ * EK_HANDOVER_NS of the ISA's single-thread kernel speed (benchmarks/ekrt_threads.py
+ * --calibrate, docs/ekrt.md "Threads"). */
+uint64_t ek_work_per_thread(const char* isa) {
+  static const struct {
+    const char* isa;
+    uint64_t work;
+  } table[] = {EK_WORK_PER_THREAD_TABLE};
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+    if (!strcmp(table[i].isa, isa)) return table[i].work;
+  return table[0].work;
 }
 
 static uint64_t work_per_thread(void) {
   const char* v = getenv("EKRT_WORK_PER_THREAD");
   char* end;
   unsigned long long n = v && *v ? strtoull(v, &end, 10) : 0;
-  return v && *v && !*end ? (uint64_t)n : EK_WORK_PER_THREAD;
+  return v && *v && !*end ? (uint64_t)n : ek_work_per_thread(ekrt_isa_name());
+}
+
+static int pin_threads(void) {
+  const char* v = getenv("EKRT_PIN");
+  return v && !strcmp(v, "1");
 }
 
 int ekrt_set_threads(ekrt_model* m, int threads) {
@@ -78,7 +95,7 @@ int ekrt_set_threads(ekrt_model* m, int threads) {
   }
   struct ek_pool* pool = NULL;
   if (threads > 1) {
-    pool = ek_pool_create(threads);
+    pool = ek_pool_create(threads, pin_threads());
     if (!pool) {
       free(scratch);
       return EKRT_ETHREAD;
@@ -104,6 +121,7 @@ int ekrt_run(ekrt_model* m, const float* const* inputs, float* const* outputs) {
     if (!outputs[k]) return EKRT_EARG;
     m->tensors[m->io[m->n_inputs + k].tensor].data = outputs[k];
   }
+  ek_pool_begin(m->pool);
   if (m->profiling) {
     for (uint32_t j = 0; j < m->n_ops; j++) {
       uint64_t t0 = ek_now_ns();
@@ -113,6 +131,7 @@ int ekrt_run(ekrt_model* m, const float* const* inputs, float* const* outputs) {
   } else {
     for (uint32_t j = 0; j < m->n_ops; j++) m->ops[j].desc->run(m, &m->ops[j]);
   }
+  ek_pool_end(m->pool);
   for (uint32_t k = 0; k < m->n_inputs + m->n_outputs; k++) m->tensors[m->io[k].tensor].data = NULL;
   return 0;
 }
@@ -160,4 +179,18 @@ uint64_t ekrt_macs(const ekrt_model* m) {
   uint64_t total = 0;
   for (uint32_t j = 0; j < m->n_ops; j++) total += op_macs(m, &m->ops[j]);
   return total;
+}
+
+int ekrt_partition(const ekrt_model* m, int threads, int op, uint64_t* macs) {
+  if (!m || !macs || threads < 1 || threads > 256 || op < -1 || (op >= 0 && (uint32_t)op >= m->n_ops)) return EKRT_EARG;
+  memset(macs, 0, (size_t)threads * sizeof *macs);
+  struct ekrt_model view = *m; /* the cost model at `threads` threads, as ekrt_set_threads would set it */
+  view.threads = threads;
+  view.work_per_thread = work_per_thread();
+  for (uint32_t j = op < 0 ? 0 : (uint32_t)op; j < (op < 0 ? m->n_ops : (uint32_t)op + 1); j++) {
+    const struct ek_op* o = &m->ops[j];
+    if (o->type != EKM_CONV2D && o->type != EKM_FULLY_CONNECTED) continue;
+    ek_conv_partition(&view, o, ek_threads_for(&view, ek_op_work(&view, o)), macs);
+  }
+  return 0;
 }

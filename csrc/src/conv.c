@@ -108,7 +108,10 @@ struct conv_job {
   const struct conv_state* s;
   const int8_t* x;
   int8_t* y;
-  size_t row_blocks, col_blocks, cols_per_block;
+  /* gemm kinds: tasks are (group, row block, column block) tiles; depthwise: (output row,
+   * pixel chunk) */
+  size_t rows_per_task, row_blocks, col_blocks, cols_per_block;
+  size_t px_per_task, px_chunks;
 };
 
 static void* aligned_alloc64(size_t n) {
@@ -133,8 +136,8 @@ static struct tile task_tile(const struct conv_job* j, size_t i) {
   size_t cb = i % j->col_blocks;
   i /= j->col_blocks;
   size_t rb = i % j->row_blocks, rows_total = s->batch * s->geo.oh * s->geo.ow;
-  struct tile t = {i / j->row_blocks, rb * s->rows_per_task, 0, cb * j->cols_per_block, 0};
-  t.rows = ek_min_sz(s->rows_per_task, rows_total - t.r0);
+  struct tile t = {i / j->row_blocks, rb * j->rows_per_task, 0, cb * j->cols_per_block, 0};
+  t.rows = ek_min_sz(j->rows_per_task, rows_total - t.r0);
   t.cols = ek_min_sz(j->cols_per_block, s->mg - t.c0);
   return t;
 }
@@ -267,45 +270,102 @@ static void fill_indirection(const struct conv_state* s, const int8_t* x, size_t
 static void task_depthwise(void* ctx, size_t i, int thread) {
   const struct conv_job* j = ctx;
   const struct conv_state* s = j->s;
-  size_t oy = i % s->geo.oh, n = i / s->geo.oh, ks = s->geo.kh * s->geo.kw;
+  size_t row = i / j->px_chunks, oy = row % s->geo.oh, n = row / s->geo.oh, ks = s->geo.kh * s->geo.kw;
+  size_t px0 = (i % j->px_chunks) * j->px_per_task, px1 = ek_min_sz(px0 + j->px_per_task, s->geo.ow);
   struct ek_requant_params rq = {s->mult, s->shift, s->zp_out, s->qmin, s->qmax};
   int8_t* yrow = j->y + (n * s->geo.oh + oy) * s->geo.ow * s->geo.c;
   const int8_t** ind =
       (const int8_t**)(void*)(j->model->scratch + (size_t)thread * j->model->scratch_per_thread);
   if (s->shared_columns) {
     if (s->columns)
-      ind = s->columns + i * s->row_pointers;
+      ind = s->columns + row * s->row_pointers;
     else
       fill_columns(s, j->x, n, oy, ind);
-    s->dwconv(s->geo.c, s->geo.ow, ks, ind, s->geo.sw * s->geo.kh, s->packed, yrow, s->geo.c, &rq);
+    size_t step = s->geo.sw * s->geo.kh;
+    s->dwconv(s->geo.c, px1 - px0, ks, ind + px0 * step, step, s->packed, yrow + px0 * s->geo.c, s->geo.c, &rq);
     return;
   }
-  for (size_t ox0 = 0; ox0 < s->geo.ow; ox0 += EK_DW_PIXELS) {
-    size_t np = ek_min_sz(EK_DW_PIXELS, s->geo.ow - ox0);
+  for (size_t ox0 = px0; ox0 < px1; ox0 += EK_DW_PIXELS) {
+    size_t np = ek_min_sz(EK_DW_PIXELS, px1 - ox0);
     fill_indirection(s, j->x, n, oy, ox0, np, ind);
     s->dwconv(s->geo.c, np, ks, ind, ks, s->packed, yrow + ox0 * s->geo.c, s->geo.c, &rq);
   }
 }
 
+static uint64_t work_depthwise(void* ctx, size_t i) {
+  const struct conv_job* j = ctx;
+  size_t px0 = (i % j->px_chunks) * j->px_per_task, px = ek_min_sz(j->px_per_task, j->s->geo.ow - px0);
+  return (uint64_t)px * j->s->geo.c * j->s->geo.kh * j->s->geo.kw;
+}
+
+static uint64_t work_gemm(void* ctx, size_t i) {
+  const struct conv_job* j = ctx;
+  const struct tile t = task_tile(j, i);
+  return (uint64_t)t.rows * t.cols * j->s->k;
+}
+
+/* Tasks per thread an op is cut into when split: enough that the partition by work (ranges
+ * of whole tasks) gives each thread within ~1/16 of its share, and that stealing has
+ * something to take. */
+#define EK_TASKS_PER_THREAD 8u
+
+/* the tiling of op's tasks for `threads` threads; returns the number of tasks */
+static size_t conv_tiling(const struct conv_state* s, size_t threads, struct conv_job* j) {
+  size_t want = threads > 1 ? EK_TASKS_PER_THREAD * threads : 1;
+  if (s->kind == CONV_DEPTHWISE) {
+    size_t rows = s->batch * s->geo.oh, chunks = rows >= want ? 1 : (want + rows - 1) / rows;
+    size_t px = (s->geo.ow + chunks - 1) / chunks, min_px = ek_min_sz(8, s->geo.ow);
+    j->px_per_task = px < min_px ? min_px : px;
+    j->px_chunks = (s->geo.ow + j->px_per_task - 1) / j->px_per_task;
+    return rows * j->px_chunks;
+  }
+  size_t rows_total = s->kind == CONV_FC ? s->batch : s->batch * s->geo.oh * s->geo.ow, g = s->groups;
+  size_t rpt = s->rows_per_task, floor_rows = ek_min_sz(rpt, 4 * s->mr);
+#define BLOCKS(r) (g * ((rows_total + (r) - 1) / (r)))
+  /* few tiles: smaller row blocks first (down to 4*mr rows), then column blocks (whole nr
+   * blocks: each re-reads its rows), then row blocks down to mr */
+  if (BLOCKS(rpt) < want) {
+    size_t r = ek_round_up((g * rows_total + want - 1) / want, s->mr);
+    rpt = r < floor_rows ? floor_rows : r < rpt ? r : rpt;
+  }
+  j->cols_per_block = s->mg;
+  j->col_blocks = 1;
+  if (BLOCKS(rpt) < want) {
+    size_t nblocks = (s->mg + s->nr - 1) / s->nr, per = (want + BLOCKS(rpt) - 1) / BLOCKS(rpt);
+    j->cols_per_block = (nblocks + per - 1) / per * s->nr;
+    j->col_blocks = (s->mg + j->cols_per_block - 1) / j->cols_per_block;
+  }
+  if (BLOCKS(rpt) * j->col_blocks < want && rpt > s->mr) {
+    size_t r = ek_round_up((g * rows_total * j->col_blocks + want - 1) / want, s->mr);
+    if (r < rpt) rpt = r;
+  }
+#undef BLOCKS
+  j->rows_per_task = rpt;
+  j->row_blocks = (rows_total + rpt - 1) / rpt;
+  return g * j->row_blocks * j->col_blocks;
+}
+
 void ek_run_conv(struct ekrt_model* m, struct ek_op* op) {
   const struct conv_state* s = op->state;
-  struct conv_job j = {m, s, m->tensors[op->in[0]].data, m->tensors[op->out].data, 0, 1, s->mg};
-  if (s->kind == CONV_DEPTHWISE) {
-    ek_parallel_for(m, op, s->batch * s->geo.oh, task_depthwise, &j);
-    return;
-  }
-  size_t rows_total = s->kind == CONV_FC ? s->batch : s->batch * s->geo.oh * s->geo.ow;
-  j.row_blocks = (rows_total + s->rows_per_task - 1) / s->rows_per_task;
-  /* few row tiles (small images, FC): split the columns too, in whole nr blocks */
-  size_t tasks = s->groups * j.row_blocks, threads = (size_t)ek_op_threads(m, op);
-  size_t want = threads > 1 ? 4 * threads : 1;
-  if (tasks < want) {
-    size_t nblocks = (s->mg + s->nr - 1) / s->nr, per = (want + tasks - 1) / tasks;
-    size_t blocks_per = (nblocks + per - 1) / per;
-    j.cols_per_block = blocks_per * s->nr;
-    j.col_blocks = (s->mg + j.cols_per_block - 1) / j.cols_per_block;
-  }
-  ek_parallel_for(m, op, s->groups * j.row_blocks * j.col_blocks, s->kind == CONV_IM2COL ? task_im2col : task_direct, &j);
+  struct conv_job j = {m, s, m->tensors[op->in[0]].data, m->tensors[op->out].data, 0, 0, 0, 0, 0, 0};
+  size_t n = conv_tiling(s, (size_t)ek_op_threads(m, op), &j);
+  if (s->kind == CONV_DEPTHWISE)
+    ek_parallel_for(m, op, n, task_depthwise, work_depthwise, &j);
+  else
+    ek_parallel_for(m, op, n, s->kind == CONV_IM2COL ? task_im2col : task_direct, work_gemm, &j);
+}
+
+void ek_conv_partition(const struct ekrt_model* m, const struct ek_op* op, int threads, uint64_t* per_thread) {
+  const struct conv_state* s = op->state;
+  struct conv_job j = {(struct ekrt_model*)m, s, NULL, NULL, 0, 0, 0, 0, 0, 0};
+  size_t n = conv_tiling(s, (size_t)threads, &j), parts = ek_min_sz((size_t)threads, n);
+  ek_work_fn work = s->kind == CONV_DEPTHWISE ? work_depthwise : work_gemm;
+  size_t* bounds = malloc((parts + 1) * sizeof *bounds);
+  if (!bounds) return;
+  ek_partition(n, (int)parts, work, &j, bounds);
+  for (size_t t = 0; t < parts; t++)
+    for (size_t i = bounds[t]; i < bounds[t + 1]; i++) per_thread[t] += work(&j, i);
+  free(bounds);
 }
 
 static void free_conv(struct conv_state* s) {

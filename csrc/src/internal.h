@@ -88,7 +88,7 @@ struct ekrt_model {
   size_t scratch_per_thread;
   size_t weights_bytes;
   int threads;
-  uint64_t work_per_thread; /* EK_WORK_PER_THREAD, or EKRT_WORK_PER_THREAD from the environment */
+  uint64_t work_per_thread; /* ek_work_per_thread(isa), or EKRT_WORK_PER_THREAD from the environment */
   struct ek_pool* pool;
   int profiling;
 };
@@ -201,25 +201,41 @@ int ek_check_fsoftmax(struct ek_check* o);
 void ek_run_fsoftmax(struct ekrt_model* m, struct ek_op* op);
 
 /* pool.c: run task(ctx, i, thread) for i in [0, n) on as many of the model's threads as op's
- * work pays for (ek_threads_for), the caller included. Deterministic results are the caller's
- * job: each task writes its own outputs only. */
+ * work pays for (ek_threads_for), the caller included: each thread first runs its own
+ * contiguous range of tasks (ek_partition, balanced by work(ctx, i), or by count when work is
+ * NULL), then steals. `thread` (0..threads-1) is unique among the threads running at once (it
+ * picks the scratch). Deterministic results are the caller's job: each task writes its own
+ * outputs only. */
 typedef void (*ek_task_fn)(void* ctx, size_t i, int thread);
-struct ek_pool* ek_pool_create(int threads);
+typedef uint64_t (*ek_work_fn)(void* ctx, size_t i);
+struct ek_pool* ek_pool_create(int threads, int pin); /* pin: worker k runs on the k-th usable CPU */
 void ek_pool_destroy(struct ek_pool* pool);
-void ek_parallel_for(struct ekrt_model* m, const struct ek_op* op, size_t n, ek_task_fn task, void* ctx);
+void ek_pool_begin(struct ek_pool* pool); /* ekrt_run starts: workers poll between its ops */
+void ek_pool_end(struct ek_pool* pool);   /* ... and sleep after it */
+void ek_partition(size_t n, int parts, ek_work_fn work, void* ctx, size_t* bounds); /* bounds[parts + 1] */
+void ek_parallel_for(struct ekrt_model* m, const struct ek_op* op, size_t n, ek_task_fn task, ek_work_fn work,
+                     void* ctx);
 
 /* The cost model (api.c, docs/ekrt.md "Threads"): an op's work in multiply-accumulates, other
  * ops' elements weighted by EK_ELEM_WORK. An op is split over t threads only when each gets
- * at least EK_WORK_PER_THREAD (~100 us of AVX2 work); below, waking a thread costs more than it
- * saves: on a loaded 2-vCPU VM a wake-up cost the caller up to 60 us, and convolutions of
- * 0.5-2.4 M MACs split in two ran 1.0-1.4x slower than on one thread (benchmarks/
- * ekrt_threads.py --calibrate). EKRT_WORK_PER_THREAD overrides it (0 splits every op). */
-#define EK_WORK_PER_THREAD 1048576u
+ * at least the work per thread that pays for a hand-over to a polling worker, measured per
+ * ISA (ek_work_per_thread, benchmarks/ekrt_threads.py --calibrate). EKRT_WORK_PER_THREAD
+ * overrides it (0 splits every op). */
 #define EK_ELEM_WORK 8u
+/* ek_work_per_thread's table (the first row is the default for an ISA not listed): about 2 us
+ * of one core's kernel speed per ISA (docs/kernels.md: avx512vnni ~150-300, avx2 ~30-60 M
+ * MACs/ms), the cost of handing a split op to polling workers and joining them. PROVISIONAL:
+ * the 2-core VMs were too loaded on 2026-11-28 to calibrate (load 9-14); benchmarks/
+ * ekrt_threads.py --calibrate measures it per ISA on a quiet machine. */
+#define EK_WORK_PER_THREAD_TABLE {"scalar", 16384}, {"avx2", 98304}, {"avx512vnni", 262144}, {"neon", 24576}, {"neondot", 65536}
+uint64_t ek_work_per_thread(const char* isa);
 uint64_t ek_op_work(const struct ekrt_model* m, const struct ek_op* op);
 int ek_threads_for(const struct ekrt_model* m, uint64_t work); /* 1..m->threads */
 /* the threads op gets now: ek_threads_for its work, or 1 while the pool rests (pool.c) */
 int ek_op_threads(const struct ekrt_model* m, const struct ek_op* op);
+/* conv.c: the MACs each of `threads` threads runs of a CONV2D / FULLY_CONNECTED op under the
+ * executor's partition (per_thread[threads], added to) */
+void ek_conv_partition(const struct ekrt_model* m, const struct ek_op* op, int threads, uint64_t* per_thread);
 
 uint32_t ek_crc32(const uint8_t* p, size_t n);
 uint64_t ek_now_ns(void);

@@ -39,7 +39,7 @@ void ek_for_rows(struct ekrt_model* m, struct ek_op* op, size_t rows, size_t row
     fn(m, op, 0, rows);
     return;
   }
-  ek_parallel_for(m, op, n, row_task, &j);
+  ek_parallel_for(m, op, n, row_task, NULL, &j);
 }
 
 /* ---- QUANTIZE / DEQUANTIZE (rows: N*H for the layout-changing 4-D case, else chunks) ---- */

@@ -1,14 +1,15 @@
 /* ekrt: the static device runner (docs/ekrt.md). No Python needed on the device.
  *
- *   ekrt info  [MODEL.ekm] [--json]
+ *   ekrt info  [MODEL.ekm] [--threads N] [--json]   (--json with a model: its partition_macs,
+ *              the conv/FC multiply-accumulates per thread as run splits them at that count)
  *   ekrt run   MODEL.ekm [--inputs A.npy ...] [--seed N] [--threads N] [--save DIR] [--json]
  *              (.npy inputs may stack N samples along the first axis: each runs, outputs stack alike)
  *   ekrt bench MODEL.ekm [--iterations N | --duration S] [--warmup N|auto] [--threads N] [--profile]
  *                        [--inputs A.npy ...] [--seed N] [--variant NAME] [--bundle-hash HEX] [--json]
  *
  * bench --json prints one document in the agent's bench schema (docs/bundle-and-agent.md).
- * Without --threads ekrt chooses from the op sizes, at most one per usable core (config.threads
- * is then null; backend_info.threads says how many ran).
+ * Without --threads ekrt takes one thread per usable core when an op is big enough to split
+ * (config.threads is then null; backend_info.threads says how many ran).
  * Without --inputs, inputs are numpy.random.RandomState(seed).standard_normal(shape) as
  * float32 (seed 0), the same values the Python agent feeds other backends. --warmup auto (the
  * default) warms up until latency is stable, bounded (warmup_done). --profile times each op in a
@@ -143,6 +144,15 @@ static int cmd_info(const struct opts* o) {
       print_io(l.m, 0);
       fputs(", \"outputs\": ", stdout);
       print_io(l.m, 1);
+      /* conv/FC multiply-accumulates per thread as run splits them at this thread count */
+      int threads = ekrt_get_threads(l.m);
+      uint64_t* macs = calloc((size_t)threads, sizeof *macs);
+      if (macs && ekrt_partition(l.m, threads, -1, macs) == 0) {
+        fputs(", \"partition_macs\": [", stdout);
+        for (int t = 0; t < threads; t++) printf("%s%llu", t ? ", " : "", (unsigned long long)macs[t]);
+        putchar(']');
+      }
+      free(macs);
       putchar('}');
     }
     fputs("}\n", stdout);

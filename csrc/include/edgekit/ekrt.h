@@ -48,9 +48,10 @@ int ekrt_io_info(const ekrt_model* model, int is_output, int index, const char**
 size_t ekrt_io_elements(const ekrt_model* model, int is_output, int index);
 
 /* Threads for ekrt_run, the caller included (1 = the caller only; a model loads with 1).
- * EKRT_THREADS_AUTO: as many as the model's biggest op pays for, at most the usable CPUs (1
- * when no op is big enough to split); ekrt_get_threads says what was chosen. Each op uses only
- * the threads its own work pays for. Results do not depend on the thread count. */
+ * EKRT_THREADS_AUTO: one per usable CPU (1 when no op of the model is big enough to split);
+ * ekrt_get_threads says what was chosen. Each op uses only the threads its own work pays for
+ * (EKRT_WORK_PER_THREAD overrides the per-ISA break-even); EKRT_PIN=1 pins worker k to the
+ * k-th usable CPU. Results do not depend on the thread count. */
 #define EKRT_THREADS_AUTO 0
 int ekrt_set_threads(ekrt_model* model, int threads);
 int ekrt_get_threads(const ekrt_model* model);
@@ -67,6 +68,11 @@ int ekrt_op_times(const ekrt_model* model, int op, const char** name, uint64_t* 
 /* Work per run: multiply-accumulates of CONV2D/FULLY_CONNECTED plus one per element read by
  * every other op (for reports, and for the fuzzer to skip running huge models). */
 uint64_t ekrt_macs(const ekrt_model* model);
+/* The partition of CONV2D / FULLY_CONNECTED multiply-accumulates over `threads` threads, as
+ * ekrt_run at that count splits them when every thread keeps up (a thread that falls behind
+ * has its unclaimed tasks taken by the others): macs[t], t < threads, of op `op` (other ops: all
+ * 0), or of the whole model for op = -1. An op too small to split counts on thread 0. */
+int ekrt_partition(const ekrt_model* model, int threads, int op, uint64_t* macs);
 /* Bytes the model holds: the arena, packed weights and scratch (for reports). */
 size_t ekrt_memory_bytes(const ekrt_model* model);
 
