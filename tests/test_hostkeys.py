@@ -370,3 +370,17 @@ def test_cli_refuses_a_revoked_key_even_with_trust_new_host(ssh_home, sshd_serve
     result = cli("devices", "check", "lab", "--trust-new-host", env=ssh_home.env())
     assert_one_line_error(result, 4, "is REVOKED")
     assert ssh_home.known_hosts.read_text() == f"@revoked * {sshd_server.host_key_line}\n"
+
+
+@pytest.mark.ssh
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's ssh client")
+def test_the_issue_repro_a_percent_token_in_user_known_hosts_file(ssh_home, sshd_server, cli):
+    """Issue 26 item 1: `UserKnownHostsFile ~/.ssh/kh_%u` holding `@revoked * KEY` was ignored
+    (edgekit trusted the host and wrote a file literally named kh_%u); ssh says "revoked"."""
+    kh = ssh_home.ssh_dir / f"kh_{getpass.getuser()}"
+    kh.write_text(f"@revoked * {sshd_server.host_key_line}\n")
+    ssh_home.config.write_text(sshd_server.ssh_config("lab", UserKnownHostsFile="~/.ssh/kh_%u"))
+    result = cli("devices", "check", "lab", "--trust-new-host", env=ssh_home.env())
+    assert_one_line_error(result, 4, "is REVOKED")
+    assert kh.read_text() == f"@revoked * {sshd_server.host_key_line}\n"
+    assert not (ssh_home.ssh_dir / "kh_%u").exists()
