@@ -83,3 +83,18 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def test_a_weight_int8_cannot_bridge_runs_in_float_rather_than_crashing(cli, tmp_path):
+    """Issue 26: a large (finite, under the 1e30 limit) weight made ekrt's requantization multiplier
+    overflow, exit 1. Now that node is not an int8 node: it runs as a float island (or the plan picks
+    another backend), and the quantized model is written."""
+    from onnx import helper, numpy_helper
+
+    w = np.ones((4, 3), np.float32)
+    w[1, 1] = 1e20
+    m = onnx_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [float_io("x", [1, 4])], [float_io("y", [1, 3])], [numpy_helper.from_array(w, "w")])
+    onnx.save(m, tmp_path / "big.onnx")
+    r = cli("quantize", "big.onnx", "-o", "out.onnx")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out.onnx").stat().st_size > 0

@@ -11,17 +11,19 @@
 
 from __future__ import annotations
 
+import getpass
 import random
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from edgekit.errors import TransportError
 from edgekit.transport.ssh import SshTransport
-from edgekit.transport.sshconfig import host_key_status, known_entries, match_hostname
+from edgekit.transport.sshconfig import known_entries, match_hostname
 from tests.conftest import assert_one_line_error
 from tests.lab import sshd as sshd_mod
 
@@ -127,72 +129,227 @@ def _hashed(line: str, tmp: Path) -> str:
     return text
 
 
-def _ssh_verdict(server, kh: Path) -> tuple[str, str]:
-    proc = subprocess.run(
-        ["ssh", "-F", "/dev/null", "-i", str(server.client_key), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-         "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={kh}", "-o", "GlobalKnownHostsFile=/dev/null",
-         "-o", "CheckHostIP=no", "-o", "ConnectTimeout=10", "-p", str(server.port), f"{server.user}@{server.host}", "true"],
-        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    err = proc.stderr
-    if proc.returncode == 0:
-        return "ok", err
-    if "revoked" in err.lower():
-        return "revoked", err
-    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in err:
-        return "changed", err
-    if "Host key verification failed" in err:
-        return "unknown", err
-    return "?", err
+# Issue 26: more cases, with what the earlier matrix lacked. Lines may also say where they go:
+# "G:" the GlobalKnownHostsFile, "B:" a second UserKnownHostsFile, "R:" a RevokedHostKeys list,
+# "KRL:" a RevokedHostKeys KRL (made by ssh-keygen -k); "H:" hashed by ssh-keygen -H. {A} is the
+# HostKeyAlias "lab-alias". A case's options go into its Host block ("tokens": the known_hosts
+# file is named with % tokens).
+MORE = [
+    ("% tokens in UserKnownHostsFile, @revoked *", ["@revoked * {K}"], "revoked", {"tokens": True}),
+    ("% tokens in UserKnownHostsFile, other key", ["{N} {X}"], "changed", {"tokens": True}),
+    ("% tokens in UserKnownHostsFile, same key", ["{N} {K}"], "ok", {"tokens": True}),
+    ("% tokens in UserKnownHostsFile, unknown", [], "unknown", {"tokens": True}),
+    ("HostKeyAlias, same key", ["{A} {K}"], "ok", {"HostKeyAlias": "lab-alias"}),
+    ("HostKeyAlias, other key", ["{A} {X}"], "changed", {"HostKeyAlias": "lab-alias"}),
+    ("HostKeyAlias, only the real name is filed", ["{N} {K}"], "unknown", {"HostKeyAlias": "lab-alias"}),
+    ("%k token with HostKeyAlias", ["{A} {K}"], "ok", {"HostKeyAlias": "lab-alias", "tokens": True}),
+    ("RevokedHostKeys list holds the key", ["{N} {K}", "R:{K}"], "revoked", {}),
+    ("RevokedHostKeys list of another key", ["{N} {K}", "R:{X}"], "ok", {}),
+    ("RevokedHostKeys KRL holds the key", ["{N} {K}", "KRL:{K}"], "revoked", {}),
+    ("RevokedHostKeys KRL of another key", ["{N} {K}", "KRL:{X}"], "ok", {}),
+    ("RevokedHostKeys with a % token", ["{N} {K}", "R:{K}"], "revoked", {"revoked_tokens": True}),
+    ("RevokedHostKeys file missing", ["{N} {K}"], "revoked", {"RevokedHostKeys": "{dir}/no-such-krl"}),
+    ("RevokedHostKeys revokes an unknown host's key", ["R:{K}"], "revoked", {}),
+    ("second user file holds the key", ["B:{N} {K}"], "ok", {}),
+    ("first user file other key, second the right one", ["{N} {X}", "B:{N} {K}"], "ok", {}),
+    ("second user file has another key", ["B:{N} {X}"], "changed", {}),
+    ("global file holds the key", ["G:{N} {K}"], "ok", {}),
+    ("global file has another key", ["G:{N} {X}"], "changed", {}),
+    ("@revoked in the global file", ["{N} {K}", "G:@revoked * {K}"], "revoked", {}),
+    ("hashed other key, plain right key", ["H:{N} {X}", "{N} {K}"], "ok", {}),
+    ("comments and blank lines around the key", ["# a comment", "", "{N} {K}", "   "], "ok", {}),
+    ("empty known_hosts", [""], "unknown", {}),
+    ("user file is a directory", [], "unknown", {"kh_dir": True}),
+]
+# accept-new verdicts that are not "unknown -> ok, the rest as with yes"
+ACCEPT_NEW = {
+    "@revoked for the bare host": "ok",  # ssh warns that [host]:port's key is revoked for host, then adds it
+}
+# A server that offers ed25519 and ecdsa: which key it shows depends on the client's algorithm order.
+TWO_KEYS = [
+    ("two keys: right ecdsa listed before wrong ed25519", ["{N} {E}", "{N} {X}"], "changed"),
+    ("two keys: right ed25519 listed before wrong ecdsa", ["{N} {K}", "{N} {Y}"], "ok"),
+    ("two keys: both right", ["{N} {E}", "{N} {K}"], "ok"),
+    ("two keys: only ecdsa filed, right", ["{N} {E}"], "ok"),
+    ("two keys: only ecdsa filed, wrong", ["{N} {Y}"], "changed"),
+]
 
 
-def _edgekit_verdict(alias: str, trust: bool) -> tuple[str, str]:
+def _verdict_of(text: str, code: int) -> str:
+    if code == 0:
+        return "ok"
+    low = text.lower()
+    if "revoked" in low:
+        return "revoked"
+    if "has changed" in low or "remote host identification has changed" in low:
+        return "changed"
+    if "host key verification failed" in low or "is not a known host" in low:
+        return "unknown"
+    return "?"
+
+
+def _ssh_run(config: Path, alias: str) -> tuple[str, str]:
+    proc = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", alias, "true"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return _verdict_of(proc.stderr, proc.returncode), proc.stderr
+
+
+def _edgekit_run(alias: str, trust: bool) -> tuple[str, str]:
     device = SshTransport(alias, trust_new_host=trust, connect_timeout=10)
     try:
         device.connect()
         return "ok", ""
     except TransportError as exc:
-        text = exc.message
-        for verdict, needle in (("revoked", "REVOKED"), ("changed", "CHANGED"), ("unknown", "is not a known host")):
-            if needle in text:
-                return verdict, text
-        return "?", text
+        return _verdict_of(exc.message, 1), exc.message
     finally:
         device.close()
 
 
+class _Parity:
+    """Builds one case twice (files for ssh, files for edgekit: same content, same options), runs
+    the real ssh on the one and edgekit on the other, and compares verdicts and saved keys."""
+
+    def __init__(self, ssh_home, tmp: Path, fields: dict[str, str]) -> None:
+        self.home, self.tmp, self.fields = ssh_home, tmp, fields
+        # ssh gets the view edgekit asks `ssh -G` for when HOME is not the account's home:
+        # $HOME's config, then the system config
+        self.wrapper = tmp / "ssh-wrapper.conf"
+        self.wrapper.write_text(f'Include "{ssh_home.config}"\nInclude /etc/ssh/ssh_config\n')
+        self.rows: list[tuple[str, str, str, str]] = []
+
+    def files(self, d: Path, lines: list[str], opts: dict, server, alias: str) -> tuple[dict[str, str], Path]:
+        d.mkdir()
+        buckets: dict[str, list[str]] = {"": [], "G:": [], "B:": [], "R:": [], "KRL:": []}
+        for raw in lines:
+            prefix = next((p for p in ("G:", "B:", "KRL:", "R:") if raw.startswith(p)), "")
+            buckets[prefix].append(raw[len(prefix) :].format(**self.fields))
+        body = "".join(_hashed(ln[2:], d) if ln.startswith("H:") else ln + "\n" for ln in buckets[""])
+        user = getpass.getuser()
+        if opts.get("tokens"):
+            kh_opt = f"{d}/kh_%n_%u_%h_%p_%r_%k"
+            kh = d / f"kh_{alias}_{user}_{server.host}_{server.port}_{server.user}_{opts.get('HostKeyAlias') or alias}"
+        else:
+            kh_opt, kh = str(d / "kh"), d / "kh"
+        if opts.get("kh_dir"):
+            kh.mkdir()
+        else:
+            kh.write_text(body)
+        (d / "kh_b").write_text("".join(ln + "\n" for ln in buckets["B:"]))
+        (d / "global").write_text("".join(ln + "\n" for ln in buckets["G:"]))
+        block = {"UserKnownHostsFile": f"{kh_opt} {d / 'kh_b'}", "GlobalKnownHostsFile": str(d / "global")}
+        if buckets["R:"]:
+            (d / f"revoked_{user}").write_text("".join(ln + "\n" for ln in buckets["R:"]))
+            block["RevokedHostKeys"] = f"{d}/revoked_%u" if opts.get("revoked_tokens") else str(d / f"revoked_{user}")
+        if buckets["KRL:"]:
+            pub = d / "krl-keys.pub"
+            pub.write_text("".join(ln + "\n" for ln in buckets["KRL:"]))
+            subprocess.run(["ssh-keygen", "-q", "-k", "-f", str(d / "krl"), str(pub)], check=True, capture_output=True, timeout=30)
+            block["RevokedHostKeys"] = str(d / "krl")
+        if "RevokedHostKeys" in opts:
+            block["RevokedHostKeys"] = opts["RevokedHostKeys"].format(dir=d)
+        if "HostKeyAlias" in opts:
+            block["HostKeyAlias"] = opts["HostKeyAlias"]
+        return block, kh
+
+    def case(self, i: int, label: str, lines: list[str], expected: str, opts: dict, server, mode: str) -> None:
+        got = {}
+        for side in ("s", "e"):
+            alias = f"{side}{i}{mode[0]}"
+            block, kh = self.files(self.tmp / alias, lines, opts, server, alias)
+            self.home.add_host(alias, server, StrictHostKeyChecking=mode, **block)
+            before = kh.read_text() if kh.is_file() else ""
+            verdict, text = _ssh_run(self.wrapper, alias) if side == "s" else _edgekit_run(alias, trust=False)
+            after = kh.read_text() if kh.is_file() else ""
+            got[side] = (verdict, text, before, after, kh)
+        (sv, st, sb, sa, skh), (ev, et, eb, ea, ekh) = got["s"], got["e"]
+        self.rows.append((label, mode, sv, ev))
+        assert sv == expected, (label, mode, st)
+        assert ev == sv, (label, mode, "ssh:", st, "edgekit:", et)
+        # what was saved: nothing, or one line each, both hashed or both plain, found by ssh-keygen -F
+        assert sa.startswith(sb) and ea.startswith(eb), (label, mode)
+        new_s, new_e = sa[len(sb) :], ea[len(eb) :]
+        assert bool(new_s) == bool(new_e), (label, mode, new_s, new_e)
+        if new_s:
+            assert new_s.startswith("|1|") == new_e.startswith("|1|"), (new_s, new_e)
+            name = opts.get("HostKeyAlias") or self.fields["N"]
+            for path in (skh, ekh):
+                assert "found" in subprocess.run(["ssh-keygen", "-F", name, "-f", str(path)], capture_output=True, text=True, timeout=30).stdout
+
+
 @pytest.mark.ssh
 @needs_keygen
-def test_verdicts_agree_with_openssh_against_a_real_sshd(ssh_home, sshd_server, tmp_path):
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's ssh client")
+def test_parity_with_openssh_verdicts(ssh_home, sshd_server, tmp_path):
+    """Every case of MATRIX and MORE with StrictHostKeyChecking yes and accept-new (BatchMode), and
+    the two-key cases against a server offering ed25519 and ecdsa: the real ssh and edgekit read
+    the same config (edgekit through ``ssh -G``) and the same files, and must reach the same verdict
+    and save the same kind of line."""
+    from tests.lab.sshd import Sshd
+
     server = sshd_server
     other = " ".join(sshd_mod.keygen(tmp_path / "other", "x").split()[:2])
-    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(tmp_path / "ec")], check=True, capture_output=True)
-    ecdsa = " ".join((tmp_path / "ec.pub").read_text().split()[:2])
-    name = server.known_hosts_name
-    fields = {"N": name, "H": server.host, "K": server.host_key_line, "X": other, "E": ecdsa, "P": str(server.port)}
-    table = []
-    for i, (label, lines, expected) in enumerate(MATRIX):
-        kh = tmp_path / f"kh{i}"
-        kh.write_text("".join(_hashed(ln[2:], tmp_path) if ln.startswith("H:") else ln + "\n" for ln in (x.format(**fields) for x in lines)))
-        before = kh.read_text()
-        ssh_home.add_host(f"m{i}", server, UserKnownHostsFile=str(kh), GlobalKnownHostsFile="/dev/null")
-        openssh, ssh_err = _ssh_verdict(server, kh)
-        strict, strict_err = _edgekit_verdict(f"m{i}", trust=False)
-        library = host_key_status(SshTransport(f"m{i}").target, *server.host_key_line.split())[0]
-        trusting, trusting_err = _edgekit_verdict(f"m{i}", trust=True)
-        table.append((label, openssh, strict))
-        assert openssh == expected, (label, ssh_err)
-        assert library == expected, label
-        assert strict == expected, (label, strict_err)
-        if expected == "unknown":  # trust on first use: accepted and saved
-            assert trusting == "ok", (label, trusting_err)
-            assert kh.read_text() == before + server.known_hosts_line()
-        else:  # a changed or revoked key is refused even when trusting, and nothing is saved
-            assert trusting == expected, (label, trusting_err)
-            assert kh.read_text() == before
-    print("\nknown_hosts verdicts (case | OpenSSH ssh | edgekit):")
-    for row in table:
+    keys = {}
+    for name in ("ec", "ec2"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", str(tmp_path / name)], check=True, capture_output=True)
+        keys[name] = " ".join((tmp_path / f"{name}.pub").read_text().split()[:2])
+    fields = {"N": server.known_hosts_name, "H": server.host, "K": server.host_key_line, "X": other, "E": keys["ec"],
+              "Y": keys["ec2"], "P": str(server.port), "A": "lab-alias"}  # fmt: skip
+    (tmp_path / "cases").mkdir()
+    parity = _Parity(ssh_home, tmp_path / "cases", fields)
+    cases = [(label, lines, expected, {}) for label, lines, expected in MATRIX] + MORE
+    for mode in ("yes", "accept-new"):
+        for i, (label, lines, expected, opts) in enumerate(cases):
+            want = ACCEPT_NEW.get(label, "ok" if expected == "unknown" else expected) if mode == "accept-new" else expected
+            parity.case(i, label, lines, want, opts, server, mode)
+
+    two = Sshd(tmp_path / "two-keys")
+    two.prepare()
+    shutil.copy(tmp_path / "ec", two.base / "ssh_host_ecdsa_key")
+    two.extra_host_keys = [two.base / "ssh_host_ecdsa_key"]
+    two.start()
+    try:
+        parity.fields = {**fields, "N": two.known_hosts_name, "K": two.host_key_line, "P": str(two.port)}
+        for mode in ("yes", "accept-new"):
+            for j, (label, lines, expected) in enumerate(TWO_KEYS):
+                parity.case(100 + j, label, lines, expected, {}, two, mode)
+    finally:
+        two.stop()
+    rows = parity.rows
+    print(f"\nOpenSSH parity: {len(rows)} rows ({len(cases) + len(TWO_KEYS)} cases x 2 modes), {sum(r[2] != r[3] for r in rows)} disagreements")
+    for row in rows:
         print(" | ".join(row))
+    assert len(rows) >= 54
+
+
+@pytest.mark.ssh
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's ssh client")
+def test_proxy_command_takes_the_port_given_on_the_command_line(ssh_home, sshd_server, tmp_path):
+    """ProxyCommand's %p is the port in force for this connection: the one on --device wins over
+    the config's, as with ssh -p (the issue's `--device root@pc:36689`)."""
+    server = sshd_server
+    ssh_home.trust()
+    relay = tmp_path / "relay.py"
+    relay.write_text(
+        "import socket, sys, threading\n"
+        "s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n"
+        "def down():\n"
+        "    for b in iter(lambda: s.recv(65536), b''):\n"
+        "        sys.stdout.buffer.write(b)\n"
+        "        sys.stdout.flush()\n"
+        "threading.Thread(target=down, daemon=True).start()\n"
+        "for b in iter(lambda: sys.stdin.buffer.read1(65536), b''):\n"
+        "    s.sendall(b)\n"
+    )
+    block = server.ssh_config("viaproxy", ProxyCommand=f"{sys.executable} {relay} %h %p").replace(f"Port {server.port}", "Port 1")
+    with open(ssh_home.config, "a") as fh:
+        fh.write("\n" + block)
+    target = SshTransport(f"viaproxy:{server.port}").target
+    assert target.source == "ssh -G" and target.proxy_command == f"{sys.executable} {relay} {server.host} {server.port}"
+    assert SshTransport("viaproxy").target.proxy_command.endswith(f"{server.host} 1")  # the config's port without one
+    device = SshTransport(f"viaproxy:{server.port}", connect_timeout=10)
+    try:
+        assert device.run(["echo", "through the proxy"], timeout=30).stdout.strip() == b"through the proxy"
+    finally:
+        device.close()
 
 
 @pytest.mark.ssh
@@ -213,3 +370,17 @@ def test_cli_refuses_a_revoked_key_even_with_trust_new_host(ssh_home, sshd_serve
     result = cli("devices", "check", "lab", "--trust-new-host", env=ssh_home.env())
     assert_one_line_error(result, 4, "is REVOKED")
     assert ssh_home.known_hosts.read_text() == f"@revoked * {sshd_server.host_key_line}\n"
+
+
+@pytest.mark.ssh
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's ssh client")
+def test_the_issue_repro_a_percent_token_in_user_known_hosts_file(ssh_home, sshd_server, cli):
+    """Issue 26 item 1: `UserKnownHostsFile ~/.ssh/kh_%u` holding `@revoked * KEY` was ignored
+    (edgekit trusted the host and wrote a file literally named kh_%u); ssh says "revoked"."""
+    kh = ssh_home.ssh_dir / f"kh_{getpass.getuser()}"
+    kh.write_text(f"@revoked * {sshd_server.host_key_line}\n")
+    ssh_home.config.write_text(sshd_server.ssh_config("lab", UserKnownHostsFile="~/.ssh/kh_%u"))
+    result = cli("devices", "check", "lab", "--trust-new-host", env=ssh_home.env())
+    assert_one_line_error(result, 4, "is REVOKED")
+    assert kh.read_text() == f"@revoked * {sshd_server.host_key_line}\n"
+    assert not (ssh_home.ssh_dir / "kh_%u").exists()

@@ -22,7 +22,7 @@ from edgekit.errors import DeviceError, LinkError, TransportError, UsageError
 from edgekit.fsutil import sha256_file
 from edgekit.transport import Transport, open_transport
 from edgekit.transport.ssh import SshTransport
-from edgekit.transport.sshconfig import parse_device, resolve_target
+from edgekit.transport.sshconfig import known_entries, parse_device, resolve_target
 from tests.conftest import (
     EXAMPLES,
     NASTY,
@@ -237,13 +237,18 @@ def test_unknown_host_refused_then_trusted_on_first_use(ssh_home, sshd_server):
     trusting = SshTransport("lab", trust_new_host=True, log=notes.append)
     assert trusting.run(["true"]).returncode == 0
     trusting.close()
-    assert ssh_home.known_hosts.read_text() == sshd_server.known_hosts_line()
+    saved = ssh_home.known_hosts.read_text()
+    # one line, the host's name hashed when HashKnownHosts says so (Debian's /etc/ssh/ssh_config does)
+    want_hashed = trusting.target.hash_known_hosts
+    assert saved.count("\n") == 1 and saved.startswith("|1|") == want_hashed
+    assert saved == sshd_server.known_hosts_line() or want_hashed
+    assert [(k.lineno, k.key_b64) for k in known_entries(sshd_server.known_hosts_name, [str(ssh_home.known_hosts)])] == [(1, sshd_server.host_key_line.split()[1])]
     assert oct(ssh_home.known_hosts.stat().st_mode & 0o777) == "0o600"
     assert len(notes) == 1 and "trusted new host" in notes[0]
     again = SshTransport("lab")  # known now: no flag needed, nothing appended
     assert again.run(["true"]).returncode == 0
     again.close()
-    assert ssh_home.known_hosts.read_text() == sshd_server.known_hosts_line()
+    assert ssh_home.known_hosts.read_text() == saved
 
 
 @pytest.mark.ssh
@@ -467,8 +472,8 @@ def test_proxyjump_reaches_a_host_only_the_jump_host_can_see(ssh_home, netns, tm
         # client address = the jump host's end of the private link: it came in through the jump
         assert out[2] == hidden_addr and out[0] == jump_ns.link_addrs[hidden_ns.name]
         dev.close()
-        names = ssh_home.known_hosts.read_text()
-        assert jump_ns.addr in names and hidden_addr in names  # both hops were checked and saved
+        saved = [str(ssh_home.known_hosts)]  # both hops were checked and saved (hashed or not)
+        assert known_entries(jump_ns.addr, saved) and known_entries(hidden_addr, saved)
     finally:
         hidden.stop()
         jump.stop()

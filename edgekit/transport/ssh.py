@@ -36,7 +36,7 @@ from typing import Any
 from edgekit.errors import LinkError, TransportError, UsageError
 from edgekit.transport.base import CommandResult, Conversation, Transport, timed_out
 from edgekit.transport.sftp import SftpFiles
-from edgekit.transport.sshconfig import SshTarget, load_config, resolve_target
+from edgekit.transport.sshconfig import SshTarget, resolve_target
 from edgekit.transport.sshconnect import SshConnector
 
 # paramiko logs its own view of every failure (with tracebacks) to the "paramiko" logger;
@@ -93,7 +93,8 @@ class SshTransport(Transport):
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.device = device
-        config = ssh_config if ssh_config is not None else load_config()
+        # None: OpenSSH's own resolution (``ssh -G``) where an ssh client is installed, else ~/.ssh/config parsed
+        config = ssh_config
         self.target: SshTarget = resolve_target(device, config)
         self.name = f"ssh:{self.target.display}"
         self.python = python

@@ -1,10 +1,13 @@
-"""Where a ``--device`` string leads: ``~/.ssh/config`` resolution and known_hosts bookkeeping.
+"""Where a ``--device`` string leads: ssh config resolution and known_hosts bookkeeping.
 
 ``resolve_target("pi@10.0.0.7")`` or ``resolve_target("orin1")`` gives an ``SshTarget``
-(host name, user, port, identity files, jump hosts, known_hosts files) the way OpenSSH would
-read it from ``~/.ssh/config``: Host aliases, HostName, User, Port, IdentityFile,
-IdentitiesOnly, ProxyJump, ProxyCommand, ConnectTimeout, UserKnownHostsFile,
-GlobalKnownHostsFile, HostKeyAlias, StrictHostKeyChecking. Nothing here touches the network.
+(host name, user, port, identity files, jump hosts, known_hosts files, revoked keys, hashing)
+as OpenSSH decides it. Where an ``ssh`` client is installed it is asked (``ssh -G DEST``): the
+system and user config, ``Include``, ``Match``, every ``%`` token, exactly as ``ssh`` itself would
+read them. Without one, ``~/.ssh/config`` is parsed (paramiko's parser: Host aliases, HostName,
+User, Port, IdentityFile, IdentitiesOnly, ProxyJump, ProxyCommand, ConnectTimeout,
+UserKnownHostsFile, GlobalKnownHostsFile, HostKeyAlias, StrictHostKeyChecking). Nothing here
+touches the network.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import hashlib
 import hmac
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +61,10 @@ class SshTarget:
     global_known_hosts: tuple[str, ...]
     host_key_alias: str | None
     strict_host_key_checking: str  # "yes" | "accept-new" | "no" | "ask"
+    revoked_host_keys: str | None = None  # RevokedHostKeys (a KRL or a list of public keys), expanded
+    hash_known_hosts: bool = False  # HashKnownHosts: save new keys with the host name hashed
+    host_key_algorithms: tuple[str, ...] = ()  # HostKeyAlgorithms in ssh's order (empty: the parser's default)
+    source: str = "~/.ssh/config"  # how it was resolved: "ssh -G" or the parsed config
 
     @property
     def known_hosts_name(self) -> str:
@@ -136,8 +146,11 @@ def load_config(path: Path | None = None):
 
 
 def resolve_target(device: str, config=None, *, _hop: bool = False) -> SshTarget:
-    """The SSH endpoint ``device`` names, with ``~/.ssh/config`` applied (as ``ssh`` would)."""
+    """The SSH endpoint ``device`` names, as ``ssh`` resolves it: by ``ssh -G`` when ``config`` is
+    None and an ssh client is installed; else with ``config`` (default ~/.ssh/config) parsed."""
     user, host, port = parse_device(device)
+    if config is None and shutil.which("ssh") is not None:
+        return _from_openssh(host, user, port, _hop)
     config = config if config is not None else load_config()
     try:
         try:
@@ -195,6 +208,139 @@ def resolve_target(device: str, config=None, *, _hop: bool = False) -> SshTarget
         host_key_alias=opts.get("hostkeyalias"),
         strict_host_key_checking=strict,
     )
+
+
+SYSTEM_CONFIG = "/etc/ssh/ssh_config"
+# options whose ~ and %d ssh -G prints expanded (to the password database's home)
+_HOME_PATHS = {"userknownhostsfile", "globalknownhostsfile"}
+# what ssh tries when no IdentityFile is configured (ssh -G lists them all; edgekit keeps the existing ones)
+_DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_xmss", "id_dsa")
+
+
+def _pw_home() -> str | None:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        return None
+
+
+def openssh_options(host: str, user: str | None = None, port: int | None = None, extra: Sequence[str] = ()) -> dict[str, list[str]]:
+    """``ssh -G [-l USER] [-p PORT] HOST``: every option as ssh would use it (lower-case keys; a
+    value per line, repeated keys such as IdentityFile in order).
+
+    ssh reads the user config of the password database's home; edgekit's ``~`` is ``$HOME``. When
+    they differ (a CI job, a test), ssh is pointed at ``$HOME/.ssh/config`` followed by the system
+    config (``-F`` alone would drop the system config), and paths ssh expanded under the password
+    database's home are mapped to ``$HOME``."""
+    home, pw = os.path.expanduser("~"), _pw_home()
+    argv = ["ssh", "-G"]
+    wrapper = None
+    remap = pw is not None and os.path.realpath(home) != os.path.realpath(pw)
+    if remap:
+        fd, wrapper = tempfile.mkstemp(prefix="edgekit-ssh-", suffix=".conf")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f'Include "{os.path.join(home, ".ssh", "config")}"\nInclude "{SYSTEM_CONFIG}"\n')
+        argv += ["-F", wrapper]
+    argv += [*extra, *(["-l", user] if user else []), *(["-p", str(port)] if port else []), host]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TransportError(f"ssh -G {host} failed: {exc}", "check the ssh client (ssh -G HOST)") from None
+    finally:
+        if wrapper is not None:
+            os.unlink(wrapper)
+    if proc.returncode != 0:
+        why = [ln for ln in proc.stderr.splitlines() if ln.strip() and "Pseudo-terminal" not in ln]
+        raise TransportError(
+            f"ssh cannot resolve '{host}' from its config: {why[-1] if why else f'exit code {proc.returncode}'}",
+            "fix the ssh config (ssh -G HOST shows how OpenSSH reads it)",
+        )
+    opts: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if remap and pw is not None and key.lower() in _HOME_PATHS:
+            value = " ".join(home + w[len(pw.rstrip("/")) :] if w == pw or w.startswith(pw.rstrip("/") + "/") else w for w in value.split(" "))
+        opts.setdefault(key.lower(), []).append(value)
+    return opts
+
+
+def _from_openssh(host: str, user: str | None, port: int | None, hop: bool) -> SshTarget:
+    opts = openssh_options(host, user, port)
+
+    def one(key: str, default: str | None = None) -> str | None:
+        values = opts.get(key)
+        return values[0] if values else default
+
+    hostname = check_host(one("hostname", host), f"ssh -G {host}: HostName")
+    port = int(one("port", str(DEFAULT_PORT)))
+    user = check_user(one("user") or getpass.getuser(), f"ssh -G {host}: User")
+    home = os.path.expanduser("~")
+    defaults = {os.path.join(home, ".ssh", name) for name in _DEFAULT_KEYS}
+    files = [os.path.expanduser(p) for p in opts.get("identityfile", [])]
+    identity_files = tuple(dict.fromkeys(p for p in files if p not in defaults or os.path.exists(p)))
+    jump = one("proxyjump", "none")
+    hops: tuple[str, ...] = ()
+    if jump.lower() != "none" and not hop:
+        hops = tuple(h.strip() for h in jump.split(",") if h.strip())
+        for spec in hops:
+            parse_device(spec, f"ssh -G {host}: ProxyJump", InputError)
+    proxy = one("proxycommand")
+    if proxy is not None and proxy.lower() != "none":
+        # ProxyCommand takes %h %n %p %r %% (ssh_config(5) TOKENS), expanded when ssh connects: the
+        # port is the one in force for this connection (given on --device, else the config's)
+        proxy = _expand(proxy, {"h": hostname, "n": host, "p": str(port), "r": user}, "ProxyCommand")
+    else:
+        proxy = None
+    timeout = one("connecttimeout", "none")
+    revoked = one("revokedhostkeys")
+    if revoked is not None and revoked.lower() != "none":
+        # ssh -G prints RevokedHostKeys as written; ssh expands ~ and the tokens of
+        # UserKnownHostsFile in it: let ssh do that too
+        revoked = openssh_options(host, user, port, ["-o", f"UserKnownHostsFile={revoked}"])["userknownhostsfile"][0]
+    else:
+        revoked = None
+    strict = (one("stricthostkeychecking", "ask") or "ask").lower()
+    alias = one("hostkeyalias")
+    return SshTarget(
+        alias=host,
+        hostname=hostname,
+        user=user,
+        port=port,
+        identity_files=identity_files,
+        identities_only=(one("identitiesonly", "no") or "").lower() == "yes",
+        proxy_jump=hops,
+        proxy_command=proxy,
+        connect_timeout=DEFAULT_CONNECT_TIMEOUT if timeout in (None, "none") else float(timeout),
+        user_known_hosts=tuple(w for v in opts.get("userknownhostsfile", []) for w in v.split() if w.lower() != "none"),
+        global_known_hosts=tuple(w for v in opts.get("globalknownhostsfile", []) for w in v.split() if w.lower() != "none"),
+        host_key_alias=alias if alias and alias.lower() != "none" else None,
+        strict_host_key_checking={"true": "yes", "false": "no"}.get(strict, strict),
+        revoked_host_keys=revoked,
+        hash_known_hosts=(one("hashknownhosts", "no") or "").lower() == "yes",
+        host_key_algorithms=tuple(a for v in opts.get("hostkeyalgorithms", []) for a in v.split(",") if a),
+        source="ssh -G",
+    )
+
+
+def _expand(text: str, tokens: dict[str, str], what: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c != "%":
+            out.append(c)
+            i += 1
+            continue
+        t = text[i + 1 : i + 2]
+        if t == "%":
+            out.append("%")
+        elif t in tokens:
+            out.append(tokens[t])
+        else:
+            raise InputError(f"{what} uses %{t}, which ssh does not expand there", f"{what} takes {', '.join('%' + k for k in tokens)} and %%")
+        i += 2
+    return "".join(out)
 
 
 def _split_files(value, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -322,10 +468,52 @@ def _status(name: str, files: Sequence[str], keytype: str, key_b64: str) -> tupl
     return "unknown", None
 
 
+KRL_MAGIC = b"SSHKRL\n\0"
+
+
+def revoked_by_file(path: str, keytype: str, key_b64: str) -> bool:
+    """Is the key in ``path`` (RevokedHostKeys: an OpenSSH KRL, or a file of public keys, one per
+    line)? TransportError when the file cannot be read: ssh refuses the host then too."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(64 << 20)
+    except OSError as exc:
+        raise TransportError(
+            f"cannot check the host key against RevokedHostKeys {path}: {exc.strerror or exc}; refusing to connect (as ssh does)",
+            "create the file (it may be empty) or fix RevokedHostKeys in the ssh config",
+        ) from None
+    blob = _key_blob(keytype, key_b64)
+    if not data.startswith(KRL_MAGIC):
+        for line in data.decode("utf-8", "replace").splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and not fields[0].startswith("#"):
+                other = _key_blob(fields[0], fields[1])
+                if other is not None and other == blob:
+                    return True
+        return False
+    keygen = shutil.which("ssh-keygen")
+    if keygen is None:
+        raise TransportError(f"RevokedHostKeys {path} is a KRL, which needs ssh-keygen to read", "install the OpenSSH client tools")
+    with tempfile.TemporaryDirectory(prefix="edgekit-krl-") as tmp:
+        keyfile = os.path.join(tmp, "host.pub")
+        with open(keyfile, "w") as fh:
+            fh.write(f"{keytype} {key_b64}\n")
+        proc = subprocess.run([keygen, "-Q", "-f", path, keyfile], capture_output=True, text=True, timeout=30)
+    if proc.returncode == 0:
+        return False
+    if "REVOKED" in proc.stdout:
+        return True
+    why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+    raise TransportError(f"cannot check the host key against RevokedHostKeys {path}: {why}; refusing to connect", "fix or remove the KRL file")
+
+
 def host_key_status(target: SshTarget, keytype: str, key_b64: str) -> tuple[str, KnownKey | None]:
-    """OpenSSH's verdict on the server's key, with the deciding known_hosts line: "revoked" (an
-    @revoked line covering the host holds it; beats everything), "ok", "changed" (other keys,
-    of any type, are filed for the host) or "unknown"."""
+    """OpenSSH's verdict on the server's key, with the deciding known_hosts line: "revoked" (in
+    RevokedHostKeys, or an @revoked line covering the host holds it; beats everything), "ok",
+    "changed" (other keys, of any type, are filed for the host) or "unknown" (with the @revoked
+    line of the bare host name when one holds the key: ssh warns about it, then treats the key as new)."""
+    if target.revoked_host_keys and revoked_by_file(target.revoked_host_keys, keytype, key_b64):
+        return "revoked", KnownKey(target.revoked_host_keys, 0, keytype, key_b64, "revoked")
     files = (*target.user_known_hosts, *target.global_known_hosts)
     verdict, line = _status(target.known_hosts_name, files, keytype, key_b64)
     if verdict == "unknown" and not target.host_key_alias and target.port != DEFAULT_PORT:
@@ -333,13 +521,27 @@ def host_key_status(target: SshTarget, keytype: str, key_b64: str) -> tuple[str,
         # for the key; its other keys are no verdict there. A revoked key stays revoked (ssh
         # warns, then would treat it as new).
         bare = _status(_lower(target.hostname), files, keytype, key_b64)
-        if bare[0] in ("ok", "revoked"):
+        if bare[0] == "ok":
             return bare
+        if bare[0] == "revoked":  # ssh warns, and still treats the key as new for [host]:port
+            return "unknown", bare[1]
     return verdict, line
 
 
+def _filed_name(target: SshTarget) -> str:
+    """The host field of a new known_hosts line: the name, or ``|1|salt|HMAC-SHA1`` of it when
+    HashKnownHosts is on (as ssh and ``ssh-keygen -H`` write it)."""
+    name = target.known_hosts_name
+    if not target.hash_known_hosts:
+        return name
+    salt = os.urandom(20)
+    digest = hmac.new(salt, name.encode("utf-8"), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
 def add_known_host(target: SshTarget, keytype: str, key_b64: str) -> str:
-    """Append the host's key to the first user known_hosts file (created 0600); its path."""
+    """Append the host's key to the first user known_hosts file (created 0600), its name hashed
+    when HashKnownHosts says so; the file's path."""
     if not target.user_known_hosts:
         raise TransportError(
             f"cannot save the host key of {target.known_hosts_name}: UserKnownHostsFile is none",
@@ -356,7 +558,7 @@ def add_known_host(target: SshTarget, keytype: str, key_b64: str) -> str:
                 needs_newline = fh.read(1) != b"\n"
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as fh:
-            fh.write(("\n" if needs_newline else "") + f"{target.known_hosts_name} {keytype} {key_b64}\n")
+            fh.write(("\n" if needs_newline else "") + f"{_filed_name(target)} {keytype} {key_b64}\n")
             fh.flush()
             os.fsync(fh.fileno())
     except OSError as exc:

@@ -54,11 +54,13 @@ class SshConnector:
         t.banner_timeout = t.handshake_timeout = t.auth_timeout = self.connect_timeout
         _prefer_fast_ciphers(t)
         _catch_exit_signals(t)
-        known = known_keys(target)
-        if known:  # ask for a key type we can check (as OpenSSH orders HostKeyAlgorithms)
-            opts = t.get_security_options()
-            first = [k.keytype for k in known if k.keytype in opts.key_types]
-            opts.key_types = tuple(dict.fromkeys([*first, *opts.key_types]))
+        opts = t.get_security_options()
+        # ssh's HostKeyAlgorithms, in its order, as far as paramiko has them
+        order = [a for a in target.host_key_algorithms if a in opts.key_types] or list(opts.key_types)
+        known = {k.keytype for k in known_keys(target)}
+        if known:  # as OpenSSH's order_hostkeyalgs: algorithms of keys known for the host first, in that order
+            order = [a for a in order if _key_type(a) in known] + [a for a in order if _key_type(a) not in known]
+        opts.key_types = tuple(order)
         try:
             try:
                 t.start_client(timeout=self.connect_timeout)
@@ -165,13 +167,20 @@ class SshConnector:
                 "and connect again with --trust-new-host; otherwise someone may be intercepting the connection",
             )
         trust = self.trust_new_host or target.strict_host_key_checking == "accept-new"
+        revoked_bare = f"; its key is revoked for {target.hostname} by {k.path} line {k.lineno}" if k is not None and k.marker == "revoked" else ""
+        if revoked_bare and trust:
+            self.log(f"warning: the host key of {name} is revoked for {target.hostname} by {k.path} line {k.lineno}; trusted as a new host for {name}, as ssh does")
         if not trust:
             raise TransportError(
-                f"{name} is not a known host (its {keytype} key is {fingerprint})",
+                f"{name} is not a known host (its {keytype} key is {fingerprint}){revoked_bare}",
                 "check the fingerprint on the device (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
                 "then pass --trust-new-host once to save it to ~/.ssh/known_hosts",
             )
-        path = add_known_host(target, keytype, key_b64)
+        try:
+            path = add_known_host(target, keytype, key_b64)
+        except TransportError as exc:  # ssh too goes on when it cannot save the key ("Failed to add the host")
+            self.log(f"warning: trusted new host {name} ({keytype} {fingerprint}) for this connection only: {exc.message}")
+            return
         self.log(f"trusted new host {name} ({keytype} {fingerprint}); saved to {path}")
 
     # -- authentication ----------------------------------------------------------------------
@@ -255,6 +264,11 @@ class SshConnector:
             f"install your public key on the device (ssh-copy-id -p {target.port} {target.user}@{target.hostname}) "
             "or set IdentityFile for it in ~/.ssh/config; password login needs --password",
         )
+
+
+def _key_type(algorithm: str) -> str:
+    """The key type behind a host key algorithm (rsa-sha2-512 signs with an ssh-rsa key)."""
+    return "ssh-rsa" if algorithm.startswith("rsa-sha2-") else algorithm
 
 
 def _prefer_fast_ciphers(t) -> None:

@@ -203,6 +203,7 @@ class Sshd:
         self._listening = threading.Event()
         self._reader: threading.Thread | None = None
         self.host_key_line = ""  # "ssh-ed25519 AAAA..." (no comment)
+        self.extra_host_keys: list[Path] = []  # more HostKey files (a server offering two key types)
 
     # -- set-up ---------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -219,6 +220,7 @@ class Sshd:
             f"ListenAddress {self.host}",
             f"Port {port}",
             f"HostKey {self.host_key}",
+            *(f"HostKey {k}" for k in self.extra_host_keys),
             f"PidFile {self.pidfile}",
             f"AuthorizedKeysFile {self.base / 'authorized_keys'}",
             "PubkeyAuthentication yes",
