@@ -76,20 +76,21 @@ def quantize(
     """Quantize ``model`` to QDQ int8 ONNX at ``output`` for the target's backend; the result
     carries the fp32-vs-int8 agreement on held-out samples.
 
-    ``max_drop`` (a fraction, as deploy's: 0.01 is one point; ``metric``: top1, cosine, snr, iou,
-    ctc or "path/module.py:fn", default top1 for class vectors, else cosine): mixed precision,
-    the int8 nodes that cost the held-out metric most kept in float until it holds
-    (``result.mixed_precision``); when it cannot hold, a GateError (``.decision``) and no file.
+    ``metric`` (top1, cosine, snr, iou, ctc or "path/module.py:fn"; default: the model's sidecar's,
+    else top1 for class vectors, else cosine) is what ``result.check`` measures on the held-out
+    samples against ``threshold`` (an option, in the metric's unit; default per metric, see
+    ``quantize.threshold``); ``strict=True``: missing it is a GateError and no file.
+    ``max_drop`` (a fraction, as deploy's: 0.01 is one point): mixed precision, the int8 nodes
+    that cost the held-out metric most kept in float until it holds (``result.mixed_precision``);
+    when it cannot hold, a GateError (``.decision``) and no file.
 
     >>> r = ek.quantize("examples/digits/digits_cnn.onnx", "digits.int8.onnx", calib="examples/digits/calib.npz")  # doctest: +SKIP
     >>> r.agreement.accuracy_int8  # doctest: +SKIP
     """
     output = check_output_path(output)
-    if metric is not None and max_drop is None:
-        raise UsageError(f"metric {metric!r} is what mixed precision holds, and no max_drop was given", "add max_drop (--max-drop POINTS)")
     check_metric(metric)
     parse_method(options.get("method", DEFAULT_METHOD))  # a bad --method fails before anything loads
-    job = open_job(request(model, goal="quantize", **options))
+    job = open_job(request(model, goal="quantize", metric=metric, **options))
     if job.model.format != "onnx":
         raise ModelError(
             f"edgekit quantizes ONNX models; {model} is a {job.model.format} model ({job.model.precision})",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from edgekit.errors import ModelError
 from edgekit.events import Events
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel, with_static_inputs
-from edgekit.quantize import dynamic, equalize, sensitivity, smooth
+from edgekit.quantize import dynamic, equalize, sensitivity, smooth, threshold
 from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize.calib import (
     DEFAULT_METHOD,
@@ -26,11 +27,12 @@ from edgekit.quantize.calib import (
     collect_ranges,
     is_dynamic,
     load_feeds,
+    observe,
     parse_method,
     random_feeds,
 )
 from edgekit.quantize.prepare import checked, prepare
-from edgekit.quantize.report import HOST_ESTIMATE, AgreementReport, measure_agreement, session
+from edgekit.quantize.report import HOST_ESTIMATE, AgreementReport, compare, outputs, session
 from edgekit.quantize.rewrite import (
     Analysis,
     QParams,
@@ -66,6 +68,8 @@ class QuantizeResult:
     layers: list[dict] = field(default_factory=list)  # per int8 node: name, op, snr_db (its local error)
     mixed_precision: dict | None = None  # --max-drop: the decision (mixed.decide), None when not asked
     smoothing: smooth.Smoothing | None = None  # +smooth: the MatMul/Gemm inputs smoothed, None when not asked
+    check: threshold.Check | None = None  # the task's metric on the held-out samples against its threshold
+    int8_mac_share: float | None = None  # of the model's MACs (Conv/Gemm/MatMul and recurrent), the share that runs int8
 
     def quantization_record(self) -> dict:
         """What a results-store record keeps of the quantization: the per-layer error."""
@@ -88,6 +92,8 @@ class QuantizeResult:
             "layers": self.layers,
             "mixed_precision": self.mixed_precision,
             "smoothed": self.smoothing.to_dict() if self.smoothing else None,
+            "check": self.check.to_dict() if self.check else None,
+            "int8_mac_share": self.int8_mac_share,
         }
 
 
@@ -117,8 +123,14 @@ def quantize_model(
     progress=None,
     events=None,
     dynamic_fallback: bool = False,
+    goal: float | None = None,
+    metric_why: str = "",
 ) -> QuantizeResult:
     """Quantize ``loaded`` with ``scheme``, calibrated on ``calibration``, checked on ``heldout``.
+
+    ``metric`` (None: top1 for class vectors, else cosine) is also what ``result.check`` measures
+    on ``heldout`` against ``goal`` (in the metric's unit, see ``threshold``; None: its default),
+    ``metric_why`` saying where the metric came from.
 
     ``max_drop`` (points of ``metric``, see ``mixed``): keep the int8 nodes that cost most in
     float until the held-out metric holds; ``result.mixed_precision`` says whether it did
@@ -128,7 +140,7 @@ def quantize_model(
     return it if it holds (``mixed_precision["fallback_from"]`` says what static scored)."""
     recipe = parse_method(method)
     if recipe.ranges == DYNAMIC:
-        return _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
+        return _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric, goal=goal, metric_why=metric_why)
     t0 = time.perf_counter()
     prepared, analysis = analyze_model(loaded, scheme, exclude)
     if recipe.equalize and equalize.cross_layer_equalize(prepared):
@@ -171,7 +183,7 @@ def quantize_model(
         all_int8 = qmodel
         qmodel, decision = mixed_precision.decide(prepared, qmodel, analysis, heldout, snr, max_drop=max_drop, metric=metric, events=events)
         if not decision["holds"] and dynamic_fallback:
-            fallback = _dynamic_fallback(loaded, scheme, calibration, heldout, exclude, max_drop, metric, method, decision, events)
+            fallback = _dynamic_fallback(loaded, scheme, calibration, heldout, exclude, max_drop, metric, method, decision, events, goal, metric_why)
             if fallback is not None:
                 return fallback
         floats = {x["name"] for x in decision["float_layers"]}
@@ -182,7 +194,16 @@ def quantize_model(
             decision["latency"] = mixed_precision.host_latency(blobs, feed)
         seconds["mixed_precision"] = time.perf_counter() - t3
         t3 = time.perf_counter()
-    agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
+    floats = {x["name"] for x in (decision or {}).get("float_layers", [])}
+    agreement, check = _evaluate(loaded, qmodel, heldout, metric, goal, metric_why)
+    if check is not None and not check.passed:  # name the layers that err most on the samples it missed on
+        held = ElementSample(len(heldout.feeds))
+        int8_units = [u for u in found if u.name not in floats]
+        for values in observe(prepared, [u.output for u in int8_units], heldout.feeds):
+            for name, value in values.items():
+                held.add(name, value)
+        snr_held = sensitivity.local_snr(qmodel, int8_units, held)
+        check = dataclasses.replace(check, worst_layers=threshold.worst([{"name": u.name, "op": u.op, "snr_db": snr_held[u.name]} for u in int8_units]))
     t4 = time.perf_counter()
     return QuantizeResult(
         model=qmodel,
@@ -197,11 +218,33 @@ def quantize_model(
         layers=layers,
         mixed_precision=decision,
         smoothing=smoothing,
+        check=check,
+        int8_mac_share=_mac_share(prepared, loaded, {u.name for u in found} - floats),
     )
 
 
+def _evaluate(
+    loaded: LoadedModel, qmodel: onnx.ModelProto, heldout: FeedSet, metric: str | None, goal: float | None, metric_why: str
+) -> tuple[AgreementReport, threshold.Check | None]:
+    """fp32 vs int8 on the held-out samples: the agreement report, and the task metric's check
+    (the host's estimate: fp32 by ORT as usual, int8 with Q/DQ reference semantics)."""
+    fp32 = outputs(loaded.model.SerializeToString(), False, heldout.feeds)
+    int8 = outputs(qmodel.SerializeToString(), True, heldout.feeds)
+    agreement = compare(fp32, int8, heldout.labels, source=heldout.source)
+    return agreement, threshold.check(fp32, int8, metric=metric, threshold=goal, why=metric_why)
+
+
+def _mac_share(prepared: onnx.ModelProto, loaded: LoadedModel, int8_nodes: set[str]) -> float | None:
+    """The share of the model's MACs that its int8 nodes compute: a node left float (an LSTM, a
+    layer --max-drop kept float) counts as float."""
+    node_macs = sensitivity.macs(with_static_inputs(prepared, loaded.inputs))
+    total = sum(node_macs.values())
+    return round(sum(v for k, v in node_macs.items() if k in int8_nodes) / total, 4) if total else None
+
+
 def _quantize_dynamic(
-    loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, *, exclude: Sequence[str], max_drop: float | None, metric: str | None
+    loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, *, exclude: Sequence[str], max_drop: float | None, metric: str | None,
+    goal: float | None = None, metric_why: str = "",
 ) -> QuantizeResult:
     """``--method dynamic``: int8 weights, activations quantized at run time; no calibration pass.
     No per-layer table (its local error is a calibrated activation range's); ``max_drop`` checks
@@ -223,11 +266,12 @@ def _quantize_dynamic(
         decision["int8_mac_share"] = _dynamic_mac_share(prepared, analysis, loaded)
         seconds["mixed_precision"] = time.perf_counter() - t2
         t2 = time.perf_counter()
-    agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
+    agreement, check = _evaluate(loaded, qmodel, heldout, metric, goal, metric_why)
     return QuantizeResult(
         model=qmodel, scheme=scheme, method=DYNAMIC, analysis=analysis, calibration_source="none (activations quantized at run time)",
         calibration_samples=0, calibration_random=calibration.random, agreement=agreement,
-        seconds={**seconds, "evaluate": time.perf_counter() - t2}, mixed_precision=decision,
+        seconds={**seconds, "evaluate": time.perf_counter() - t2}, mixed_precision=decision, check=check,
+        int8_mac_share=_dynamic_mac_share(prepared, analysis, loaded),
     )
 
 
@@ -242,12 +286,12 @@ def _dynamic_mac_share(prepared: onnx.ModelProto, analysis: Analysis, loaded: Lo
 
 def _dynamic_fallback(
     loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, exclude: Sequence[str], max_drop: float,
-    metric: str | None, method: str, static: dict, events,
+    metric: str | None, method: str, static: dict, events, goal: float | None, metric_why: str,
 ) -> QuantizeResult | None:
     """The ``--method dynamic`` model when static int8 cannot hold ``max_drop`` and it can (None:
     it cannot either, or the model has no MatMul/Gemm weights; ``static`` notes what it scored)."""
     try:
-        result = _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
+        result = _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric, goal=goal, metric_why=metric_why)
     except ModelError:
         return None
     mp = result.mixed_precision
