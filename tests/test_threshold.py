@@ -65,19 +65,33 @@ def mask_model() -> onnx.ModelProto:
 
 
 def ctc_model() -> onnx.ModelProto:
-    """x [1, 24, 16] (time steps x features) -> MatMul+Relu -> MatMul -> Softmax over 12 symbols (0 = blank)."""
-    g, r = Graph(), _rng(2)
-    h = g.node("MatMul", ["x", g.const("W0", r.normal(0, 0.25, (16, 32)))], "mm0")
+    """x [1, 24, 16] (time steps x features) -> MatMul+Relu -> MatMul -> Softmax over 12 symbols (0 = blank).
+    The weights read back the symbol each step was made of (``ctc_data``): logits x A^T, split into
+    their positive and negative halves through the Relu."""
+    g, a = Graph(), _symbols()
+    h = g.node("MatMul", ["x", g.const("W0", np.concatenate([a.T, -a.T], axis=1))], "mm0")
     h = g.node("Relu", [h], "relu0")
-    h = g.node("MatMul", [h, g.const("W1", r.normal(0, 1.0, (32, 12)))], "mm1")
+    h = g.node("MatMul", [h, g.const("W1", np.concatenate([np.eye(12), -np.eye(12)]))], "mm1")
     h = g.node("Softmax", [h], "probs", axis=-1)
     return g.model([float_io("x", [1, 24, 16])], [float_io(h, [1, 24, 12])])
+
+
+def _symbols() -> np.ndarray:
+    return _rng(2).normal(0, 1, (12, 16)).astype(np.float32)
+
+
+def ctc_data(n: int, seed: int) -> np.ndarray:
+    """[n, 24, 16]: each step a symbol's feature vector (a row of ``_symbols``) plus noise."""
+    r = _rng(seed)
+    return (_symbols()[r.integers(0, 12, (n, 24))] + r.normal(0, 0.5, (n, 24, 16))).astype(np.float32)
 
 
 MODELS = {"cosine": (embedding_model, (1, 32)), "iou": (mask_model, (1, 1, 16, 16)), "ctc": (ctc_model, (1, 24, 16))}
 
 
 def _data(shape: tuple[int, ...], n: int, seed: int) -> np.ndarray:
+    if shape == MODELS["ctc"][1]:
+        return ctc_data(n, seed)
     return _rng(seed).standard_normal((n, *shape[1:])).astype(np.float32)
 
 
@@ -249,3 +263,18 @@ def test_int8_share_counts_a_float_lstm_as_float(tmp_path):
     result = quantize_model(load_model(tmp_path / "lstm.onnx"), SCHEMES["onnxruntime"], FeedSet(feeds[:4], "cal"), FeedSet(feeds[4:], "held"))
     assert "lstm" in {d.name for d in result.analysis.float_nodes}
     assert result.int8_mac_share == pytest.approx(macs["conv"] / (macs["conv"] + macs["lstm"]), abs=1e-4)
+
+
+def test_ci_is_strict_by_default_and_checks_its_accuracy_keys(tmp_path):
+    from edgekit.ci.config import ConfigError, load_config
+
+    model = f'path = "{DIGITS / "digits_cnn.onnx"}"\ntargets = ["local"]\n'
+    (tmp_path / "a.toml").write_text(f"[[models]]\n{model}\n[[models]]\n{model}name = \"lenient\"\nstrict = false\nmetric = \"cosine\"\nthreshold = 0.95\n")
+    specs = load_config(tmp_path / "a.toml").models
+    assert specs[0].options["strict"] is True and "metric" not in specs[0].options
+    assert specs[1].options["strict"] is False and specs[1].options["metric"] == "cosine" and specs[1].options["threshold"] == 0.95
+    for bad, words in (('metric = "cosine"\nthreshold = 2\n', "outside cosine's range"), ('metric = "f1"\n', "unknown metric"), ("strict = 1\n", "strict")):
+        (tmp_path / "b.toml").write_text(f"[[models]]\n{model}{bad}")
+        with pytest.raises(ConfigError) as exc:
+            load_config(tmp_path / "b.toml")
+        assert words in exc.value.message and exc.value.hint

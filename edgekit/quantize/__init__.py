@@ -15,7 +15,7 @@ from edgekit.errors import ModelError
 from edgekit.events import Events
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel, with_static_inputs
-from edgekit.quantize import dynamic, equalize, sensitivity, smooth, threshold
+from edgekit.quantize import autorange, dynamic, equalize, sensitivity, smooth, threshold
 from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize.calib import (
     DEFAULT_METHOD,
@@ -70,6 +70,7 @@ class QuantizeResult:
     smoothing: smooth.Smoothing | None = None  # +smooth: the MatMul/Gemm inputs smoothed, None when not asked
     check: threshold.Check | None = None  # the task's metric on the held-out samples against its threshold
     int8_mac_share: float | None = None  # of the model's MACs (Conv/Gemm/MatMul and recurrent), the share that runs int8
+    auto_ranges: dict | None = None  # --method auto: how the ranges were chosen (autorange.choose's record)
 
     def quantization_record(self) -> dict:
         """What a results-store record keeps of the quantization: the per-layer error."""
@@ -94,6 +95,7 @@ class QuantizeResult:
             "smoothed": self.smoothing.to_dict() if self.smoothing else None,
             "check": self.check.to_dict() if self.check else None,
             "int8_mac_share": self.int8_mac_share,
+            "auto_ranges": self.auto_ranges,
         }
 
 
@@ -156,6 +158,7 @@ def quantize_model(
         analysis = analyze(prepared, scheme, exclude)  # ranges are calibrated on the smoothed activations
     sample = ElementSample(len(calibration.feeds))
     means = ChannelMeans(equalize.bias_inputs(prepared, analysis)) if recipe.bias_correction else None
+    candidates: dict | None = {} if recipe.ranges == "auto" else None
     ranges = collect_ranges(
         prepared,
         analysis.calibrated,
@@ -165,12 +168,18 @@ def quantize_model(
         progress=progress,
         sample=sample,
         means=means,
+        candidates=candidates,
     )
     originals = equalize.clip_weights(prepared, analysis, scheme) if recipe.weight_clip else {}
     if means is not None:
         equalize.correct_biases(prepared, analysis, means, scheme, originals)
+    auto_ranges = None
+    if candidates is not None:  # auto: by the error at the outputs (after CLE/clip/bias, on the model that ships)
+        float_wide_concats(prepared, analysis, {t: c["minmax"] for t, c in candidates.items()})
+        ranges, auto_ranges = autorange.choose(prepared, analysis, scheme, candidates, calibration.feeds)
+    else:
+        float_wide_concats(prepared, analysis, ranges)
     t2 = time.perf_counter()
-    float_wide_concats(prepared, analysis, ranges)
     params = tensor_params(analysis, ranges, scheme)
     qmodel = checked(rewrite(prepared, analysis, params, scheme), *_REWRITE_BUG)
     found = sensitivity.units(prepared, analysis)
@@ -220,6 +229,7 @@ def quantize_model(
         smoothing=smoothing,
         check=check,
         int8_mac_share=_mac_share(prepared, loaded, {u.name for u in found} - floats),
+        auto_ranges=auto_ranges,
     )
 
 
