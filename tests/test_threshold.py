@@ -278,3 +278,9 @@ def test_ci_is_strict_by_default_and_checks_its_accuracy_keys(tmp_path):
         with pytest.raises(ConfigError) as exc:
             load_config(tmp_path / "b.toml")
         assert words in exc.value.message and exc.value.hint
+
+
+def test_random_held_out_data_is_not_checked(models):
+    root = models["cosine"]
+    result = api.quantize(root / "model.onnx", root / "random.onnx", metric="cosine", threshold=1.0)  # no --calib: random samples
+    assert result.calibration_random and result.check is None
