@@ -179,28 +179,32 @@ def quantize(
     preprocess: PreprocessArg = None,
     max_drop: float | None = None,
     metric: str | None = None,
+    threshold: float | None = None,
+    strict: bool = False,
     events: Events | None = None,
 ) -> QuantizeResult:
     """Quantize ``model`` to QDQ int8 ONNX at ``output`` for the target's backend; the result
     carries the fp32-vs-int8 agreement on held-out samples (``result.agreement``).
 
+    ``metric`` (top1, cosine, snr, iou, ctc or "path/module.py:fn"; default: the model's sidecar's,
+    else top1 for class vectors, else cosine) is what ``result.check`` measures on the held-out
+    samples against ``threshold`` (in the metric's unit; default per metric, see
+    ``quantize.threshold``); ``strict=True``: missing it is a GateError and no file.
     ``max_drop`` (POINTS, as ``--max-drop``: 1 keeps the held-out metric within one point of
     float's) turns on mixed precision: the int8 nodes that cost the metric most are kept in float
     until it holds (``result.mixed_precision``); when it cannot, a GateError (``.decision``) and no
-    file. ``metric``: top1, cosine, snr, iou, ctc or "path/module.py:fn" (default top1 for class
-    vectors, else cosine).
+    file.
 
     >>> r = ek.quantize("examples/digits/digits_cnn.onnx", "digits.int8.onnx", calib="examples/digits/calib.npz", max_drop=1)  # doctest: +SKIP
     >>> r.agreement.accuracy_int8  # doctest: +SKIP
     """
     path = check_output_path(output)
     validate.number("max_drop", max_drop)
-    if metric is not None and max_drop is None:
-        raise UsageError("--metric is what --max-drop holds, and no --max-drop was given", "add --max-drop POINTS, e.g. --max-drop 1")
     check_metric(metric)
     req = request(
         model, goal="quantize", target=target, backend=backend, calib=calib, calib_samples=calib_samples, eval=eval,
-        labels=labels, method=method, exclude=exclude, shapes=shapes, preprocess=preprocess,
+        labels=labels, method=method, exclude=exclude, shapes=shapes, preprocess=preprocess, metric=metric,
+        threshold=threshold, strict=strict,
     )  # fmt: skip
     job = open_job(req)
     if job.model.format != "onnx":

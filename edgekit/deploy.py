@@ -33,7 +33,7 @@ from edgekit.devices import DeviceEntry, connect, resolve_devices
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 from edgekit.devices.lock import device_lock
 from edgekit.devices.preflight import ensure_ready
-from edgekit.errors import AgentError, GateError, ModelError, PlanError
+from edgekit.errors import AgentError, GateError, ModelError, PlanError, UsageError
 from edgekit.events import Events
 from edgekit.fsutil import check_output_dir
 from edgekit.modelio import LoadedModel, load_model, read_sidecar
@@ -68,8 +68,10 @@ from edgekit.quantize import (
 )
 from edgekit.quantize import cache as qcache
 from edgekit.quantize.calib import DEFAULT_METHOD, parse_method, spread
+from edgekit.quantize.mixed import check_metric
 from edgekit.quantize.report import AgreementReport, compare
 from edgekit.quantize.smooth import Smoothing
+from edgekit.quantize.threshold import Check, check_threshold
 from edgekit.targets import get_backend
 from edgekit.transport.agentzip import agent_path
 from edgekit.transport.base import Transport
@@ -115,6 +117,9 @@ class DeployRequest:
     choose: str = "plan"  # "measure": int8 on every backend of the profile that can run it, the fastest wins
     trust_new_host: bool = False  # save the key of an SSH device not yet in known_hosts
     password: str | None = field(default=None, repr=False)  # SSH password login, only when given
+    metric: str | None = None  # what the int8 model's held-out check measures (None: the sidecar's, else top1 for class vectors, else cosine)
+    threshold: float | None = None  # the figure that check must reach, in the metric's unit (None: the sidecar's, else the metric's default)
+    strict: bool = False  # an int8 model that misses the threshold is an error (exit 5), not a warning
 
 
 class _Memo:
@@ -178,6 +183,14 @@ def open_job(req: DeployRequest) -> Job:
     if device.is_local:
         profile = resolve(profile)  # a probe profile on this machine: its CPU is the host's, known now
     sc = loaded.sidecar
+    check_metric(req.metric)
+    try:
+        check_metric(sc.metric)
+        check_threshold(sc.metric, sc.threshold)
+    except UsageError as exc:  # the sidecar's [accuracy]: the model's data is unusable (exit 3)
+        where = loaded.path.with_name(loaded.path.stem + ".edgekit.toml")
+        raise ModelError(f"{where}: [accuracy]: {exc.message.replace('--threshold', 'threshold')}", exc.hint) from None
+    check_threshold(req.metric or sc.metric, req.threshold)
     calib = req.calib or sc.calibration
     evaluation = req.eval or sc.evaluation
     labels = req.labels or (sc.labels if evaluation is not None and evaluation == sc.evaluation else None)
@@ -444,13 +457,22 @@ def _quantize(w: _Walk, step: Quantize) -> None:
     job = w.job
     calibration, heldout = job.feeds(w.events)
     backend = w.plan.variant(step.variant).backend
+    metric, goal, _ = accuracy_goal(job)
+    if step.metric is None and metric is not None:
+        step = dataclasses.replace(step, metric=metric)
     k = qcache.key(
-        job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout, max_drop=step.max_drop, metric=step.metric,
+        job.model.sha256, step.scheme, step.method, job.request.exclude, calibration, heldout, max_drop=step.max_drop, metric=step.metric, threshold=goal,
         backend=backend if step.max_drop is not None else None,  # what it can keep float
     )  # fmt: skip
     result = job.memo.get(("quantize", k), lambda: _quantize_or_reuse(w, step, k, calibration, heldout))
     if step.variant == "int8":  # the plan's own backend; --choose measure's rivals are int8-<backend>
         w.qresult = result
+    if result.check is not None and not result.check.passed and job.request.strict:
+        raise GateError(
+            f"--strict: the {step.variant} model misses its {result.check.metric} threshold "
+            f"({result.check.value:.4g}, needs {'<=' if result.check.metric == 'ctc' else '>='} {result.check.threshold:g}); no model written",
+            "calibrate on data like the real inputs (--calib, the same preprocessing), try --method percentile or --max-drop, or lower --threshold",
+        )
     mp = result.mixed_precision
     if mp and not mp["holds"] and job.request.goal != "quantize":
         why = ""
@@ -474,11 +496,14 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
         method = report.get("method", step.method)  # a --max-drop search may have fallen back to dynamic
         _, analysis = analyze_model(job.model, step.scheme, job.request.exclude, method)
         cal = report["calibration"]
-        return QuantizeResult(
+        result = QuantizeResult(
             model, step.scheme, method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True,
             layers=report.get("layers") or [], mixed_precision=report.get("mixed_precision"),
             smoothing=Smoothing.from_dict(report["smoothed"]) if report.get("smoothed") else None,
+            check=Check.from_dict(report["check"]) if report.get("check") else None, int8_mac_share=report.get("int8_mac_share"),
         )
+        _warn_check(w, step, result)
+        return result
     w.events.info(f"quantizing {job.model.path.name} for {w.plan.backend} ({step.scheme.name} scheme)")
     passes = parse_method(step.method).passes
     what = "quantizing weights (dynamic: activations quantized at run time, nothing calibrated)" if not passes else f"calibrating on {len(calibration.feeds)} samples ({step.method})"
@@ -486,12 +511,31 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
         result = quantize_model(
             job.model, step.scheme, calibration, heldout, method=step.method, exclude=job.request.exclude, progress=prog, max_drop=step.max_drop, metric=step.metric,
             events=w.events, dynamic_fallback=not get_backend(w.plan.variant(step.variant).backend).no_dynamic,
-            runs_float=get_backend(w.plan.variant(step.variant).backend).runs_float,
+            runs_float=get_backend(w.plan.variant(step.variant).backend).runs_float, goal=accuracy_goal(job)[1],
+            metric_why=accuracy_goal(job)[2],
         )
     path = w.tmp / f"quantized-{k[:12]}.onnx"
     save_model(result.model, path)
     qcache.save(k, path, result.to_dict())
+    _warn_check(w, step, result)
     return result
+
+
+def _warn_check(w: _Walk, step: Quantize, result: QuantizeResult) -> None:
+    """The one warning line of an int8 model that misses its threshold (once per quantization)."""
+    if result.check is not None and not result.check.passed:
+        w.events.warn(("" if step.variant == "int8" else f"{step.variant}: ") + result.check.line())
+
+
+def accuracy_goal(job: Job) -> tuple[str | None, float | None, str]:
+    """The metric and threshold of the int8 model's held-out check, and where the metric came
+    from: the request's, else the model's sidecar ([accuracy]; its threshold counts only for its
+    metric); None for the metric's default."""
+    req, sc = job.request, job.model.sidecar
+    metric = req.metric or sc.metric
+    goal = req.threshold if req.threshold is not None else (sc.threshold if metric == sc.metric else None)
+    why = "--metric" if req.metric else (f"{job.model.path.stem}.edgekit.toml" if sc.metric else "")
+    return metric, goal, why
 
 
 def _compile(w: _Walk, step: Compile) -> None:

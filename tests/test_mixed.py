@@ -198,7 +198,8 @@ def test_cli_refusal_exits_5_with_the_table_and_no_file(cli, tiny, tmp_path):
 
 @pytest.mark.parametrize(("args", "code", "words"), [
     (["--max-drop", "1", "--metric", "median"], 2, "unknown metric 'median'"),
-    (["--metric", "cosine"], 2, "no --max-drop"),
+    (["--threshold", "0.9"], 2, "no metric was named"),
+    (["--metric", "cosine", "--threshold", "2"], 2, "outside cosine's range"),
     (["--max-drop", "1", "--metric", "nope.py:fn"], 3, "no such file"),
     (["--max-drop", "1", "--metric", "top1"], 2, "top1 needs a class-vector output"),
 ])  # fmt: skip

@@ -88,7 +88,7 @@ def _quantize(tmp_path, model: onnx.ModelProto, method: str):
 
 @pytest.mark.parametrize(("producer", "method"), [("layernorm", "minmax"), ("mul_add", "minmax"), ("layernorm", "mse+clip+bias")])
 def test_smoothing_lowers_the_int8_error(tmp_path, producer, method):
-    """Agreement is measured with Q/DQ reference semantics (measure_agreement)."""
+    """Agreement is measured with Q/DQ reference semantics (quantize._evaluate)."""
     plain = _quantize(tmp_path, built(producer), method)
     smoothed = _quantize(tmp_path, built(producer), method + "+smooth")
     snr = [r.agreement.outputs[0].snr_db for r in (plain, smoothed)]

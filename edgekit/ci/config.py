@@ -61,6 +61,9 @@ _MODEL: dict[str, tuple[tuple[type, ...], str]] = {
     "backend": ((str,), "a backend name"),
     "method": ((str,), "a calibration method"),
     "preprocess": ((str,), "image preprocessing as --preprocess takes it, e.g. 'scale=1/255,mean=0.5,std=0.5,color=rgb'"),
+    "metric": ((str,), "the int8 check's metric (top1, cosine, snr, iou, ctc or module.py:fn)"),
+    "threshold": ((int, float), "the figure the int8 check must reach, in the metric's unit (e.g. 0.9 for iou)"),
+    "strict": ((bool,), "true (the default in ci: an int8 model that misses its threshold fails the run, exit 5) or false (a warning)"),
 }
 
 
@@ -245,6 +248,19 @@ class _Reader:
                 options[renamed.get(key, key)] = m[key]
         if "max_drop" in m:
             options["max_drop"] = m["max_drop"]  # points in the file, as on the command line and in the API
+        for key in ("metric", "threshold"):
+            if key in m:
+                options[key] = m[key]
+        if "metric" in m:  # a threshold alone may be for the model's sidecar metric: deploy checks it
+            from edgekit.quantize.mixed import check_metric
+            from edgekit.quantize.threshold import check_threshold
+
+            try:
+                check_metric(m["metric"])
+                check_threshold(m["metric"], m.get("threshold"))
+            except UsageError as exc:
+                raise self.fail(where, exc.message, exc.hint, section=section) from None
+        options["strict"] = m.get("strict", True)  # ci gates: an int8 model below its threshold fails the run
         name = m.get("name") or model.stem
         return ModelSpec(model, name, runs, gates, options)
 

@@ -51,6 +51,15 @@ PreprocessOpt = Annotated[
     str | None,
     typer.Option("--preprocess", help="Image preprocessing, e.g. 'scale=1/255,mean=0.485/0.456/0.406,std=0.229/0.224/0.225,color=rgb'."),
 ]
+Threshold = Annotated[
+    float | None,
+    typer.Option(
+        "--threshold", metavar="VALUE",
+        help="What the held-out fp32-vs-int8 check must reach, in the metric's unit: top1 % agreement (default 99), cosine (0.99), "
+        "iou (0.9), ctc CER increase in points, at most (1), snr dB (20). Needs the metric named (--metric, or [accuracy] in the model's .edgekit.toml).",
+    ),
+]  # fmt: skip
+Strict = Annotated[bool, typer.Option("--strict", help="An int8 model that misses the threshold is an error (exit 5, nothing written), not a warning.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document to stdout.")]
 Backend = Annotated[str | None, typer.Option("--backend", help="Force a backend (onnxruntime, native, openvino, tensorrt, tflite, numpy).")]
 
@@ -136,7 +145,7 @@ Baseline = Annotated[
 GROUPS: dict[str, dict[str, tuple]] = {
     "quantize": {
         "calib": (Calib, None), "calib_samples": (CalibSamples, None), "eval_data": (Eval, None), "labels": (Labels, None), "method": (Method, DEFAULT_METHOD),
-        "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None),
+        "exclude": (Exclude, None), "shape": (Shape, None), "preprocess": (PreprocessOpt, None), "threshold": (Threshold, None), "strict": (Strict, False),
     },
     "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "min_time": (MinTime, None), "threads": (Threads, None), "rounds": (Rounds, None), "layers": (Layers, "time"), "no_layers": (NoLayers, False)},
     "gates": {"fail": (Fail, None), "baseline": (Baseline, None)},
@@ -167,7 +176,7 @@ def quantize_args(opts: dict) -> dict:
     """The "quantize" group as the API's keyword arguments."""
     return dict(
         calib=opts["calib"], calib_samples=opts["calib_samples"], eval=opts["eval_data"], labels=opts["labels"], method=check_method(opts["method"]),
-        exclude=opts["exclude"], shapes=shapes(opts["shape"]), preprocess=preprocess(opts["preprocess"]),
+        exclude=opts["exclude"], shapes=shapes(opts["shape"]), preprocess=preprocess(opts["preprocess"]), threshold=opts["threshold"], strict=opts["strict"],
     )  # fmt: skip
 
 

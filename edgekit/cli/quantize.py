@@ -37,8 +37,9 @@ def quantize(
         str | None,
         typer.Option(
             "--metric", metavar="NAME",
-            help="What --max-drop holds: top1, cosine, snr, iou (masks at 0.5), ctc (100 - CER of greedy CTC decodes) or "
-            "path/module.py:fn (fn(ref_outputs, q_outputs) -> float, higher is better). Default: top1 for class vectors, else cosine.",
+            help="The task's metric, fp32 vs int8 on the held-out samples: what --threshold checks and --max-drop holds: top1, cosine, snr, "
+            "iou (masks at 0.5), ctc (100 - CER of greedy CTC decodes) or path/module.py:fn (fn(ref_outputs, q_outputs) -> float, higher is better). "
+            "Default: the model's .edgekit.toml [accuracy] metric, else top1 for class vectors, else cosine.",
         ),
     ] = None,
     json_out: common.Json = False,
@@ -53,6 +54,10 @@ def quantize(
     Keeping layers in float until the held-out character error rate rises at most 1 point:
 
         edgekit quantize rec.onnx -o rec.int8.onnx --calib lines.npz --eval held.npz --max-drop 1 --metric ctc
+
+    An int8 model whose held-out figure misses its threshold gets a warning line; --strict makes it exit 5:
+
+        edgekit quantize det.onnx -o det.int8.onnx --calib pages/ --metric iou --threshold 0.9 --strict
     """
     from edgekit import api
     from edgekit.errors import GateError

@@ -242,9 +242,11 @@ def print_quantize_report(o: Output, doc: dict) -> None:
         sm = doc["smoothed"]
         o.line(f"smoothed {sm['inputs']} MatMul/Gemm inputs (alpha {sm['alpha']}; {len(sm['skipped'])} candidate inputs left alone)")
     nodes = doc["nodes"]
+    share = doc.get("int8_mac_share")
     o.line(
         f"nodes: {nodes.get('int8', 0)} int8, {nodes.get('fused', 0)} fused activations, "
         f"{nodes.get('passthrough', 0)} int8 pass-through, {nodes.get('float', 0)} float"
+        + (f"; {fmt_pct(share)} of the MACs run int8" if share is not None else "")
     )
     agr = doc["agreement"]
     rows = [
@@ -252,6 +254,11 @@ def print_quantize_report(o: Output, doc: dict) -> None:
         for out in agr["outputs"]
     ]
     o.table(["output", "cosine", "SNR dB", "max abs err", "top-1 agree"], rows, title=f"fp32 vs int8 on {agr['samples']} held-out samples ({agr['source']})")
+    check = doc.get("check")
+    if check is not None:
+        cmp = "<=" if check["metric"] == "ctc" else ">="
+        verdict = "holds" if check["passed"] else "MISSED (see the warning)"
+        o.line(f"check, held-out {check['metric']} ({check['why']}): {check['value']:.4g}, needs {cmp} {check['threshold']:g}: {verdict}")
     if agr.get("accuracy_fp32") is not None:
         o.line(
             f"accuracy on labels: fp32 {fmt_pct(agr['accuracy_fp32'])}, int8 {fmt_pct(agr['accuracy_int8'])} "

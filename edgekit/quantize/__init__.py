@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from edgekit.errors import ModelError
 from edgekit.events import Events
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel, with_static_inputs
-from edgekit.quantize import dynamic, equalize, sensitivity, smooth
+from edgekit.quantize import autorange, dynamic, equalize, sensitivity, smooth, threshold
 from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize.calib import (
     DEFAULT_METHOD,
@@ -26,11 +27,12 @@ from edgekit.quantize.calib import (
     collect_ranges,
     is_dynamic,
     load_feeds,
+    observe,
     parse_method,
     random_feeds,
 )
 from edgekit.quantize.prepare import checked, prepare
-from edgekit.quantize.report import HOST_ESTIMATE, AgreementReport, measure_agreement, session
+from edgekit.quantize.report import HOST_ESTIMATE, AgreementReport, compare, outputs, session
 from edgekit.quantize.rewrite import (
     Analysis,
     QParams,
@@ -66,6 +68,9 @@ class QuantizeResult:
     layers: list[dict] = field(default_factory=list)  # per int8 node: name, op, snr_db (its local error)
     mixed_precision: dict | None = None  # --max-drop: the decision (mixed.decide), None when not asked
     smoothing: smooth.Smoothing | None = None  # +smooth: the MatMul/Gemm inputs smoothed, None when not asked
+    check: threshold.Check | None = None  # the task's metric on the held-out samples against its threshold
+    int8_mac_share: float | None = None  # of the model's MACs (Conv/Gemm/MatMul and recurrent), the share that runs int8
+    auto_ranges: dict | None = None  # --method auto: how the ranges were chosen (autorange.choose's record)
 
     def quantization_record(self) -> dict:
         """What a results-store record keeps of the quantization: the per-layer error."""
@@ -88,6 +93,9 @@ class QuantizeResult:
             "layers": self.layers,
             "mixed_precision": self.mixed_precision,
             "smoothed": self.smoothing.to_dict() if self.smoothing else None,
+            "check": self.check.to_dict() if self.check else None,
+            "int8_mac_share": self.int8_mac_share,
+            "auto_ranges": self.auto_ranges,
         }
 
 
@@ -118,8 +126,14 @@ def quantize_model(
     events=None,
     dynamic_fallback: bool = False,
     runs_float: Callable[[str], str | None] | None = None,
+    goal: float | None = None,
+    metric_why: str = "",
 ) -> QuantizeResult:
     """Quantize ``loaded`` with ``scheme``, calibrated on ``calibration``, checked on ``heldout``.
+
+    ``metric`` (None: top1 for class vectors, else cosine) is also what ``result.check`` measures
+    on ``heldout`` against ``goal`` (in the metric's unit, see ``threshold``; None: its default),
+    ``metric_why`` saying where the metric came from.
 
     ``max_drop`` (points of ``metric``, see ``mixed``): keep the int8 nodes that cost most in
     float until the held-out metric holds; ``result.mixed_precision`` says whether it did
@@ -131,7 +145,7 @@ def quantize_model(
     ``max_drop`` keeps float only nodes it can run."""
     recipe = parse_method(method)
     if recipe.ranges == DYNAMIC:
-        return _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
+        return _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric, goal=goal, metric_why=metric_why)
     t0 = time.perf_counter()
     prepared, analysis = analyze_model(loaded, scheme, exclude)
     if recipe.equalize and equalize.cross_layer_equalize(prepared):
@@ -147,6 +161,7 @@ def quantize_model(
         analysis = analyze(prepared, scheme, exclude)  # ranges are calibrated on the smoothed activations
     sample = ElementSample(len(calibration.feeds))
     means = ChannelMeans(equalize.bias_inputs(prepared, analysis)) if recipe.bias_correction else None
+    candidates: dict | None = {} if recipe.ranges == "auto" else None
     ranges = collect_ranges(
         prepared,
         analysis.calibrated,
@@ -156,12 +171,18 @@ def quantize_model(
         progress=progress,
         sample=sample,
         means=means,
+        candidates=candidates,
     )
     originals = equalize.clip_weights(prepared, analysis, scheme) if recipe.weight_clip else {}
     if means is not None:
         equalize.correct_biases(prepared, analysis, means, scheme, originals)
+    auto_ranges = None
+    if candidates is not None:  # auto: by the error at the outputs (after CLE/clip/bias, on the model that ships)
+        float_wide_concats(prepared, analysis, {t: c["minmax"] for t, c in candidates.items()})
+        ranges, auto_ranges = autorange.choose(prepared, analysis, scheme, candidates, calibration.feeds)
+    else:
+        float_wide_concats(prepared, analysis, ranges)
     t2 = time.perf_counter()
-    float_wide_concats(prepared, analysis, ranges)
     params = tensor_params(analysis, ranges, scheme)
     qmodel = checked(rewrite(prepared, analysis, params, scheme), *_REWRITE_BUG)
     found = sensitivity.units(prepared, analysis)
@@ -177,7 +198,7 @@ def quantize_model(
             search_on=None if calibration.random else calibration,
         )
         if not decision["holds"] and dynamic_fallback:
-            fallback = _dynamic_fallback(loaded, scheme, calibration, heldout, exclude, max_drop, metric, method, decision, events)
+            fallback = _dynamic_fallback(loaded, scheme, calibration, heldout, exclude, max_drop, metric, method, decision, events, goal, metric_why)
             if fallback is not None:
                 return fallback
         floats = {x["name"] for x in decision["float_layers"]}
@@ -188,7 +209,16 @@ def quantize_model(
             decision["latency"] = mixed_precision.host_latency(blobs, feed)
         seconds["mixed_precision"] = time.perf_counter() - t3
         t3 = time.perf_counter()
-    agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
+    floats = {x["name"] for x in (decision or {}).get("float_layers", [])}
+    agreement, check = _evaluate(loaded, qmodel, heldout, metric, goal, metric_why)
+    if check is not None and not check.passed:  # name the layers that err most on the samples it missed on
+        held = ElementSample(len(heldout.feeds))
+        int8_units = [u for u in found if u.name not in floats]
+        for values in observe(prepared, [u.output for u in int8_units], heldout.feeds):
+            for name, value in values.items():
+                held.add(name, value)
+        snr_held = sensitivity.local_snr(qmodel, int8_units, held)
+        check = dataclasses.replace(check, worst_layers=threshold.worst([{"name": u.name, "op": u.op, "snr_db": snr_held[u.name]} for u in int8_units]))
     t4 = time.perf_counter()
     return QuantizeResult(
         model=qmodel,
@@ -203,11 +233,36 @@ def quantize_model(
         layers=layers,
         mixed_precision=decision,
         smoothing=smoothing,
+        check=check,
+        int8_mac_share=_mac_share(prepared, loaded, {u.name for u in found} - floats),
+        auto_ranges=auto_ranges,
     )
 
 
+def _evaluate(
+    loaded: LoadedModel, qmodel: onnx.ModelProto, heldout: FeedSet, metric: str | None, goal: float | None, metric_why: str
+) -> tuple[AgreementReport, threshold.Check | None]:
+    """fp32 vs int8 on the held-out samples: the agreement report, and the task metric's check
+    (the host's estimate: fp32 by ORT as usual, int8 with Q/DQ reference semantics)."""
+    fp32 = outputs(loaded.model.SerializeToString(), False, heldout.feeds)
+    int8 = outputs(qmodel.SerializeToString(), True, heldout.feeds)
+    agreement = compare(fp32, int8, heldout.labels, source=heldout.source)
+    if heldout.random:  # random inputs measure no task (the random calibration has its own loud warning)
+        return agreement, None
+    return agreement, threshold.check(fp32, int8, metric=metric, threshold=goal, why=metric_why)
+
+
+def _mac_share(prepared: onnx.ModelProto, loaded: LoadedModel, int8_nodes: set[str]) -> float | None:
+    """The share of the model's MACs that its int8 nodes compute: a node left float (an LSTM, a
+    layer --max-drop kept float) counts as float."""
+    node_macs = sensitivity.macs(with_static_inputs(prepared, loaded.inputs))
+    total = sum(node_macs.values())
+    return round(sum(v for k, v in node_macs.items() if k in int8_nodes) / total, 4) if total else None
+
+
 def _quantize_dynamic(
-    loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, *, exclude: Sequence[str], max_drop: float | None, metric: str | None
+    loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, *, exclude: Sequence[str], max_drop: float | None, metric: str | None,
+    goal: float | None = None, metric_why: str = "",
 ) -> QuantizeResult:
     """``--method dynamic``: int8 weights, activations quantized at run time; no calibration pass.
     No per-layer table (its local error is a calibrated activation range's); ``max_drop`` checks
@@ -229,11 +284,12 @@ def _quantize_dynamic(
         decision["int8_mac_share"] = _dynamic_mac_share(prepared, analysis, loaded)
         seconds["mixed_precision"] = time.perf_counter() - t2
         t2 = time.perf_counter()
-    agreement = measure_agreement(loaded.model.SerializeToString(), qmodel.SerializeToString(), heldout)
+    agreement, check = _evaluate(loaded, qmodel, heldout, metric, goal, metric_why)
     return QuantizeResult(
         model=qmodel, scheme=scheme, method=DYNAMIC, analysis=analysis, calibration_source="none (activations quantized at run time)",
         calibration_samples=0, calibration_random=calibration.random, agreement=agreement,
-        seconds={**seconds, "evaluate": time.perf_counter() - t2}, mixed_precision=decision,
+        seconds={**seconds, "evaluate": time.perf_counter() - t2}, mixed_precision=decision, check=check,
+        int8_mac_share=_dynamic_mac_share(prepared, analysis, loaded),
     )
 
 
@@ -248,12 +304,12 @@ def _dynamic_mac_share(prepared: onnx.ModelProto, analysis: Analysis, loaded: Lo
 
 def _dynamic_fallback(
     loaded: LoadedModel, scheme: QuantScheme, calibration: FeedSet, heldout: FeedSet, exclude: Sequence[str], max_drop: float,
-    metric: str | None, method: str, static: dict, events,
+    metric: str | None, method: str, static: dict, events, goal: float | None, metric_why: str,
 ) -> QuantizeResult | None:
     """The ``--method dynamic`` model when static int8 cannot hold ``max_drop`` and it can (None:
     it cannot either, or the model has no MatMul/Gemm weights; ``static`` notes what it scored)."""
     try:
-        result = _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric)
+        result = _quantize_dynamic(loaded, scheme, calibration, heldout, exclude=exclude, max_drop=max_drop, metric=metric, goal=goal, metric_why=metric_why)
     except ModelError:
         return None
     mp = result.mixed_precision

@@ -24,13 +24,13 @@ from edgekit.quantize.calib import FeedSet
 from edgekit.quantize.report import AgreementReport, OutputAgreement
 from edgekit.quantize.scheme import QuantScheme
 
-FORMAT = 4  # 2: the report carries per-layer errors (layers); 3: and the mixed-precision decision; 4: entropy never clips inside the MSE optimum
+FORMAT = 5  # 2: the report carries per-layer errors (layers); 3: and the mixed-precision decision; 4: entropy never clips inside the MSE optimum; 5: the threshold check
 MODEL, REPORT = "int8.onnx", "report.json"
 
 
 def key(
     model_sha256: str, scheme: QuantScheme, method: str, exclude: Sequence[str], calibration: FeedSet, heldout: FeedSet,
-    *, max_drop: float | None = None, metric: str | None = None, backend: str | None = None,
+    *, max_drop: float | None = None, metric: str | None = None, threshold: float | None = None, backend: str | None = None,
 ) -> str:
     """The cache key of one quantization (hex sha256); ``max_drop`` and ``metric``: mixed precision's
     (a metric module's source is part of the key, so editing it quantizes again); ``backend``: the
@@ -38,7 +38,7 @@ def key(
     h = hashlib.sha256()
     head = {
         "format": FORMAT, "edgekit": __version__, "code": code_digest(), "model": model_sha256, "scheme": scheme.to_dict(), "method": method, "exclude": sorted(exclude),
-        "max_drop": max_drop, "metric": metric, "metric_source": _metric_source(metric) if max_drop is not None else None,
+        "max_drop": max_drop, "metric": metric, "metric_source": _metric_source(metric) if metric is not None else None, "threshold": threshold,
         "backend": backend,
     }  # fmt: skip
     h.update(json.dumps(head, sort_keys=True).encode())

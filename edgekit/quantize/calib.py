@@ -466,9 +466,12 @@ def collect_ranges(
     progress=None,
     sample: ElementSample | None = None,
     means: ChannelMeans | None = None,
+    candidates: dict[str, dict[str, tuple[float, float]]] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Run the float model over ``feeds`` and return a (min, max) range per tensor; ``sample``
-    keeps some of the values seen on the way, ``means`` the channel means of its tensors."""
+    keeps some of the values seen on the way, ``means`` the channel means of its tensors;
+    ``candidates`` (method "auto") receives each tensor's range by every AUTO_CANDIDATES method,
+    and by the histogram's choice among them ("histogram"), for ``autorange.choose``."""
     if method not in METHODS:
         raise UsageError(f"unknown calibration method '{method}'", f"choose one of: {', '.join(METHODS)}")
     extra = [t for t in (means.axes if means else ()) if t not in set(tensors)]
@@ -521,13 +524,17 @@ def collect_ranges(
             continue
         if from_signed[name]:
             abs_hist[name] = signed_hist[name].reshape(BINS, 2).sum(1)
-        candidates = {
+        found = {
             m: _range(m, ranges[name], absmax[name], abs_hist[name], signed_hist[name], zeros[name], percentile, symmetric)
             for m in (AUTO_CANDIDATES if method == "auto" else (method,))
         }
-        out[name] = candidates[method] if method != "auto" else _best_on_histogram(
-            candidates, ranges[name], absmax[name], abs_hist[name], signed_hist[name], zeros[name], symmetric
+        out[name] = found[method] if method != "auto" else _best_on_histogram(
+            found, ranges[name], absmax[name], abs_hist[name], signed_hist[name], zeros[name], symmetric
         )
+        if candidates is not None:
+            candidates[name] = {**found, "histogram": out[name]}
+    if candidates is not None:
+        candidates.update({n: {"minmax": ranges[n]} for n in names if n not in candidates})
     return out
 
 

@@ -11,7 +11,6 @@ import onnx
 
 from edgekit.errors import CalibrationError
 from edgekit.quantize import dynamic, qmath
-from edgekit.quantize.calib import FeedSet
 
 HOST_ESTIMATE = "host (Q/DQ reference semantics)"
 
@@ -137,14 +136,9 @@ def compare(
     return AgreementReport(samples, source, tuple(outputs), acc_f, acc_q, measured_on, estimate)
 
 
-def _outputs(model: bytes, reference: bool, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, list[np.ndarray]]:
+def outputs(model: bytes, reference: bool, feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, list[np.ndarray]]:
+    """Output name -> one array per feed, by ORT (``reference``: with Q/DQ reference semantics, see ``session``)."""
     sess = session(model, reference=reference)
     names = [o.name for o in sess.get_outputs()]
     runs = [sess.run(names, feed) for feed in feeds]
     return {n: [np.asarray(r[i]) for r in runs] for i, n in enumerate(names)}
-
-
-def measure_agreement(float_model: bytes, quant_model: bytes, heldout: FeedSet) -> AgreementReport:
-    """The host's estimate: fp32 by ORT as usual, int8 by ORT with Q/DQ reference semantics."""
-    fp32, int8 = _outputs(float_model, False, heldout.feeds), _outputs(quant_model, True, heldout.feeds)
-    return compare(fp32, int8, heldout.labels, source=heldout.source)

@@ -201,9 +201,14 @@ def _finite(x: float) -> float | None:
     return None if math.isinf(x) or math.isnan(x) else round(float(x), 2)
 
 
+# Gates per step of a recurrent op: each multiplies the input and the hidden state by its weights.
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
 def macs(model: onnx.ModelProto) -> dict[str, int]:
-    """Multiply-accumulates per Conv/ConvTranspose/Gemm/MatMul node, from the shapes a prepared
-    (shape-inferred) model records; nodes whose shapes are unknown are left out."""
+    """Multiply-accumulates per Conv/ConvTranspose/Gemm/MatMul/LSTM/GRU/RNN node, from the shapes a
+    prepared (shape-inferred) model records; nodes whose shapes are unknown are left out. The
+    recurrent ops count so that a model whose LSTMs stay float does not read as all int8."""
     shapes: dict[str, tuple[int, ...]] = {}
     for vi in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output):
         dims = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim]
@@ -221,6 +226,10 @@ def macs(model: onnx.ModelProto) -> dict[str, int]:
             out[node.name] = math.prod(a) * math.prod(w[1:])
         elif node.op_type in ("Gemm", "MatMul") and y and a:
             out[node.name] = math.prod(y) * a[-1]
+        elif node.op_type in _GATES and a and w and len(a) == 3 and len(w) == 3:
+            r = shapes.get(node.input[2]) if len(node.input) > 2 else None
+            hidden = r[2] if r and len(r) == 3 else w[1] // _GATES[node.op_type]
+            out[node.name] = a[0] * a[1] * w[0] * w[1] * (w[2] + hidden)  # steps x batch x directions x gates*hidden x (input + hidden)
     return out
 
 

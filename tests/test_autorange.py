@@ -1,0 +1,94 @@
+"""``--method auto`` chooses each activation range by the error at the model's outputs (quantize.autorange):
+minmax is always a candidate, so on the calibration samples it judges on, auto never errs more
+than minmax; a range whose clipped tail the next layers read keeps minmax's."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from edgekit.modelio import load_model
+from edgekit.quantize import SCHEMES, FeedSet, autorange, quantize_model
+from edgekit.quantize.report import outputs
+from tests.builders import Graph, float_io
+from tests.test_threshold import MODELS, _data
+
+SCHEME = SCHEMES["onnxruntime"]
+
+
+def _error(float_model: onnx.ModelProto, qmodel: onnx.ModelProto, feeds) -> float:
+    """noise power / signal power at the outputs, summed over outputs, on ``feeds``."""
+    ref = outputs(float_model.SerializeToString(), False, feeds)
+    got = outputs(qmodel.SerializeToString(), True, feeds)
+    err = 0.0
+    for name in ref:
+        r, q = (np.concatenate([np.asarray(a, np.float64).reshape(1, -1) for a in x[name]]) for x in (ref, got))
+        err += float(np.square(r - q).sum() / np.square(r).sum())
+    return err
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_auto_never_errs_more_than_minmax_at_the_outputs_on_its_calibration_samples(tmp_path, kind):
+    build, shape = MODELS[kind]
+    onnx.save(build(), str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    cal = [{"x": x[None]} for x in _data(shape, 24, 1)]
+    held = FeedSet([{"x": x[None]} for x in _data(shape, 4, 2)], "held")
+    auto = quantize_model(loaded, SCHEME, FeedSet(cal, "cal"), held, method="auto")
+    mm = quantize_model(loaded, SCHEME, FeedSet(cal, "cal"), held, method="minmax")
+    judged = cal[: autorange.SAMPLES]
+    assert _error(loaded.model, auto.model, judged) <= _error(loaded.model, mm.model, judged) * (1 + 1e-6)
+    rec = auto.auto_ranges
+    assert rec["trials"] >= 1 and rec["error"] <= rec["error_minmax"]
+
+
+def spiky_model() -> onnx.ModelProto:
+    """x [1, 256] -> Relu -> h -> MatMul (every row 1) -> y [1, 8]: y sums all of h, so the one
+    large value of h per sample carries most of the output."""
+    g = Graph()
+    h = g.node("Relu", ["x"], "h")
+    y = g.node("MatMul", [h, g.const("W", np.full((256, 8), 1.0))], "y")
+    return g.model([float_io("x", [1, 256])], [float_io(y, [1, 8])])
+
+
+def _spiky_feeds(n: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    feeds = []
+    for _ in range(n):
+        x = rng.standard_normal((1, 256)).astype(np.float32)
+        x[0, rng.integers(0, 256)] = 60.0
+        feeds.append({"x": x})
+    return feeds
+
+
+def _chosen(candidates):
+    model = spiky_model()
+    from edgekit.quantize.prepare import prepare
+    from edgekit.quantize.rewrite import analyze
+    from edgekit.tensorspec import IOSpec
+
+    prepared = prepare(model, (IOSpec("x", (1, 256), "float32"),), SCHEME.min_opset)
+    analysis = analyze(prepared, SCHEME, ())
+    return autorange.choose(prepared, analysis, SCHEME, candidates, _spiky_feeds(8))
+
+
+def test_a_clipped_tail_that_the_outputs_read_keeps_minmax():
+    """h's values: a bulk below 4 and one 60 per sample; clipping h at 4 (what a per-tensor
+    criterion picks when the tail is rare enough) wipes out most of y."""
+    ranges, record = _chosen({"x": {"minmax": (-4.0, 60.0)}, "h": {"minmax": (0.0, 60.0), "mse": (0.0, 4.0), "histogram": (0.0, 4.0), "percentile": (0.0, 4.0)}, "y": {"minmax": (0.0, 400.0)}})
+    assert ranges["h"] == (0.0, 60.0) and record["chosen"] == {}
+    assert record["trials"] >= 3 and record["error"] == record["error_minmax"]
+
+
+def test_a_range_wider_than_any_value_is_narrowed():
+    """minmax of a run that saw a freak value (h up to 6000): the outputs err less with h's range
+    at the 60 every sample reaches, and auto takes it."""
+    ranges, record = _chosen({"x": {"minmax": (-4.0, 60.0)}, "h": {"minmax": (0.0, 6000.0), "mse": (0.0, 60.0), "histogram": (0.0, 60.0), "percentile": (0.0, 60.0)}, "y": {"minmax": (0.0, 400.0)}})
+    assert ranges["h"] == (0.0, 60.0) and set(record["chosen"]) == {"h"}
+    assert record["error"] < record["error_minmax"] / 10
+
+
+def test_a_graph_output_keeps_its_minmax_range():
+    ranges, record = _chosen({"x": {"minmax": (-4.0, 60.0)}, "h": {"minmax": (0.0, 60.0)}, "y": {"minmax": (0.0, 500.0), "mse": (0.0, 100.0), "histogram": (0.0, 100.0)}})
+    assert ranges["y"] == (0.0, 500.0) and record["movable"] == 0
