@@ -40,7 +40,18 @@ def root(
 
 def _register() -> None:
     # Imported here so `import edgekit.cli` stays cheap and the order of --help is fixed.
-    from edgekit.cli import bench, ci, deploy, devices, plan, profiles, quantize, report, results, version
+    from edgekit.cli import (
+        bench,
+        ci,
+        deploy,
+        devices,
+        plan,
+        profiles,
+        quantize,
+        report,
+        results,
+        version,
+    )
 
     for command in (quantize.quantize, plan.plan, deploy.deploy, bench.bench):
         app.command(command.__name__)(command)
