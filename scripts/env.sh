@@ -2,15 +2,22 @@
 # on PATH:   source scripts/env.sh
 #
 # Two virtualenvs, both outside the repo (default ~/.cache/edgekit-dev, $EDGEKIT_DEV_CACHE moves it):
-#   deps-<hash>       edgekit's dependencies and the test deps, keyed by pyproject.toml, this file
-#                     and the Python version: built once, shared by every checkout (a fresh CI
-#                     clone reuses it).
+#   deps-<hash>       edgekit's dependencies and the test deps, keyed by pyproject.toml, the
+#                     function below that installs them and the Python version: built once,
+#                     shared by every checkout (a fresh CI clone reuses it).
 #   checkout-<hash>   one per checkout (keyed by its path): sees deps-<hash> through a .pth file,
 #                     holds the editable install of *this* checkout and its `edgekit` script, so
 #                     two checkouts never re-point each other. Re-installed only when the build
 #                     inputs change (pyproject.toml, setup.py, csrc/).
 # Sourcing leaves the calling shell's options (set -e/-u/pipefail) as they were; on an error it
 # prints `error:` + `hint:` and returns non-zero (a script with `set -e` stops there).
+
+if [ -z "${BASH_VERSION:-}" ]; then
+  echo "error: scripts/env.sh is written for bash" >&2
+  echo "hint: run it from bash (bash, then: source scripts/env.sh), or pip install . into a venv of yours" >&2
+  # shellcheck disable=SC2317
+  return 2 2>/dev/null || exit 2
+fi
 
 _edgekit_env_pip() {
   # pip, quiet: its output only when it fails (minus this machine's index-location noise).
@@ -88,7 +95,8 @@ _edgekit_env() {
     echo "hint: install Python 3.10+ or set EDGEKIT_PYTHON to its path" >&2
     return 2
   fi
-  key="$({ cat "$repo/pyproject.toml" "$repo/scripts/env.sh"; "$py" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)"
+  # the deps venv's key: what goes into it (an edit elsewhere in this file rebuilds nothing)
+  key="$({ cat "$repo/pyproject.toml"; declare -f _edgekit_env_deps _edgekit_env_pip; "$py" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-12)"
   cache="${EDGEKIT_DEV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/edgekit-dev}"
   deps="$cache/deps-$key"
   ck="$cache/checkout-$(printf '%s\n%s' "$repo" "$key" | sha256sum | cut -c1-12)"

@@ -56,7 +56,10 @@ def installed(wheel, tmp_path_factory) -> tuple[Path, dict]:
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
     env = _clean_env(root / "home")
     (root / "home").mkdir()
-    _run([env_dir / "bin" / "python", "-m", "pip", "install", "-q", wheel], root, env, timeout=900)
+    # pip keeps its own cache (the user's, not the empty test home's): the registry is not asked
+    # for 200 MB of wheels on every run
+    pip_cache = os.environ.get("PIP_CACHE_DIR") or str(Path.home() / ".cache" / "pip")
+    _run([env_dir / "bin" / "python", "-m", "pip", "install", "-q", wheel], root, {**env, "PIP_CACHE_DIR": pip_cache}, timeout=900)
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}"
     return env_dir / "bin", env
 
