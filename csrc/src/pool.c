@@ -11,7 +11,8 @@
  *
  * Waiting: inside one ekrt_run (ek_pool_begin .. ek_pool_end) workers poll for the next job
  * for up to EK_RUN_SPIN_NS (ops follow each other closely; a wake-up from sleep costs tens of
- * microseconds), and after the run they sleep on a condition variable at once. The caller polls
+ * microseconds), yielding the core every 64 polls after the first EK_SPIN_NS (as ORT's spin
+ * does), and after the run they sleep on a condition variable at once. The caller polls
  * for stragglers at most EK_SPIN_NS before it sleeps too. Nothing spins unbounded, so a busy
  * core is never fought over for long; and when workers keep missing jobs (their cores are
  * taken), the pool rests: the next splittable ops run on the caller alone, for a back-off that
@@ -106,7 +107,11 @@ static void wait_for_job(struct ek_pool* p, unsigned seen) {
     cpu_relax();
     if (spin % 64 != 0) continue;
     if (!t0) t0 = ek_now_ns();
-    if (!atomic_load(&p->in_run) || atomic_load(&p->rest) || ek_now_ns() - t0 > EK_RUN_SPIN_NS) {
+    uint64_t waited = ek_now_ns() - t0;
+    /* past the short pure spin, yield the core now and then: a worker sharing its core with the
+     * caller (a busy machine) would otherwise hold off the very thread that opens the next job */
+    if (waited > EK_SPIN_NS) sched_yield();
+    if (!atomic_load(&p->in_run) || atomic_load(&p->rest) || waited > EK_RUN_SPIN_NS) {
       pthread_mutex_lock(&p->mu);
       atomic_fetch_add(&p->sleepers, 1);
       unsigned wakes = atomic_load(&p->wakes);
