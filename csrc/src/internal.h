@@ -222,12 +222,14 @@ void ek_parallel_for(struct ekrt_model* m, const struct ek_op* op, size_t n, ek_
  * ISA (ek_work_per_thread, benchmarks/ekrt_threads.py --calibrate). EKRT_WORK_PER_THREAD
  * overrides it (0 splits every op). */
 #define EK_ELEM_WORK 8u
-/* ek_work_per_thread's table (the first row is the default for an ISA not listed): about 2 us
- * of one core's kernel speed per ISA (docs/kernels.md: avx512vnni ~150-300, avx2 ~30-60 M
- * MACs/ms), the cost of handing a split op to polling workers and joining them. PROVISIONAL:
- * the 2-core VMs were too loaded on 2026-11-28 to calibrate (load 9-14); benchmarks/
- * ekrt_threads.py --calibrate measures it per ISA on a quiet machine. */
-#define EK_WORK_PER_THREAD_TABLE {"scalar", 16384}, {"avx2", 98304}, {"avx512vnni", 262144}, {"neon", 24576}, {"neondot", 65536}
+/* ek_work_per_thread's table (the first row is the default for an ISA not listed): the work per
+ * thread from which a split into 2 pays on chains of convolutions (benchmarks/ekrt_threads.py
+ * --calibrate, every op split, 2 threads against 1). x86: measured on the 2-core AVX-512 VNNI
+ * VM on 2026-11-28 in its quieter minutes (load average 2-3, one run each; it was too loaded
+ * before): scalar ~5-16 K MACs per op pays, avx2 ~70-150 K, avx512vnni ~150-300 K. neon and
+ * neondot are ESTIMATES (qemu's timing means nothing): the A72's NEON kernels at ~2x the
+ * scalar break-even, the A76's SDOT ones at avx2's. Rerun --calibrate on a quiet machine. */
+#define EK_WORK_PER_THREAD_TABLE {"scalar", 8192}, {"avx2", 65536}, {"avx512vnni", 131072}, {"neon", 16384}, {"neondot", 65536}
 uint64_t ek_work_per_thread(const char* isa);
 uint64_t ek_op_work(const struct ekrt_model* m, const struct ek_op* op);
 int ek_threads_for(const struct ekrt_model* m, uint64_t work); /* 1..m->threads */

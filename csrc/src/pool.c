@@ -11,9 +11,11 @@
  *
  * Waiting: inside one ekrt_run (ek_pool_begin .. ek_pool_end) workers poll for the next job
  * for up to EK_RUN_SPIN_NS (ops follow each other closely; a wake-up from sleep costs tens of
- * microseconds), and after the run they sleep on a condition variable at once. The caller polls
+ * microseconds), yielding the core every 64 polls after the first EK_SPIN_NS (as ORT's spin
+ * does), and after the run they sleep on a condition variable at once. The caller polls
  * for stragglers at most EK_SPIN_NS before it sleeps too. Nothing spins unbounded, so a busy
- * core is never fought over for long; and when workers keep missing jobs (their cores are
+ * core is never fought over for long; and when polling workers keep missing jobs, or keep the
+ * caller waiting at the end of a job longer than half its own share took (their cores are
  * taken), the pool rests: the next splittable ops run on the caller alone, for a back-off that
  * doubles while probes still miss, and resting workers sleep instead of polling.
  *
@@ -106,7 +108,11 @@ static void wait_for_job(struct ek_pool* p, unsigned seen) {
     cpu_relax();
     if (spin % 64 != 0) continue;
     if (!t0) t0 = ek_now_ns();
-    if (!atomic_load(&p->in_run) || atomic_load(&p->rest) || ek_now_ns() - t0 > EK_RUN_SPIN_NS) {
+    uint64_t waited = ek_now_ns() - t0;
+    /* past the short pure spin, yield the core now and then: a worker sharing its core with the
+     * caller (a busy machine) would otherwise hold off the very thread that opens the next job */
+    if (waited > EK_SPIN_NS) sched_yield();
+    if (!atomic_load(&p->in_run) || atomic_load(&p->rest) || waited > EK_RUN_SPIN_NS) {
       pthread_mutex_lock(&p->mu);
       atomic_fetch_add(&p->sleepers, 1);
       unsigned wakes = atomic_load(&p->wakes);
@@ -306,17 +312,12 @@ void ek_parallel_for(struct ekrt_model* m, const struct ek_op* op, size_t n, ek_
    * and sleeps through the job, which the others then run; never a wrong result */
   int asleep = atomic_load(&p->sleepers);
   for (int k = 0; k < asleep && k < (int)want - 1; k++) pthread_cond_signal(&p->work_cv);
+  uint64_t t_open = ek_now_ns();
   size_t mine = run_tasks(p, 0, 0);
   atomic_store(&p->job, 0); /* close: from now on no worker joins */
-  if (mine < n) {
-    p->misses = 0;
-    p->backoff = EK_BACKOFF_MIN;
-  } else if (++p->misses >= EK_MISSES) {
-    p->misses = 0;
-    atomic_store(&p->rest, p->backoff);
-    p->backoff = p->backoff * 2 > EK_BACKOFF_MAX ? EK_BACKOFF_MAX : p->backoff * 2;
-  }
+  uint64_t t_mine = ek_now_ns();
   uint64_t t0 = 0;
+  int waited = atomic_load(&p->active) != 0;
   for (unsigned spin = 1; atomic_load(&p->active) != 0; spin++) {
     cpu_relax();
     if (spin % 64 != 0) continue;
@@ -329,6 +330,20 @@ void ek_parallel_for(struct ekrt_model* m, const struct ek_op* op, size_t n, ek_
       pthread_mutex_unlock(&p->mu);
       break;
     }
+  }
+  /* A miss: the caller ran every task although every worker was polling as the job opened (a
+   * worker woken for this job is still on its way, which says nothing about its core; counting
+   * it would keep a resting pool resting on a quiet machine, its probe finding the workers
+   * asleep). A stall is one too: a worker claimed a task, then lost its core to another
+   * process and kept the caller waiting longer than half the time the caller itself worked. */
+  int stall = waited && (ek_now_ns() - t_mine) * 2 > t_mine - t_open;
+  if (mine < n && !stall) {
+    p->misses = 0;
+    p->backoff = EK_BACKOFF_MIN;
+  } else if ((stall || asleep == 0) && ++p->misses >= EK_MISSES) {
+    p->misses = 0;
+    atomic_store(&p->rest, p->backoff);
+    p->backoff = p->backoff * 2 > EK_BACKOFF_MAX ? EK_BACKOFF_MAX : p->backoff * 2;
   }
 }
 
