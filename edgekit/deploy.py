@@ -501,6 +501,7 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
             layers=report.get("layers") or [], mixed_precision=report.get("mixed_precision"),
             smoothing=Smoothing.from_dict(report["smoothed"]) if report.get("smoothed") else None,
             check=Check.from_dict(report["check"]) if report.get("check") else None, int8_mac_share=report.get("int8_mac_share"),
+            auto_ranges=report.get("auto_ranges"),
         )
         _warn_check(w, step, result)
         return result

@@ -127,7 +127,6 @@ BAD_VALUES = [
     ("plan", {"iterations": True}, "--iterations must be an integer >= 1, got True"),
     ("bench", {"iterations": -3}, "--iterations must be an integer >= 1, got -3"),
     ("quantize", {"max_drop": 101}, "--max-drop must be a number from 0 to 100"),
-    ("quantize", {"metric": "cosine"}, "--metric is what --max-drop holds, and no --max-drop was given"),
 ]
 
 

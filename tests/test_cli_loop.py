@@ -154,7 +154,7 @@ def test_plan_forced_unavailable_backend_is_refused(cli):
     r = cli("plan", DIGITS, "--backend", "tflite")  # an ONNX model: tflite runs .tflite files only
     assert_one_line_error(r, 3, "--backend tflite cannot run")
     r = cli("plan", DIGITS, "--backend", "nope")
-    assert_one_line_error(r, 2, "unknown backend 'nope'")
+    assert_one_line_error(r, 2, "unknown --backend 'nope'")
 
 
 # -- bad input: one line, non-zero exit, no partial output -------------------------------------

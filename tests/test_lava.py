@@ -180,7 +180,7 @@ def test_job_runs_on_a_board_and_its_results_round_trip(bundle, tmp_path, served
     assert json.loads(again.stdout) == {"imported": 0, "skipped": 2}
     listed = json.loads(edgekit("results", "list", "--json", env=env).stdout)
     assert sorted(x["variant"] for x in listed) == ["fp32", "int8"]
-    run = json.loads(edgekit("results", "show", str(listed[0]["id"]), "--json", env=env).stdout)
+    run = json.loads(edgekit("results", "show", str(listed[0]["id"]), "--json", "--samples", env=env).stdout)
     assert run["device"].startswith("lava:") and run["target"] == "local" and run["model_name"] == "digits_cnn"
     assert run["lava"] == {"job": "4211"}
     assert len(run["agent"]["samples_ns"]) == 30

@@ -174,7 +174,7 @@ def test_a_deploy_in_rounds_measures_each_variant_in_separate_processes(cli, tmp
     per_round = doc["summary"]["recommendation"]["speedup_rounds"]
     assert len(per_round) == 3 and all(r > 0 for r in per_round)
     for run in doc["runs"]:
-        shown = json.loads(cli("results", "show", str(run["id"]), "--json").stdout)
+        shown = json.loads(cli("results", "show", str(run["id"]), "--json", "--samples").stdout)
         agent = shown["agent"]
         assert [x["samples"] for x in agent["rounds"]] == [200, 200, 200] and len(agent["samples_ns"]) == 600
         starts = [x["started_at"] for x in agent["rounds"]]

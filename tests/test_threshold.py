@@ -187,7 +187,7 @@ def test_sidecar_names_the_metric_and_threshold(models):
         ('[accuracy]\nmetric = "iou"\nthreshold = 1.5\n', "outside iou's range"),
         ('[accuracy]\nmetric = "f1"\n', "unknown metric"),
         ('[accuracy]\nthreshold = 0.9\n', "no metric was named"),
-        ('[accuracy]\nmetric = "iou"\ngoal = 0.9\n', "unknown key accuracy.goal"),
+        ('[accuracy]\nmetric = "iou"\ngoal = 0.9\n', "accuracy.goal: unknown key 'goal'"),
         ('[accuracy]\nmetric = "iou"\nthreshold = "high"\n', "must be a number"),
     ],
 )
