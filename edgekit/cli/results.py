@@ -193,14 +193,7 @@ def import_(
       edgekit results import lab-results.json
       ssh pi@10.0.0.7 edgekit results export | edgekit results import -
     """
-    out = Output()
-    document = _read_json(file)
-    with ResultsStore() as store:
-        imported, skipped = store.import_(document)
-    if json_:
-        out.json({"imported": imported, "skipped": skipped})
-    else:
-        out.line(f"imported {_runs(imported)}, skipped {skipped} already in the store")
+    _import(_read_json(file), json_)
 
 
 @app.command("import-lava")
@@ -223,8 +216,12 @@ def import_lava(
     """
     from edgekit.lava import import_documents
 
+    _import(import_documents(list(files)), json_)
+
+
+def _import(document: Any, json_: bool) -> None:
+    """Add an export document's runs to the store (runs already there are skipped) and say how many."""
     out = Output()
-    document = import_documents(list(files))
     with ResultsStore() as store:
         imported, skipped = store.import_(document)
     if json_:
