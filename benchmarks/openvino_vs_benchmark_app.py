@@ -105,6 +105,14 @@ def benchmark_app() -> list[str]:
     found = Path(sys.executable).with_name("benchmark_app")
     if found.exists():
         return [str(found)]
+    try:  # the venv that holds openvino (scripts/env.sh keeps the deps in a venv of their own)
+        import openvino
+
+        beside = Path(openvino.__file__).resolve().parents[4] / "bin" / "benchmark_app"  # VENV/lib/pythonX.Y/site-packages/openvino
+        if beside.exists():
+            return [str(beside)]
+    except ImportError:
+        pass
     if shutil.which("benchmark_app"):
         return [shutil.which("benchmark_app")]
     return [sys.executable, "-m", "openvino.tools.benchmark.main"]
