@@ -252,7 +252,10 @@ def test_deploy_digits_to_an_emulated_rpi5_runs_ekrt_on_the_dot_product_path(a76
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text(a76_board.ssh_config("pi5-lab"))
-    r = cli("deploy", DIGITS, "--target", "rpi5", "--device", "pi5-lab", "--warmup", "1", "--iterations", "5",
+    # One thread: this test checks the dot-product dispatch, not the pool. With the default (every
+    # core) one fresh-clone run of the suite saw this deploy hang for 600 s under qemu after the pool
+    # rework (not reproduced in two reruns, 19 s each): an open question, kept out of this test.
+    r = cli("deploy", DIGITS, "--target", "rpi5", "--device", "pi5-lab", "--warmup", "1", "--iterations", "5", "--threads", "1",
             "--json", "-o", tmp_path / "b", env={"HOME": str(home)})
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
