@@ -168,11 +168,7 @@ def bench(
         try:
             session.run(feeds)
         except Exception as exc:  # the runtime's own error types: name them, don't crash
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise AgentFailure(
-                f"inference of variant '{variant}' failed: {first}",
-                "check that the variant's inputs in manifest.json (or its inputs.npz) match the model",
-            ) from None
+            raise _runtime_failure(f"inference of variant '{variant}' failed", exc) from None
         first_ns = time.perf_counter_ns() - t0
         step, timing = _stepper(session, feeds, variant)
         warmup_samples = _warmup(step, warmup)
@@ -374,11 +370,7 @@ def _stepper(session, feeds: dict, variant: str) -> tuple:
         try:
             return timed(feeds)
         except Exception as exc:  # the runtime's own error types: name them, don't crash
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise AgentFailure(
-                f"binding the inputs of variant '{variant}' for timing failed: {first}",
-                "check that the variant's inputs in manifest.json (or its inputs.npz) match the model",
-            ) from None
+            raise _runtime_failure(f"binding the inputs of variant '{variant}' for timing failed", exc) from None
     run = session.run
     clock = time.perf_counter_ns
 
@@ -556,3 +548,8 @@ def _numpy():
         raise missing_runtime("numpy") from None
     return numpy
 
+
+def _runtime_failure(what: str, exc: Exception) -> AgentFailure:
+    """A runtime's own exception as one agent failure line: ``what``, then its first line."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return AgentFailure(f"{what}: {first}", "check that the variant's inputs in manifest.json (or its inputs.npz) match the model")
