@@ -235,6 +235,24 @@ def test_a_regression_needs_the_rounds_to_agree(real):
     assert rounds_p_value(derived(real, lognormal(400, 1e6, 0.02, 1))["agent"], derived(real, lognormal(400, 1.3e6, 0.02, 2))["agent"], 50.0) is None
 
 
+def test_a_single_process_baseline_cannot_fail_a_run_timed_in_rounds(real):
+    """A deploy's run (one agent process) as the baseline of `edgekit ci` (rounds = 3): on the CI VM
+    the int8 digits model ran at 7.2 us in one process and 12.2 us in each of three later ones
+    (+69 %, nothing changed). One process shows no process-to-process spread: inconclusive, with
+    the reason; the same slowdown against a baseline timed in rounds fails."""
+    single = derived(real, lognormal(400, 0.72e6, 0.02, seed=1))
+    rounds = _rounds(real, [1.21e6, 1.22e6, 1.215e6], seed=30)
+    r = parse_gate("p50:+5%").check(rounds, single)
+    assert r.outcome == "inconclusive" and "timed in 1 agent process and this run in 3" in r.line, r.line
+    fast = _rounds(real, [0.72e6, 0.73e6, 0.725e6], seed=40)
+    r = parse_gate("p50:+5%").check(derived(real, lognormal(400, 1.22e6, 0.02, seed=3)), fast)  # a plain bench against a ci run
+    assert r.outcome == "inconclusive" and "timed in 3 agent processes and this run in 1" in r.line, r.line
+    r = parse_gate("p50:+5%").check(rounds, fast)
+    assert r.outcome == "fail", r.line
+    # one process each: the within-run rule decides, as before
+    assert parse_gate("p50:+5%").check(derived(real, lognormal(400, 1.22e6, 0.02, seed=2)), single).outcome == "fail"
+
+
 def test_a_retried_red_run_stays_red(real, monkeypatch):
     """The default baseline is the newest *passing* run: a run whose gates failed never becomes
     the next run's baseline, so retrying a red job unchanged cannot turn it green."""

@@ -15,7 +15,9 @@ p90, p99, mean, throughput) fails only when all of these hold (asv / benchstat p
 * the change is significant by the rule of ``edgekit.bench.compare`` (beyond the runs' own drift
   and what the device's own speed change between the runs can explain, ``LatencyChange``);
 * when both runs were timed in several agent processes (``--rounds``), a one-sided Mann-Whitney U
-  test across the rounds' statistics agrees (p <= ``ROUNDS_ALPHA``).
+  test across the rounds' statistics agrees (p <= ``ROUNDS_ALPHA``); when only one of them was
+  (a deploy's single-process run as the baseline of ``edgekit ci --rounds 3``), the change is
+  inconclusive: one process's speed is a draw from a spread that process cannot show.
 
 A change beyond the limit that misses any of these, or one within the limit whose interval reaches
 beyond it, is ``inconclusive`` with the reason (the interval spans the limit; the device's own speed
@@ -173,6 +175,14 @@ def _undecided(beyond: bool, worse: list[float], limit: float, lat: Any, base: d
         return f"the 95% CI {worse[0]:+.1f}..{worse[1]:+.1f}% spans the limit"
     if not lat.significant:
         return lat.why()
+    nb, nc = len(round_slices(base)), len(round_slices(cand))
+    if (nb == 1) != (nc == 1):
+        # one side timed in several processes, the other in one: that one process may have been a
+        # fast or a slow one (int8 digits on the 2-core CI VM: p50 7.2-13.6 us from one process
+        # to the next, steady within each), and a single process shows no spread to allow for
+        return (f"the baseline was timed in {nb} agent process{'es' if nb > 1 else ''} and this run in {nc}: "
+                "one process's speed cannot be told from the device's process-to-process spread; "
+                "gate runs timed alike (--rounds on both, as edgekit ci's own baselines are)")
     p = rounds_p_value(base, cand, q)
     if p is not None and p > ROUNDS_ALPHA:
         return f"the rounds disagree: Mann-Whitney p = {p:.2f} > {ROUNDS_ALPHA:g} across {len(round_slices(base))} + {len(round_slices(cand))} rounds"
