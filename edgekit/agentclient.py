@@ -93,6 +93,7 @@ def run_agent(transport: Transport, args: list[str], *, timeout: float, kind: st
 
     Through the connection's agent server where there is one (``agentzip.agent_server``), else
     as a command of its own."""
+    args = [*getattr(transport, "lock_args", ()), *args]  # under the device lock: the work joins its job
     server = agent_server(transport)
     result = ask_server(transport, server, args, timeout=timeout) if server is not None else None
     if result is None:  # no server, or it ended (killed, or never started): say why the usual way

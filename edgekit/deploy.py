@@ -377,6 +377,7 @@ class DeployResult:
                     "warnings": measurement_warnings(r["agent"]),  # drift, throttling: why a number is suspect
                     "measured": r["created"],
                     "reused": rid in self.reused,  # an identical earlier measurement, not one made now
+                    "lock": r.get("lock"),  # the dead job's lock it broke first, and the processes it ended
                 }
                 for rid, r in zip(self.run_ids, self.records)
             ],
@@ -777,7 +778,10 @@ def _store(w: _Walk, step: Store) -> None:
     if w.lock is not None:
         w.lock.ensure_held()  # runs measured while another job had the board are worthless
     vcs = vcs_info()  # the branch the runs belong to: `latest@BRANCH` baselines find them by it
-    for r in w.records:  # each int8 run carries how it compared with float on this device
+    broke = w.lock.record() if w.lock is not None and hasattr(w.lock, "record") else None
+    for r in w.records:
+        if broke and "id" not in r:  # measured after breaking a dead job's lock (and ending its processes)
+            r["lock"] = broke  # each int8 run carries how it compared with float on this device
         if r["agent"]["variant"] in w.agreements:
             r["agreement"] = w.agreements[r["agent"]["variant"]].to_dict()
         if r["agent"]["variant"] == "int8" and w.verdict is not None:

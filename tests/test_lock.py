@@ -31,8 +31,8 @@ from edgekit.devices.lock import DeviceLock
 from edgekit.errors import EdgekitError
 from edgekit.transport.local import LocalTransport
 
-root, wait, ttl, mode = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-lock = DeviceLock(LocalTransport(Path(root)), owner="job-" + mode, ttl=ttl, wait=wait, heartbeat=False,
+root, wait, ttl, mode, keeper = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
+lock = DeviceLock(LocalTransport(Path(root)), owner="job-" + mode, ttl=ttl, wait=wait, heartbeat=False, keeper=keeper,
                   on_wait=lambda m: print("WAITING " + m, flush=True))
 try:
     lock.acquire()
@@ -47,9 +47,9 @@ if mode == "hold":
 
 
 class Job:
-    def __init__(self, root: Path, *, wait: float = 0.0, ttl: float = 300.0, mode: str = "hold") -> None:
+    def __init__(self, root: Path, *, wait: float = 0.0, ttl: float = 300.0, mode: str = "hold", keeper: bool = True) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", JOB, str(root), repr(wait), repr(ttl), mode],
+            [sys.executable, "-c", JOB, str(root), repr(wait), repr(ttl), mode, "1" if keeper else "0"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()
@@ -112,7 +112,7 @@ def test_two_jobs_contend_the_second_waits_then_gets_it(tmp_path):
 
 def test_a_stale_lock_is_broken_exactly_once(tmp_path):
     root = tmp_path / "device"
-    dead = Job(root, ttl=1e-6, mode="keep")  # exits holding a lock that is already expired
+    dead = Job(root, ttl=1e-6, mode="keep", keeper=False)  # exits holding a lock that is already expired (no keeper: a frozen link's case)
     dead_token = _payload(dead.line(), "ACQUIRED")["token"]
     assert dead.finish() == 0 and lock_status(LocalTransport(root))["stale"]
     # All at once; they stay alive holding (a dead holder on this host would be broken at once).
@@ -310,9 +310,10 @@ def test_leaving_the_block_without_the_lock_raises(tmp_path):
     assert lock.lost and not lock.held
 
 
-def test_a_killed_holder_on_this_host_is_broken_at_once(tmp_path):
+@pytest.mark.parametrize("keeper", [True, False], ids=["its-keeper-marks-it", "no-keeper"])
+def test_a_killed_holder_on_this_host_is_broken_at_once(tmp_path, keeper):
     root = tmp_path / "device"
-    dead = Job(root, ttl=300)  # would block the device for five minutes by the TTL alone
+    dead = Job(root, ttl=300, keeper=keeper)  # would block the device for five minutes by the TTL alone
     token = _payload(dead.line(), "ACQUIRED")["token"]
     dead.proc.kill()
     deadline = time.monotonic() + 60  # unreaped, it lingers as a zombie: that counts as gone too
@@ -323,8 +324,75 @@ def test_a_killed_holder_on_this_host_is_broken_at_once(tmp_path):
     with device_lock(LocalTransport(root), wait=0, on_wait=said.append) as lock:
         assert lock.held and lock_status(LocalTransport(root))["holder"]["token"] == lock.token
     assert time.monotonic() - start < 30  # no wait for the 300 s TTL (and wait=0 would refuse)
-    assert len(said) == 1 and "that process on this host is gone" in said[0] and f"pid {dead.proc.pid}" in said[0]
+    # the keeper saw the holder's connection close and marked the lock (or, racing it, this job saw the process gone)
+    why = ("connection to the device closed without a release", "that process on this host is gone") if keeper else ("that process on this host is gone",)
+    assert len(said) == 1 and any(w in said[0] for w in why) and f"pid {dead.proc.pid}" in said[0], said
     assert dead.finish() != 0 and lock.token != token
+
+
+# A process of the job holding the lock (as the agent's ``--lock LOCKDIR TOKEN`` makes its work):
+# joins the lock's job, says so, and runs until ended.
+WORK = r"""
+import sys, time
+from edgekit.agent import lock
+print("JOINED" if lock.join(sys.argv[1], sys.argv[2]) else "NOT-JOINED", flush=True)
+time.sleep(600)
+"""
+
+
+def _work(root: Path, token: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", WORK, str(root / "lock"), token], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout.readline().strip() == "JOINED"
+    return proc
+
+
+@pytest.mark.parametrize("keeper", [True, False], ids=["keeper", "ttl"])
+def test_breaking_a_dead_jobs_lock_ends_its_processes_first(tmp_path, keeper):
+    """Kill -9 the holder while its work runs on the device: the next job gets the board only after
+    that work is gone, and says which processes it ended. With a keeper that is seconds; without
+    one (a frozen link) the TTL, here 2 s, on the device's clock since boot."""
+    root = tmp_path / "device"
+    dead = Job(root, ttl=2.0 if not keeper else 300, keeper=keeper)
+    token = _payload(dead.line(), "ACQUIRED")["token"]
+    work = _work(root, token)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # not the job's: spared
+    try:
+        dead.proc.kill()
+        dead.finish()
+        said: list[str] = []
+        start = time.monotonic()
+        with device_lock(LocalTransport(root), wait=60, on_wait=said.append) as lock:
+            assert work.poll() is not None, "the dead job's work still runs under the new lock"
+            assert stranger.poll() is None
+            assert lock.broke["token"] == token and work.pid in [e["pid"] for e in lock.ended]
+            assert lock.record()["ended"] and lock.record()["broke"].startswith("job-hold")
+        assert time.monotonic() - start < 30
+        assert any(f"pid {work.pid}" in m for m in said), said
+    finally:
+        for p in (work, stranger):
+            p.kill()
+            p.wait(timeout=60)
+
+
+def test_a_lock_expires_by_the_devices_clock_since_boot_not_its_wall_clock(tmp_path):
+    """A device whose wall clock jumps a day ahead (NTP on a board without an RTC) must not
+    expire a live lock; a lock from an earlier boot is stale."""
+    t = LocalTransport(tmp_path / "device")
+    held = DeviceLock(t, heartbeat=False, keeper=False, ttl=300)
+    held.acquire()
+    owner = tmp_path / "device" / "lock" / "owner.json"
+    doc = json.loads(owner.read_text())
+    doc["expires"] = doc["created"] = doc["created"] - 86400  # as if taken under a clock a day behind
+    owner.write_text(json.dumps(doc))
+    status = lock_status(t)
+    assert status["locked"] and not status["stale"], status
+    with pytest.raises(DeviceError, match="is locked by"):
+        DeviceLock(t, wait=0, heartbeat=False, keeper=False).acquire()
+    doc["boot"] = "an-earlier-boot"
+    owner.write_text(json.dumps(doc))
+    status = lock_status(t)
+    assert status["stale"] and "rebooted" in status["why"]
+    assert held.release() is True  # still its token: the holder may release a stale lock
 
 
 def test_a_live_or_foreign_holder_is_not_broken_early(tmp_path):
@@ -355,3 +423,50 @@ def _proc_state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except OSError:
         return None
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_a_deploy_killed_mid_bench_in_another_pid_namespace_is_ended_before_the_next_one(ssh_home, sshd_server, cli, tmp_path):
+    """Kill -9 a deploy while it benches on a loopback-sshd device, the deploy running in another
+    PID namespace (so this host cannot see that it died: as from another host). Its connection
+    closes; the lock's keeper on the device ends the job's processes and marks the lock; the next
+    deploy breaks it in seconds (not the 300 s TTL), none of the first job's processes is alive
+    when it benches, and its records say whose lock it broke and what it ended."""
+    if os.geteuid() != 0:
+        pytest.skip("another PID namespace (unshare --pid) needs root")
+    env = {**os.environ, **ssh_home.env(), "CI": "1"}
+    ssh_home.trust()
+    lockdir = sshd_server.home / ".edgekit" / "lock"
+    args = [sys.executable, "-m", "edgekit", "deploy", str(EXAMPLES / "digits" / "digits_cnn.onnx"), "--target", "linux-cpu", "--device", "lab"]
+    first = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *args, "--duration", "120", "-o", str(tmp_path / "a")],
+                             env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not (lockdir / "procs").is_dir() or not list((lockdir / "procs").iterdir()):  # its bench has joined the job
+            assert first.poll() is None, first.stderr.read().decode()
+            assert time.monotonic() < deadline, "the first deploy never benched under the lock"
+            time.sleep(0.2)
+        time.sleep(1.0)  # well inside its 120 s timed window
+        work = [json.loads(p.read_text()) for p in (lockdir / "procs").iterdir()]
+        assert all(_proc_state(w["pid"]) not in (None, "Z") for w in work)
+        os.killpg(first.pid, 9)
+        first.wait(timeout=60)
+        start = time.monotonic()
+        second = cli("deploy", EXAMPLES / "digits" / "digits_cnn.onnx", "--target", "linux-cpu", "--device", "lab", "-n", "50", "--json",
+                     "-o", tmp_path / "b", env=ssh_home.env())  # fmt: skip
+        took = time.monotonic() - start
+        assert second.returncode == 0, second.stderr
+        assert "broke the stale lock on ssh:" in second.stderr and "connection to the device closed" in second.stderr, second.stderr
+        assert all(_proc_state(w["pid"]) in (None, "Z") for w in work), "a process of the killed job outlived it"
+        assert took < 120  # the whole second deploy; the lock itself was free in seconds, not the TTL
+        runs = json.loads(second.stdout)["runs"]
+        for run in runs:  # each run measured after the break says so, in the deploy's output and the store
+            assert run["lock"]["broke"].startswith("root@") and "connection to the device closed" in run["lock"]["why"]
+            assert {w["pid"] for w in work} <= {e["pid"] for e in run["lock"]["ended"]}
+        stored = json.loads(cli("results", "show", str(runs[0]["id"]), "--json", env=ssh_home.env()).stdout)
+        assert stored.get("lock") == runs[0]["lock"] or stored.get("record", {}).get("lock") == runs[0]["lock"], list(stored)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, 9)
+            first.wait(timeout=60)

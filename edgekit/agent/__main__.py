@@ -134,7 +134,13 @@ def _run(args: argparse.Namespace) -> dict:
 
 
 def _answer(argv: list) -> tuple:
-    """(exit code, document) of one command line."""
+    """(exit code, document) of one command line; ``--lock LOCKDIR TOKEN`` before it: this process
+    is the work of the job that holds the device's lock (ended with it if that job dies)."""
+    if argv[:1] == ["--lock"] and len(argv) >= 3:
+        from . import lock
+
+        lock.join(argv[1], argv[2])  # not held (any more): nothing to join, the host's lock check says so
+        argv = argv[3:]
     if argv[:1] in (["store"], ["lock"]):  # a push's and the device lock's steps, their own small protocol
         from . import lock, store
 

@@ -110,6 +110,11 @@ def show(
     )
     for warning in measurement_warnings(agent):
         out.warn(warning)
+    lock = record.get("lock")
+    if isinstance(lock, dict) and lock.get("broke"):  # measured right after breaking a dead job's lock
+        ended = lock.get("ended") or []
+        out.line(f"lock: broke the stale lock of {lock['broke']}" + (f" ({lock['why']})" if lock.get("why") else "")
+                 + (f"; ended {len(ended)} of its processes first" if ended else ""))
     out.line()
     backend = agent["backend"] + (
         f" {agent['backend_version']}" if agent.get("backend_version") else ""

@@ -18,6 +18,14 @@ only if it is still the same stale lock is it renamed away (then deleted). So tw
 both find a stale lock cannot both break it, and neither can break the fresh lock the other
 took a moment later. A release only removes a lock that still carries the releaser's token.
 
+A held lock keeps a keeper on the device (``agent.pyz lock keep``, over its own channel): when the
+holder dies on any host, its connection closes, and the keeper ends the job's processes and
+removes the lock in seconds; a lock whose keeper is gone is stale. Expiry is in the device's
+time since boot, so a device wall clock that jumps changes nothing. Each agent command run
+under the lock joins its job (``--lock LOCKDIR TOKEN``); breaking a stale lock ends those
+processes first and waits until they are gone, and ``broke``/``ended`` say so (the deploy's
+records keep it as ``lock``). See ``edgekit/agent/lock.py``.
+
 Every operation is one call of the agent's ``lock`` command on the device (``edgekit/agent/lock.py``,
 stdlib only): through the connection's agent server when one runs, else as its own short
 ``python -S agent.pyz lock ...``. The heartbeat always uses its own command: it runs beside
@@ -40,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import DeviceError, LockLostError
-from edgekit.transport.agentzip import agent_call
+from edgekit.transport.agentzip import agent_call, push_agent
 from edgekit.transport.base import Transport
 
 LOCK_DIR = "lock"
@@ -93,6 +101,7 @@ class DeviceLock:
         wait: float = 0.0,
         on_wait: Callable[[str], None] | None = None,
         heartbeat: bool = True,
+        keeper: bool = True,
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be > 0")
@@ -102,6 +111,7 @@ class DeviceLock:
         self.wait = max(0.0, float(wait))
         self.on_wait = on_wait or (lambda _message: None)
         self.heartbeat = heartbeat
+        self.keeper = keeper  # keep ``lock keep`` running on the device while held (see the module's docstring)
         self.info = {
             "token": uuid.uuid4().hex,
             "owner": owner or default_owner(),
@@ -112,6 +122,9 @@ class DeviceLock:
         }
         self.held = False
         self.broke: dict | None = None  # the stale lock this one replaced, if any
+        self.broke_why = ""  # why it was stale
+        self.ended: list[dict] = []  # the processes of its job that were ended first
+        self._keeper: Any = None  # the Conversation running ``lock keep`` while the lock is held
         self._lost = threading.Event()
         self.lost_to: dict | None = None  # who held the device when we found our lock gone
         self._stop = threading.Event()
@@ -136,15 +149,27 @@ class DeviceLock:
             doc = run_lock_op(self.transport, "acquire", json.dumps(self.info), repr(self.ttl))
             if doc.get("acquired"):
                 self.held = True
-                self.broke = doc.get("broke")
+                if doc.get("broke"):
+                    self.broke, self.broke_why = doc["broke"], str(doc.get("why") or "")
+                    self.ended = [e for e in doc.get("ended") or [] if isinstance(e, dict)]
+                    self.on_wait(f"broke the stale lock on {self.transport.name} held by {describe_holder(doc['broke'])}"
+                                 + (f": {self.broke_why}" if self.broke_why else "") + _ended_text(self.ended))
+                if self.keeper:
+                    self._start_keeper()
+                self.transport.lock_args = ("--lock", self.path, self.token)  # the agent's work joins the job
                 if self.heartbeat:
                     self._beat = threading.Thread(target=self._heartbeat, name=f"edgekit-lock-{self.transport.name}", daemon=True)
                     self._beat.start()
                 return
             holder = doc.get("holder")
-            if _died_here(holder) and run_lock_op(self.transport, "break", holder["token"]).get("done"):
-                self.on_wait(f"broke the lock on {self.transport.name} held by {describe_holder(holder)}: that process on this host is gone")
-                continue
+            if _died_here(holder):
+                broken = run_lock_op(self.transport, "break", holder["token"])
+                if broken.get("done"):
+                    self.broke, self.broke_why = holder, "its process on this host is gone"
+                    self.ended = [e for e in broken.get("ended") or [] if isinstance(e, dict)]
+                    self.on_wait(f"broke the lock on {self.transport.name} held by {describe_holder(holder)}: that process on this host is gone"
+                                 + _ended_text(self.ended))
+                    continue
             left = deadline - time.monotonic()
             if left <= 0:
                 waited = f"; waited {self.wait:g}s" if self.wait else ""
@@ -159,6 +184,26 @@ class DeviceLock:
                 told = True
             time.sleep(min(delay, left))  # polling a remote condition; each poll is one command
             delay = min(delay * 1.5, 2.0)
+
+    def _start_keeper(self) -> None:
+        """Start the lock's keeper on the device (where the transport keeps processes open); without
+        one, a dead holder's lock is freed by its TTL alone."""
+        try:
+            keeper = self.transport.converse([self.transport.python, "-S", push_agent(self.transport), "lock", "keep", self.path, self.token])
+            answer, _ = keeper.ask(b"{}", timeout=60) if keeper is not None else (None, b"")
+        except (DeviceError, OSError):  # TransportError included: the TTL still frees a dead holder's lock
+            return
+        if keeper is not None and answer is not None and b'"keeping": true' in answer:
+            self._keeper = keeper
+        elif keeper is not None:
+            keeper.close()
+
+    def record(self) -> dict | None:
+        """What the runs measured under this lock keep about it: the stale lock it broke (whose,
+        why) and the processes of that job it ended first; None when it broke none."""
+        if not self.broke:
+            return None
+        return {"broke": describe_holder(self.broke), "why": self.broke_why, "ended": self.ended}
 
     def refresh(self, *, serve: bool = False) -> bool:
         """Push the expiry ``ttl`` seconds ahead; False when the lock is no longer ours (then it is lost).
@@ -200,14 +245,20 @@ class DeviceLock:
         if self._beat is not None:
             self._beat.join()
             self._beat = None
-        with self._mutex:
-            if not self.held:
-                return False
-            self.held = False
-            doc = run_lock_op(self.transport, "release", self.token)  # never removes the lock of whoever broke ours
-            if not doc.get("done"):
-                self._mark_lost(doc.get("holder"))
-            return bool(doc.get("done"))
+        self.transport.lock_args = ()
+        try:
+            with self._mutex:
+                if not self.held:
+                    return False
+                self.held = False
+                doc = run_lock_op(self.transport, "release", self.token)  # never removes the lock of whoever broke ours
+                if not doc.get("done"):
+                    self._mark_lost(doc.get("holder"))
+                return bool(doc.get("done"))
+        finally:
+            if self._keeper is not None:  # after the release: its EOF then finds the lock gone
+                self._keeper.close()
+                self._keeper = None
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
@@ -258,6 +309,14 @@ def run_lock_op(transport: Transport, op: str, *args: str, serve: bool = True) -
             f"check that {transport.python} runs on the device and that its workdir is writable",
         )
     return doc
+
+
+def _ended_text(ended: list[dict]) -> str:
+    if not ended:
+        return ""
+    names = ", ".join(f"{e.get('name')} (pid {e.get('pid')})" for e in ended[:4]) + (f" and {len(ended) - 4} more" if len(ended) > 4 else "")
+    stuck = [e for e in ended if e.get("gone") is False]
+    return f"; ended {len(ended)} process(es) of that job first: {names}" + (f"; {len(stuck)} would not die" if stuck else "")
 
 
 def _process_instance(pid: int) -> str:
