@@ -154,9 +154,14 @@ static void* worker(void* arg) {
       if (slot > 0) run_tasks(p, p->parts - slot, id);
       seen = j;
     }
-    if (atomic_fetch_sub(&p->active, 1) == 1 && atomic_load(&p->caller_asleep)) {
+    /* The last one out wakes a sleeping caller, deciding under the mutex: the caller sets
+     * caller_asleep and reads active while holding it, so either it sees active at 0 or we see
+     * it asleep. Reading caller_asleep without the mutex relies on a store-load (Dekker) order
+     * that qemu-user does not give an aarch64 STLR/LDAR pair on an x86 host: the caller slept
+     * through the signal and a deploy to an emulated board hung until killed (600 s). */
+    if (atomic_fetch_sub(&p->active, 1) == 1) {
       pthread_mutex_lock(&p->mu);
-      pthread_cond_signal(&p->done_cv);
+      if (atomic_load(&p->caller_asleep)) pthread_cond_signal(&p->done_cv);
       pthread_mutex_unlock(&p->mu);
     }
   }
@@ -325,7 +330,17 @@ void ek_parallel_for(struct ekrt_model* m, const struct ek_op* op, size_t n, ek_
     if (ek_now_ns() - t0 > EK_SPIN_NS) {
       pthread_mutex_lock(&p->mu);
       atomic_store(&p->caller_asleep, 1);
-      while (atomic_load(&p->active) != 0) pthread_cond_wait(&p->done_cv, &p->mu);
+      while (atomic_load(&p->active) != 0) {
+        /* bounded: a wake-up lost to any ordering not foreseen here costs 10 ms, never a hang */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 10000000;
+        if (until.tv_nsec >= 1000000000) {
+          until.tv_sec++;
+          until.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&p->done_cv, &p->mu, &until);
+      }
       atomic_store(&p->caller_asleep, 0);
       pthread_mutex_unlock(&p->mu);
       break;
