@@ -329,7 +329,20 @@ class ResultsStore:
             raise self._db_error(exc) from None
         self._check_version(conn, version)
         self._quick_check(conn)
+        if version < DB_SCHEMA_VERSION:
+            self._read_as_current(conn, version)
         return conn
+
+    @staticmethod
+    def _read_as_current(conn: sqlite3.Connection, version: int) -> None:
+        """An older store this user may not migrate: read it through TEMP objects of today's shape,
+        which shadow its tables (SQLite looks in ``temp`` first); nothing is written to the file."""
+        try:
+            if version < 2:  # before gate outcomes and pins
+                conn.execute("CREATE TEMP VIEW runs AS SELECT *, NULL AS outcome FROM main.runs")
+                conn.execute("CREATE TEMP TABLE pins (name TEXT PRIMARY KEY, run_id INTEGER NOT NULL, created TEXT NOT NULL)")
+        except sqlite3.Error:
+            pass  # a store too damaged for this: its reads say so themselves
 
     def _quick_check(self, conn: sqlite3.Connection) -> None:
         """PRAGMA quick_check once per open: a damaged store still reads what it can (export
