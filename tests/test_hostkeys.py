@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import getpass
+import os
 import random
 import re
 import shutil
@@ -384,3 +385,37 @@ def test_the_issue_repro_a_percent_token_in_user_known_hosts_file(ssh_home, sshd
     assert_one_line_error(result, 4, "is REVOKED")
     assert kh.read_text() == f"@revoked * {sshd_server.host_key_line}\n"
     assert not (ssh_home.ssh_dir / "kh_%u").exists()
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's ssh client")
+@pytest.mark.parametrize("token", list("hknprCdiLluj%"))
+@pytest.mark.parametrize("key_alias", [None, "farm-key"])
+def test_proxy_command_tokens_expand_or_fail_as_ssh_does(token, key_alias, tmp_path, monkeypatch):
+    """Each %-token in a ProxyCommand: ssh itself (the oracle) runs the command with the token
+    expanded, or refuses the token; edgekit expands it to the same text, or refuses it too."""
+    from edgekit.errors import EdgekitError
+    from edgekit.transport.sshconfig import resolve_target
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    seen = tmp_path / "seen"
+    alias_line = f"    HostKeyAlias {key_alias}\n" if key_alias else ""
+    (home / ".ssh" / "config").write_text(
+        f"Host board\n    HostName 127.0.0.9\n    User pi\n    Port 2222\n{alias_line}"
+        f"    ProxyCommand sh -c 'echo \"[%{token}]\" > {seen}'\n"
+    )
+    proc = subprocess.run(["ssh", "-F", str(home / ".ssh" / "config"), "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "board", "true"], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "HOME": str(home)})  # fmt: skip
+    by_ssh = seen.read_text() if seen.exists() else None
+    if seen.exists():
+        seen.unlink()
+    try:
+        target = resolve_target("board")
+    except EdgekitError as exc:
+        assert by_ssh is None, f"ssh ran %{token} as {by_ssh!r}; edgekit refused it: {exc.message}"
+        assert f"%{token}" in exc.message and exc.hint
+        return
+    assert by_ssh is not None, f"edgekit expanded %{token}; ssh refused it: {proc.stderr.strip()}"
+    subprocess.run(target.proxy_command, shell=True, timeout=30)  # as paramiko's ProxyCommand starts it
+    assert seen.read_text() == by_ssh, (token, target.proxy_command)

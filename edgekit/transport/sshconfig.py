@@ -288,9 +288,12 @@ def _from_openssh(host: str, user: str | None, port: int | None, hop: bool) -> S
             parse_device(spec, f"ssh -G {host}: ProxyJump", InputError)
     proxy = one("proxycommand")
     if proxy is not None and proxy.lower() != "none":
-        # ProxyCommand takes %h %n %p %r %% (ssh_config(5) TOKENS), expanded when ssh connects: the
-        # port is the one in force for this connection (given on --device, else the config's)
-        proxy = _expand(proxy, {"h": hostname, "n": host, "p": str(port), "r": user}, "ProxyCommand")
+        # ProxyCommand takes %h %k %n %p %r %% (ssh_config(5) TOKENS; OpenSSH 9.2 refuses the
+        # others there, %C and %d included), expanded when ssh connects: the port is the one in force
+        # for this connection (given on --device, else the config's); %k the HostKeyAlias, else the
+        # name as given
+        key_alias = one("hostkeyalias")
+        proxy = _expand(proxy, {"h": hostname, "k": key_alias or host, "n": host, "p": str(port), "r": user}, "ProxyCommand")
     else:
         proxy = None
     timeout = one("connecttimeout", "none")
