@@ -452,6 +452,11 @@ def test_a_deploy_killed_mid_bench_in_another_pid_namespace_is_ended_before_the_
         assert all(_proc_state(w["pid"]) not in (None, "Z") for w in work)
         os.killpg(first.pid, 9)
         first.wait(timeout=60)
+        killed = time.monotonic()
+        while "abandoned" not in json.loads((lockdir / "owner.json").read_text()):  # the keeper saw the connection close
+            assert time.monotonic() - killed < 30, "the dead holder's lock was not freed within 30 s"
+            time.sleep(0.1)
+        assert all(_proc_state(w["pid"]) in (None, "Z") for w in work), "the keeper marked the lock before the job's processes were gone"
         start = time.monotonic()
         second = cli("deploy", EXAMPLES / "digits" / "digits_cnn.onnx", "--target", "linux-cpu", "--device", "lab", "-n", "50", "--json",
                      "-o", tmp_path / "b", env=ssh_home.env())  # fmt: skip
@@ -464,6 +469,7 @@ def test_a_deploy_killed_mid_bench_in_another_pid_namespace_is_ended_before_the_
         for run in runs:  # each run measured after the break says so, in the deploy's output and the store
             assert run["lock"]["broke"].startswith("root@") and "connection to the device closed" in run["lock"]["why"]
             assert {w["pid"] for w in work} <= {e["pid"] for e in run["lock"]["ended"]}
+            assert all(e["gone"] for e in run["lock"]["ended"])  # gone before this deploy took the board
         stored = json.loads(cli("results", "show", str(runs[0]["id"]), "--json", env=ssh_home.env()).stdout)
         assert stored.get("lock") == runs[0]["lock"] or stored.get("record", {}).get("lock") == runs[0]["lock"], list(stored)
     finally:
