@@ -92,3 +92,52 @@ def test_a_range_wider_than_any_value_is_narrowed():
 def test_a_graph_output_keeps_its_minmax_range():
     ranges, record = _chosen({"x": {"minmax": (-4.0, 60.0)}, "h": {"minmax": (0.0, 60.0)}, "y": {"minmax": (0.0, 500.0), "mse": (0.0, 100.0), "histogram": (0.0, 100.0)}})
     assert ranges["y"] == (0.0, 500.0) and record["movable"] == 0
+
+
+def _setup(kind: str, n: int = 24):
+    """A built model of ``kind`` prepared and analysed, its candidates from an auto calibration, and its feeds."""
+    from edgekit.quantize.calib import collect_ranges
+    from edgekit.quantize.prepare import prepare
+    from edgekit.quantize.rewrite import analyze
+    from edgekit.tensorspec import IOSpec
+
+    build, shape = MODELS[kind]
+    prepared = prepare(build(), (IOSpec("x", shape, "float32"),), SCHEME.min_opset)
+    analysis = analyze(prepared, SCHEME, ())
+    feeds = [{"x": x[None]} for x in _data(shape, n, 1)]
+    candidates: dict = {}
+    collect_ranges(prepared, analysis.calibrated, feeds, method="auto", candidates=candidates)
+    return prepared, analysis, candidates, feeds
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_the_trial_models_folded_weights_compute_what_their_dequantize_nodes_do(kind):
+    """A trial runs with the constant DQs (weights, biases) folded into float initializers: the
+    outputs are the unfolded Q/DQ model's, bit for bit."""
+    from edgekit.quantize.report import session
+    from edgekit.quantize.rewrite import rewrite, tensor_params
+
+    prepared, analysis, candidates, feeds = _setup(kind, 4)
+    qmodel = rewrite(prepared, analysis, tensor_params(analysis, {t: c["mse"] if "mse" in c else c["minmax"] for t, c in candidates.items()}, SCHEME), SCHEME)
+    folded = autorange.fold_constant_dq(qmodel)
+    assert sum(n.op_type == "DequantizeLinear" for n in folded.graph.node) < sum(n.op_type == "DequantizeLinear" for n in qmodel.graph.node)
+    a, b = (session(m.SerializeToString(), reference=True) for m in (qmodel, folded))
+    for feed in feeds:
+        for x, y in zip(a.run(None, feed), b.run(None, feed)):
+            assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_trials_stopped_early_and_remembered_choose_what_full_trials_choose(kind, monkeypatch):
+    """A trial stops once its error passes the best so far, and an assignment judged before is
+    not run again: the ranges, errors and trial count are those of running every trial in full."""
+    prepared, analysis, candidates, feeds = _setup(kind)
+    fast = autorange.choose(prepared, analysis, SCHEME, candidates, feeds)
+
+    def full(self, ranges, below=np.inf):
+        self.runs += 1
+        return self._error(self._inputs(ranges), np.inf)
+
+    monkeypatch.setattr(autorange._Trial, "error", full)
+    slow = autorange.choose(prepared, analysis, SCHEME, candidates, feeds)
+    assert fast == slow
