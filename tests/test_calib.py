@@ -549,3 +549,44 @@ def test_the_c_histogram_is_numpys_bin_for_bin():
         _ekrt.histogram_add(np.zeros(4, np.float64), 0.0, 1.0, np.zeros(8), False)
     with pytest.raises(TypeError, match="float64"):
         _ekrt.histogram_add(np.zeros(4, np.float32), 0.0, 1.0, np.zeros(8, np.int64), False)
+
+
+@pytest.mark.realmodels
+@pytest.mark.parametrize("keep", [0, 1 << 20, None])  # none kept (two runs per sample), some, all (one run each)
+def test_values_kept_from_the_range_pass_give_the_histograms_of_a_second_run(keep, monkeypatch):
+    """auto/mse/percentile calibrate from the range pass's kept values where they fit KEEP_BYTES
+    and run the model again only for the rest: the ranges (every candidate's) are the second
+    run's exactly, on a real model (MTCNN O-Net), and the model runs once per sample kept."""
+    import edgekit.quantize.calib as calib_mod
+    from edgekit.quantize import SCHEMES, analyze_model
+    from tests.realmodels import real_model_data
+
+    loaded, cal, _ = real_model_data("mtcnn-onet", 12, 1)
+    prepared, analysis = analyze_model(loaded, SCHEMES["onnxruntime"])
+    runs = []
+    observer = calib_mod._observer_session
+
+    def counting(model, tensors):
+        session, names = observer(model, tensors)
+
+        class Counting:
+            def run(self, *a):
+                runs.append(1)
+                return session.run(*a)
+
+        return Counting(), names
+
+    def candidates(keep_bytes: int) -> dict:
+        monkeypatch.setattr(calib_mod, "KEEP_BYTES", keep_bytes)
+        found: dict = {}
+        collect_ranges(prepared, analysis.calibrated, cal.feeds, method="auto", candidates=found)
+        return found
+
+    default = calib_mod.KEEP_BYTES
+    reference = candidates(0)
+    monkeypatch.setattr(calib_mod, "_observer_session", counting)
+    assert candidates(default if keep is None else keep) == reference
+    assert len(runs) == {0: 24, None: 12}.get(keep, len(runs))
+    assert 12 <= len(runs) <= 24
+    if keep == 1 << 20:
+        assert 12 < len(runs) < 24  # some samples kept, the rest run again

@@ -454,6 +454,9 @@ def observe(model: onnx.ModelProto, tensors: Sequence[str], feeds: Sequence[Feed
 
 
 BINS = 2048
+# Observed values of the first calibration samples kept from the range pass for the histogram pass
+# (bytes): a small model's samples all fit, and calibrate in one run of the model each.
+KEEP_BYTES = 256 << 20
 
 
 def collect_ranges(
@@ -478,8 +481,18 @@ def collect_ranges(
     session, names = _observer_session(model, [*tensors, *extra])
     lo = {n: np.inf for n in names}
     hi = {n: -np.inf for n in names}
+    # The histograms need the ranges first. The first samples' values are kept (up to KEEP_BYTES)
+    # for them; only the samples after those run the model a second time.
+    kept: list[list[np.ndarray]] = []
+    kept_bytes, keeping = 0, method != "minmax"
     for feed in feeds:
-        for name, value in zip(names, session.run(names, feed)):
+        values = session.run(names, feed)
+        size = sum(v.nbytes for v in values)
+        keeping = keeping and kept_bytes + size <= KEEP_BYTES
+        if keeping:
+            kept.append(values)
+            kept_bytes += size
+        for name, value in zip(names, values):
             if means is not None and name in means.axes and value.size:
                 means.add(name, value)
             if value.size and name not in extra:
@@ -504,10 +517,10 @@ def collect_ranges(
     # merged, bit for bit (the bin index is the same multiply, by a scale twice as large).
     from_signed = {n: need_abs[n] and need_signed[n] and ranges[n][0] == 0.0 for n in names}
     zeros = dict.fromkeys(names, 0)
-    # The histograms need the ranges first: a second run of the model. (Keeping the first run's
-    # values instead would take 672 MB per sample on layout-cdla, 170 MB on ppocr-rec.)
-    for feed in feeds:
-        for name, value in zip(names, session.run(names, feed)):
+    # (All the first run's values would take 672 MB per sample on layout-cdla, 170 MB on ppocr-rec.)
+    for k, feed in enumerate(feeds):
+        values = kept[k] if k < len(kept) else session.run(names, feed)
+        for name, value in zip(names, values):
             if absmax[name] > 0:
                 lo_, hi_ = ranges[name]
                 if need_abs[name] and not from_signed[name]:
@@ -517,6 +530,7 @@ def collect_ranges(
                 zeros[name] += int(np.count_nonzero(value == 0)) if lo_ <= 0 <= hi_ else 0
         if progress is not None:
             progress.advance()
+    del kept
     out = {}
     for name in names:
         if absmax[name] == 0:
