@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import EXAMPLES
 
-from edgekit.agent.contention import CONTENDED_SHARE, contention, other_ticks, snapshot
+from edgekit.agent.contention import CONTENDED_SHARE, contention, snapshot, ticks_used
 from edgekit.bench.record import make_record, merge_rounds
 from edgekit.errors import AgentError
 from tests.builders import bench_doc
@@ -76,12 +76,12 @@ def test_a_process_that_is_not_ours_is_counted_and_our_own_child_is_not():
     c = contention(before, after, CORES, "loop")
     assert c["span"] == "loop" and 0.55 < c["window_s"] < 1.5
     assert c["limit"] == CONTENDED_SHARE  # the bench takes every core: any quarter of a core is in its way
-    ticks = {pid: t for t, pid, _ in other_ticks(before["procs"], after["procs"], os.getpid())}
+    ticks = {pid: t for t, pid, _ in ticks_used(before["procs"], after["procs"], os.getpid())[0]}
     assert _used(before, after, child.pid) > 0 and child.pid not in ticks  # it burnt CPU, and it is ours
     assert os.getpid() not in ticks and os.getppid() not in ticks
     assert ticks[other] == _used(before, after, other) > 0
     tck = os.sysconf("SC_CLK_TCK")
-    assert c["other_cpu"] >= ticks[other] / tck / c["window_s"] - 0.01 and c["contended"] is True, c
+    assert c["other_cpu"] > 0 and c["contended"] is True, c
     named = {p["pid"]: p for p in c["top"]}  # the busiest 3: on a busy shared machine the hog may not be one
     if other in named:
         assert named[other]["name"].startswith("python") and named[other]["cpu"] == round(ticks[other] / tck / c["window_s"], 3)
@@ -100,7 +100,7 @@ def test_the_children_a_process_reaps_in_the_window_count_as_its_work():
     own = after["procs"][key][1] - before["procs"][key][1]
     reaped = after["procs"][key][2] - before["procs"][key][2]
     assert reaped > 2 * own, (own, reaped)  # its children burnt the CPU, not itself
-    ticks = {pid: t for t, pid, _ in other_ticks(before["procs"], after["procs"], os.getpid())}
+    ticks = {pid: t for t, pid, _ in ticks_used(before["procs"], after["procs"], os.getpid())[0]}
     tck = os.sysconf("SC_CLK_TCK")
     assert own + reaped >= ticks[spawner] and ticks[spawner] / tck / 0.8 >= 0.25, (ticks[spawner], own, reaped)
     assert ticks[spawner] / tck / 0.8 < 1.1  # one child at a time: at most a core, whatever was used before the window
@@ -131,8 +131,9 @@ def test_who_counts_and_how_much():
         # gcc reaped cc1 (80 ticks), then bash reaped gcc (3 + 80): 62 of them before the window
         (500, 6): _proc(1, 4, 83, name="bash"),
     }  # fmt: skip
-    got = sorted(other_ticks(before, after, me))
-    assert got == [(12, 400, "new"), (16, 300, "make"), (22, 500, "bash")], got
+    others, mine = ticks_used(before, after, me)
+    assert sorted(others) == [(12, 400, "new"), (16, 300, "make"), (22, 500, "bash")], others
+    assert mine == 60 + 300 + 400 + 80 + 80 + 30  # init, sshd, the agent (80 of them reaped), ekrt, its worker
 
 
 @pytest.mark.parametrize(
@@ -153,6 +154,18 @@ def test_the_judgement_needs_enough_ticks(seconds, other_ticks_total, expected):
     c = contention(before, after, CORES, "loop")
     assert c["contended"] is expected, c
     assert c["top"] == [{"pid": 900, "name": "hog", "cpu": round(ticks / tck / seconds, 3)}]
+
+
+def test_other_work_is_never_more_than_the_machine_did_beyond_the_bench():
+    """A process that ended and was reaped by a subreaper (not the parent it had) brings its whole
+    life's ticks: /proc/stat's machine-wide busy ticks bound what the others can have used."""
+    me = os.getpid()
+    before = {"ns": 0, "busy": 1000, "procs": {(me, 1): _proc(1, 0), (900, 1): _proc(1, 0, 0, name="subreaper")}}
+    after = {"ns": 10**9, "busy": 1100, "procs": {(me, 1): _proc(1, 90), (900, 1): _proc(1, 0, 400, name="subreaper")}}
+    c = contention(before, after, CORES, "loop")
+    tck = os.sysconf("SC_CLK_TCK")
+    assert c["other_cpu"] == round(10 / tck, 3) and c["top"][0]["cpu"] == round(400 / tck, 3)  # 100 busy, 90 of them the bench's
+    assert contention({**before, "busy": None}, after, CORES, "loop")["other_cpu"] == round(400 / tck, 3)  # no /proc/stat: no bound
 
 
 def test_the_limit_leaves_the_cores_the_bench_does_not_use():

@@ -11,7 +11,10 @@ a local device); kernel threads are ignored.
 What a pair of snapshots can see: a process alive at both ends (its own CPU, plus ``cutime`` +
 ``cstime``: the children it reaped meanwhile, so a ``make`` running short compiler processes
 counts), a process that started in the window (all its CPU). One that ended in the window, and
-was reaped by no process counted here, is not seen. Only this PID namespace is visible.
+was reaped by no process counted here, is not seen. Only this PID namespace is visible. The
+total is never more than /proc/stat says the whole machine was busy beyond the bench's own
+processes: a process that ended and was reaped by a subreaper, not its parent, brings its whole
+life's ticks to it.
 
 The judgement (``contended``): the bench's threads need that many cores, and what a quiet system
 runs anyway (the agent's bookkeeping, interrupts, the ssh session) one more; work beyond that has
@@ -38,13 +41,15 @@ _PROC = "/proc"
 
 
 def snapshot():
-    """Every process's CPU time now: ``{"ns": monotonic ns, "procs": {(pid, start): (ppid, ticks,
-    reaped ticks, name)}}``; None where /proc does not show this process (not Linux)."""
+    """Every process's CPU time now: ``{"ns": monotonic ns, "busy": the machine's busy ticks or
+    None, "procs": {(pid, start): (ppid, ticks, reaped ticks, name)}}``; None where /proc does not
+    show this process (not Linux)."""
     try:
         names = os.listdir(_PROC)
     except OSError:
         return None
     t0 = time.monotonic_ns()
+    busy = _busy_ticks()
     procs = {}
     for name in names:
         if not name.isdigit():
@@ -60,7 +65,18 @@ def snapshot():
     t1 = time.monotonic_ns()
     if not any(pid == os.getpid() for pid, _ in procs):
         return None
-    return {"ns": (t0 + t1) // 2, "procs": procs}
+    return {"ns": (t0 + t1) // 2, "busy": busy, "procs": procs}
+
+
+def _busy_ticks():
+    """All CPUs' busy ticks since boot from /proc/stat (user, nice, system, irq, softirq and
+    steal, which a process's own times include too), or None."""
+    try:
+        with open(_PROC + "/stat", "rb") as fh:
+            fields = fh.readline().split()
+        return sum(int(fields[i]) for i in (1, 2, 3, 6, 7, 8))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _parse_stat(data: bytes):
@@ -92,10 +108,15 @@ def contention(before, after, threads, span: str):
     window_s = (after["ns"] - before["ns"]) / 1e9
     if tck <= 0 or window_s <= 0:
         return None
-    ticks = other_ticks(before["procs"], after["procs"], os.getpid())
+    ticks, mine = ticks_used(before["procs"], after["procs"], os.getpid())
     cores = os.cpu_count() or 1
     limit = CONTENDED_SHARE + max(0, cores - (threads or cores) - 1)
     total = sum(t for t, _, _ in ticks)
+    if before.get("busy") is not None and after.get("busy") is not None:
+        # never more than the machine as a whole was busy beyond the bench's own processes: a
+        # process that ended in the window and was reaped by one that had not been its parent
+        # (a subreaper) brings its whole lifetime's ticks with it
+        total = min(total, max(0, after["busy"] - before["busy"] - mine))
     other = total / tck / window_s
     if total >= MIN_TICKS and other >= limit:
         contended = True
@@ -114,9 +135,10 @@ def contention(before, after, threads, span: str):
     }
 
 
-def other_ticks(before: dict, after: dict, me: int) -> list:
-    """(ticks, pid, name) of every process in ``after`` that used CPU since ``before`` and is
-    neither ``me``, one of its descendants or ancestors, nor a kernel thread."""
+def ticks_used(before: dict, after: dict, me: int) -> tuple:
+    """(others, mine): (ticks, pid, name) of every process in ``after`` that used CPU since
+    ``before`` and is neither ``me``, one of its descendants or ancestors, nor a kernel thread; and
+    the ticks that ``me``, its descendants and ancestors used."""
     parent = {pid: v[0] for (pid, _), v in before.items()}
     parent.update((pid, v[0]) for (pid, _), v in after.items())
     ancestors = set(_chain(me, parent))
@@ -144,19 +166,21 @@ def other_ticks(before: dict, after: dict, me: int) -> list:
         if key not in after:
             carrier = survivor(ppid)
             ended[carrier] = ended.get(carrier, 0) + used + reaped
-    out = []
+    out, mine = [], 0
     for key, (ppid, used, reaped, name) in after.items():
         pid = key[0]
-        if pid == 2 or ppid == 2 or pid in ancestors or ours(pid):
+        if pid == 2 or ppid == 2:
             continue
         was = before.get(key)
         if was is None:  # started in the window: all of it
             t = used + reaped
         else:
             t = max(0, used - was[1]) + max(0, reaped - was[2] - ended.get(pid, 0))
-        if t > 0:
+        if pid in ancestors or ours(pid):
+            mine += t
+        elif t > 0:
             out.append((t, pid, name))
-    return out
+    return out, mine
 
 
 def _chain(pid: int, parent: dict) -> list:
