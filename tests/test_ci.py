@@ -96,8 +96,9 @@ def local_runs(tmp_path_factory):
     model = f'[[models]]\npath = "{DIGITS}"\ntargets = ["local"]\n'
     config.write_text(FAST + model + 'gates = ["p50:+300%", "accuracy:-5pt", "p99:<10000ms"]\n')
     first = _edgekit("ci", "--junit", "first.xml", "--summary", "first.md", "--json", cwd=work, env=env)
-    # the same model again, one gate made to fail: p99 under a microsecond
-    config.write_text(FAST + model + 'gates = ["p50:+300%", "accuracy:-5pt", "p99:<10000ms", "p99:<0.001ms"]\n')
+    # the same model again, one gate made to fail: loading in under a microsecond (not a latency: other
+    # jobs on a shared machine would make a latency gate's failure inconclusive, edgekit.bench.gates)
+    config.write_text(FAST + model + 'gates = ["p50:+300%", "accuracy:-5pt", "p99:<10000ms", "load:<0.001ms"]\n')
     step = work / "step-summary.md"
     second = _edgekit(
         "ci", "--junit", "second.xml", "--summary", "second.md", "--report", "second.html", "--json",
@@ -140,23 +141,26 @@ def test_a_first_run_has_no_baseline_yet_and_passes(local_runs):
 def test_a_second_run_is_gated_against_the_first(local_runs):
     r, work = local_runs.second, local_runs.work
     first = json.loads(local_runs.first.stdout)
-    assert_one_line_error(r, 5, f"1 gate(s) failed: {CLASS} p99:<0.001ms")
+    assert_one_line_error(r, 5, f"1 gate(s) failed: {CLASS} load:<0.001ms")
     doc = json.loads(r.stdout)
     run = doc["runs"][0]
     # the baseline is the first run's int8 record, not this run's own
     assert run["baseline"]["run_id"] in first["runs"][0]["run_ids"]
     assert run["baseline"]["run_id"] not in run["run_ids"]
     gates = _gates(doc, CLASS)
-    assert gates["p50:+300%"]["passed"] is True and gates["p50:+300%"]["baseline"] > 0
+    latency = gates["p50:+300%"]
+    # a pass against a first run that another job on this shared machine contended cannot be claimed
+    busy_base = "the device ran other work during the baseline's timed window" in latency["line"]
+    assert (latency["passed"] is True or (busy_base and latency["status"] == "inconclusive")) and latency["baseline"] > 0, latency
     assert gates["accuracy:-5pt"]["passed"] is True  # same model, same data
     assert gates["p99:<10000ms"]["passed"] is True
-    failed = gates["p99:<0.001ms"]
+    failed = gates["load:<0.001ms"]
     assert failed["passed"] is False and failed["value"] > 0.001 and "FAIL" in failed["line"]
 
     root = _junit(work / "second.xml")
     suite = root.find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("4", "1", "0", "0")
-    failure = _cases(root)[(CLASS, "p99:<0.001ms")].find("failure")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("4", "1", "0", "1" if busy_base else "0")
+    failure = _cases(root)[(CLASS, "load:<0.001ms")].find("failure")
     assert failure.get("message") == failed["line"] and "ms" in failure.get("message")
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
     assert props["local/local.backend"] == "native" and props["local/local.variant"] == "int8"
@@ -167,7 +171,7 @@ def test_a_second_run_is_gated_against_the_first(local_runs):
     assert md.startswith("## edgekit ci: ❌ gate failed")
     head, rows = _md_table(md)
     assert rows[0][:2] == ["local (local)", "❌ fail"]
-    assert "❌ fail `p99:<0.001ms`" in md and "[HTML report](second.html)" in md
+    assert "❌ fail `load:<0.001ms`" in md and "[HTML report](second.html)" in md
     assert local_runs.step.read_text() == md  # $GITHUB_STEP_SUMMARY gets the same summary
     html = (work / "second.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "<svg" in html
@@ -228,7 +232,7 @@ def board_run(tmp_path_factory):
         (work / "edgekit.toml").write_text(
             "[defaults]\niterations = 5\nwarmup = 1\n\n"
             f'[[models]]\npath = "{DIGITS}"\nname = "digits_fp32"\ntargets = ["local", "rpi4"]\nquantize = false\n'
-            'gates = ["p99:<60000ms", "p99:<0.001ms"]\n'
+            'gates = ["p99:<60000ms", "load:<0.001ms"]\n'  # a load time: no other job can make its failure inconclusive
         )
         r = _edgekit("ci", "--junit", "junit.xml", "--summary", "summary.md", "--json", cwd=work, env={**env, "HOME": str(home)})
         yield SimpleNamespace(work=work, result=r)
@@ -244,12 +248,12 @@ def test_ci_on_this_machine_and_an_emulated_arm_board(board_run):
     assert (board["facts"]["arch"], board["facts"]["cpu_model"], board["facts"]["backend"]) == ("aarch64", "cortex-a72", "numpy")
     for classname in ("digits_fp32/local/local", "digits_fp32/rpi4/pi4-ci"):
         gates = _gates(doc, classname)
-        assert gates["p99:<60000ms"]["passed"] is True and gates["p99:<0.001ms"]["passed"] is False
+        assert gates["p99:<60000ms"]["passed"] is True and gates["load:<0.001ms"]["passed"] is False
     root = _junit(work / "junit.xml")
     suite = root.find("testsuite")
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("4", "2", "0")
     cases = _cases(root)
-    assert cases[("digits_fp32/rpi4/pi4-ci", "p99:<0.001ms")].find("failure") is not None
+    assert cases[("digits_fp32/rpi4/pi4-ci", "load:<0.001ms")].find("failure") is not None
     assert cases[("digits_fp32/rpi4/pi4-ci", "p99:<60000ms")].find("failure") is None
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
     assert props["rpi4/pi4-ci.arch"] == "aarch64" and props["local/local.backend"] == "onnxruntime"

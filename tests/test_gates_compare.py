@@ -47,6 +47,9 @@ def real(tmp_path_factory) -> dict:
     assert proc.returncode == 0, proc.stderr
     (record,) = json.loads(proc.stdout)
     assert record["vcs"]["branch"] == "main"
+    # The gates' own rules are tested on this run: whether another job on this shared machine was
+    # busy during its window must not turn its failures inconclusive (test_contention tests that).
+    record["agent"]["contention"] = None
     return record
 
 
@@ -392,6 +395,81 @@ def test_a_machine_that_slowed_down_is_not_a_regression(steady):
     assert machine_shift(base["agent"], newer["agent"]) == 0.0
 
 
+STRESS = {"span": "loop", "window_s": 1.0, "other_cpu": 0.98, "limit": 0.25, "contended": True,
+          "top": [{"pid": 4242, "name": "stress", "cpu": 0.97}, {"pid": 77, "name": "sshd", "cpu": 0.01}]}  # fmt: skip
+QUIET = {**STRESS, "other_cpu": 0.02, "contended": False, "top": [{"pid": 77, "name": "sshd", "cpu": 0.02}]}
+NAMED = "pid 4242 (stress) 97% of a core"  # the daemon's hundredth is not named
+
+
+def test_other_work_in_a_timed_window_withholds_only_what_it_could_explain(steady):
+    """Other work only slows the run it contends: a contended run that fails, or a pass against a
+    contended baseline, is inconclusive, naming the process; the outcomes it cannot explain stand."""
+    ns = np.asarray(steady["agent"]["samples_ns"])
+    base, slow = derived(steady, contention=QUIET), derived(steady, ns * 1.3, contention=QUIET)
+    busy_base, busy_slow = derived(steady, contention=STRESS), derived(steady, ns * 1.3, contention=STRESS)
+    assert parse_gate("p50:+5%").check(slow, base).outcome == "fail"  # clean on both sides: a regression
+    r = parse_gate("p50:+5%").check(busy_slow, base)
+    assert r.outcome == "inconclusive" and r.passed is None, r.line
+    assert r.line.endswith(f"inconclusive (the device ran other work during the candidate's timed window: {NAMED})"), r.line
+    r = parse_gate("p50:+5%").check(base, busy_base)  # no change against a slowed baseline: it may hide a slowdown
+    assert r.outcome == "inconclusive" and f"during the baseline's timed window: {NAMED}" in r.line, r.line
+    r = parse_gate("p50:+5%").check(busy_slow, busy_base)  # the baseline's contention cannot explain a failure
+    assert r.outcome == "inconclusive" and r.line.endswith(f"(the device ran other work during the candidate's timed window: {NAMED})"), r.line
+    r = parse_gate("p50:+50%").check(busy_slow, busy_base)
+    assert r.outcome == "inconclusive" and r.line.endswith(f"(the device ran other work during the baseline's timed window: {NAMED})"), r.line
+    # slower than a slowed baseline is slower; a slowed run within the limit is within it
+    r = parse_gate("p50:+5%").check(slow, busy_base)
+    assert r.outcome == "fail" and "FAIL (held although the device ran other work during the baseline's" in r.line, r.line
+    r = parse_gate("p50:+50%").check(busy_slow, base)
+    assert r.outcome == "pass" and f"pass (held although the device ran other work during the candidate's timed window: {NAMED})" in r.line
+    # absolute limits: p99:<X bounds how slow a run may be (a contended pass stands, a failure does
+    # not); p50:>X how fast (the reverse); throughput:>X how slow again
+    p99 = busy_slow["stats"]["p99"]
+    assert parse_gate(f"p99:<{p99 * 2}ms").check(busy_slow, None).outcome == "pass"
+    assert parse_gate(f"p99:<{p99 / 2}ms").check(busy_slow, None).outcome == "inconclusive"
+    assert parse_gate(f"p99:<{p99 / 2}ms").check(slow, None).outcome == "fail"
+    assert parse_gate("p50:>0.0001ms").check(busy_slow, None).outcome == "inconclusive"
+    assert parse_gate("throughput:>1/s").check(busy_slow, None).outcome == "pass"
+    assert parse_gate("throughput:>1000000000/s").check(busy_slow, None).outcome == "inconclusive"
+    assert parse_gate("max:+5%").check(busy_slow, base).outcome == "inconclusive"  # no interval, same window
+    # not the timed window's: memory, load time, accuracy are judged as ever
+    assert parse_gate("load:<0.001ms").check(busy_slow, None).outcome == "fail"
+    assert parse_gate("rss:+5%").check(busy_slow, base).outcome == "pass"
+    # a window too short to judge, or a record from before contention was measured: no claim, as ever
+    unjudged = derived(steady, ns * 1.3, contention={**STRESS, "contended": None})
+    assert parse_gate("p50:+5%").check(unjudged, base).outcome == "fail"
+
+
+def test_compare_calls_inconclusive_what_other_work_could_explain(steady):
+    ns = np.asarray(steady["agent"]["samples_ns"])
+    base, busy_base = derived(steady, contention=QUIET), derived(steady, contention=STRESS)
+    slow, busy_slow = derived(steady, ns * 1.3, contention=QUIET), derived(steady, ns * 1.3, contention=STRESS)
+    assert compare(base, slow).row("p50").verdict == "slower"
+    row = compare(base, busy_slow).row("p50")
+    assert row.verdict == "inconclusive" and row.note == f"the device ran other work during the candidate's timed window: {NAMED}", row
+    assert compare(base, busy_slow).row("throughput").verdict == "inconclusive"  # the mean's verdict, seen as a rate
+    assert compare(busy_base, slow).row("p50").verdict == "slower"  # slower than a slowed baseline
+    assert compare(slow, busy_base).row("p50").verdict == "faster"  # faster although slowed
+    assert compare(busy_slow, base).row("p50").verdict == "inconclusive"  # faster than a slowed baseline: maybe only that
+    row = compare(busy_base, derived(steady, contention=QUIET)).row("p50")
+    assert row.verdict == "inconclusive" and "during the baseline's timed window" in row.note  # "no change" may hide either
+    row = compare(busy_base, busy_base).row("p50")
+    assert row.verdict == "inconclusive" and "during both runs' timed windows" in row.note
+
+
+def test_the_default_baseline_is_a_clean_run_while_there_is_one(real):
+    ns = real["agent"]["samples_ns"]
+    with ResultsStore() as store:
+        clean = store.add({**derived(real, ns, contention=QUIET), "outcome": "pass"})
+        busy = store.add({**derived(real, ns, contention=STRESS), "outcome": "pass"})  # newer, passed while contended
+        report = run_gates(["p50:+5%"], [store.get(store.add(derived(real, ns, contention=QUIET)))], store)
+        assert report.baseline["id"] == clean and report.outcome == "pass", report.lines()
+        for rid in (clean, report.record["id"]):  # no clean passing run left: the contended one, and the gate says why
+            store.set_outcome(rid, "fail")
+        report = run_gates(["p50:+5%"], [store.get(store.add(derived(real, ns, contention=QUIET)))], store)
+        assert report.baseline["id"] == busy and report.outcome == "inconclusive" and "the baseline's timed window" in report.lines()[0]
+
+
 def test_comparable_refuses_apples_and_oranges(real):
     assert comparable(real, derived(real)) is None
     assert "different models" in comparable(real, derived(real, model_sha256="b" * 64))
@@ -493,11 +571,14 @@ def test_back_to_back_benches_show_no_change(cli):
     assert [g["status"] for g in doc["gates"]] in (["pass"], ["inconclusive"])  # never fail on an unchanged build
     # the second bench, gated: the default baseline is the first run, and a gate made to fail exits 5
     r = cli(*BENCH, "--fail", "p50:+50%", "--fail", "p99:<0.0001ms")
-    assert r.returncode == EXIT_GATE, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("gate ")]
-    assert len(lines) == 2 and "run 3 vs run 2" in lines[0] and lines[1].endswith("FAIL")
+    assert len(lines) == 2 and "run 3 vs run 2" in lines[0], lines
     assert lines[0].endswith("pass") or "inconclusive (" in lines[0], lines[0]
-    assert "error: 1 of 2 gate(s) failed: p99:<0.0001ms" in r.stderr
+    if "warning: fp32: contended: " in r.stderr:  # another job on this shared machine was busy: no failure can be claimed
+        assert r.returncode == 0 and "inconclusive (the device ran other work during the candidate's timed window: pid " in lines[1], lines[1]
+    else:
+        assert r.returncode == EXIT_GATE and lines[1].endswith("FAIL"), (r.stderr, lines[1])
+        assert "error: 1 of 2 gate(s) failed: p99:<0.0001ms" in r.stderr
 
 
 def test_compare_cli_slower_and_refusals(cli, steady, tmp_path):
@@ -593,18 +674,23 @@ def test_a_model_made_slower_is_a_regression(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     before = next(run["id"] for run in json.loads(r.stdout)["runs"] if run["variant"] == "int8")
     r = cli(deploy[0], _slower_digits(tmp_path), *deploy[1:], "-o", tmp_path / "b", "--fail", "p50:+5%", "--fail", "accuracy:-0.5pt")
-    assert r.returncode == EXIT_GATE, r.stderr
     doc = json.loads(r.stdout)
     assert doc["summary"]["variants"]["int8"]["accuracy"] >= 0.98  # same answers, only slower
-    assert [(g["gate"], g["status"]) for g in doc["gates"]] == [("p50:+5%", "fail"), ("accuracy:-0.5pt", "pass")]
+    latency = doc["gates"][0]
+    if "the device ran other work during the candidate's timed window" in latency["line"]:  # another job on this shared machine
+        assert r.returncode == 0 and latency["status"] == "inconclusive", (r.stderr, latency)
+    else:
+        assert r.returncode == EXIT_GATE, r.stderr
+        assert latency["status"] == "fail" and "gate(s) failed: p50:+5%" in r.stderr, latency
+    assert [g["gate"] for g in doc["gates"]] == ["p50:+5%", "accuracy:-0.5pt"] and doc["gates"][1]["status"] == "pass"
     after = next(run["id"] for run in doc["runs"] if run["variant"] == "int8")
-    assert "gate(s) failed: p50:+5%" in r.stderr
     # the two runs compared directly: refused as different models, unless a changed model is the point
     r = cli("results", "compare", str(before), str(after), "--json")
     assert r.returncode == EXIT_INPUT and "different models" in r.stderr
     r = cli("results", "compare", str(before), str(after), "--allow-model-change", "--json")
     assert r.returncode == 0, r.stderr
-    assert next(m for m in json.loads(r.stdout)["metrics"] if m["metric"] == "p50")["verdict"] == "slower"
+    p50 = next(m for m in json.loads(r.stdout)["metrics"] if m["metric"] == "p50")
+    assert p50["verdict"] == "slower" or (p50["verdict"] == "inconclusive" and "other work during the candidate's" in p50["note"]), p50
     # ekrt's runner times int8 in its own process: no speed loop through its window (agent.speed); the
     # agent times fp32 on ONNX Runtime itself, with the loop between inferences
     assert json.loads(cli("results", "show", str(after), "--json").stdout)["agent"]["speed_probe"] is None

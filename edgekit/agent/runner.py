@@ -26,6 +26,7 @@ from . import (
     sha256_file,
 )
 from .backends import load_backend
+from .contention import contention, snapshot
 from .energy import energy_record, open_meter
 from .facts import device_facts, device_state
 from .speed import SpeedMeter
@@ -147,11 +148,14 @@ def bench(
         # per-iteration samples, per-layer times and its info; there is no first call to time.
         if meter is not None:
             meter.start()
+        # the runner's window is inside its process: the snapshots span its load and warm-up too
+        procs = snapshot()
         try:
             samples, layers, info = own_bench(warmup, iterations, duration_s, spec["inputs"], profile=profile, min_time_s=min_time_s)
         finally:
             if meter is not None:
                 meter.stop()
+        procs_after = snapshot()
         first_ns = info.pop("first_inference_ns", None)  # when the runtime timed its own first call
         warmup_samples = info.pop("warmup_samples_ns", None)
         warmup_run = info.pop("warmup", None if warmup == AUTO else warmup)
@@ -161,6 +165,7 @@ def bench(
         batch = int(dims[0]) if len(dims) >= 2 and dims[0] > 0 else 1
         energy = energy_record(meter, window[0], window[1], len(samples) * batch) if window else None
         speed_probe = None  # its window is in another process (agent.speed)
+        contended = contention(procs, procs_after, threads or info.get("threads"), "runner")
     else:
         feeds = make_inputs(bundle_dir, spec)
 
@@ -174,6 +179,7 @@ def bench(
         warmup_samples = _warmup(step, warmup)
         warmup_run = len(warmup_samples)
         speed = SpeedMeter()
+        procs = snapshot()
         if meter is not None:
             meter.start()
         start = time.monotonic_ns()
@@ -181,6 +187,8 @@ def bench(
         end = time.monotonic_ns()
         if meter is not None:
             meter.stop()
+        procs_after = snapshot()
+        contended = contention(procs, procs_after, threads or (getattr(session, "info", None) or {}).get("threads"), "loop")
         speed_probe = speed.record()
         first_input = feeds[spec["inputs"][0]["name"]] if spec["inputs"] else None
         batch = int(first_input.shape[0]) if first_input is not None and first_input.ndim >= 2 else 1
@@ -225,6 +233,7 @@ def bench(
         "device": facts,
         "device_state": {"before": before, "after": after},
         "speed_probe": speed_probe,  # the device's own speed through the timed window (agent.speed)
+        "contention": contended,  # other processes' CPU through the timed window (agent.contention)
     }
 
 

@@ -17,7 +17,10 @@ itself (``speed_probe``), and a change must also exceed what the loop's move bet
 runs can explain (``verdict.machine_allowance``). A change within that, when the loop moved
 more than ``MACHINE_UNSURE``, is "inconclusive" (as a gate on it is, see ``edgekit.bench.gates``). On the 2-core CI VM
 the digits model ran at 45 us instead of 25 us for stretches of 0.3-20 s, the loop at 8.6 us
-instead of 5.0 us with it: back-to-back runs of one build 42 % apart.
+instead of 5.0 us with it: back-to-back runs of one build 42 % apart. Other processes busy on
+the device during a timed window (``contention``, ``edgekit.agent.contention``) only slow that
+run: a latency verdict they could explain ("slower" when the candidate was contended, "faster"
+when the baseline was, "no change" when either was) is "inconclusive", naming the busiest of them.
 
 Peak RSS and energy have one number per run: a change below ``MIN_CHANGE`` is "no change". Accuracy is
 measured on the same samples each run: any change of the rate is a change.
@@ -33,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.bench.record import round_slices, validate_record
+from edgekit.bench.record import contention_note, contention_reason, round_slices, validate_record
 from edgekit.bench.stats import Stats, stat
 from edgekit.bench.store import EXPORT_KIND, ResultsStore, check_export
 from edgekit.bench.verdict import CONFIDENCE, MACHINE_UNSURE, machine_allowance, speedup_interval
@@ -61,6 +64,7 @@ class LatencyChange:
     high: float
     noise: float  # the runs' own: drift within a process, spread between processes (run_noise)
     machine: float = 0.0  # how far the device's own speed moved between the runs (machine_shift)
+    busy: tuple[str, str] = ("", "")  # other work in the baseline's, the candidate's timed window (record.contention_note)
 
     @property
     def change(self) -> float:
@@ -86,13 +90,27 @@ class LatencyChange:
         return max(MIN_CHANGE, self.noise, machine_allowance(self.machine))
 
     @property
+    def contended(self) -> str:
+        """Why other work in a timed window leaves the verdict unproven ("" when it does not). Such
+        work only slows a run: a candidate slowed by it that is still faster is faster, one that is
+        slower may not be; against a slowed baseline the reverse; "no change" may hide either."""
+        base, cand = self.busy
+        if self.significant:
+            return contention_reason("", cand) if self.ratio > 1.0 else contention_reason(base, "")
+        return contention_reason(base, cand)
+
+    @property
     def verdict(self) -> str:
+        if self.contended:
+            return "inconclusive"
         if self.significant:
             return "slower" if self.ratio > 1.0 else "faster"
         return "inconclusive" if self.unsure else "no change"
 
     def why(self) -> str:
-        """Why a change is not significant (empty when it is)."""
+        """Why the verdict is not a change (empty when it is one)."""
+        if self.contended:
+            return self.contended
         if self.significant:
             return ""
         if self.low <= 1.0 <= self.high:
@@ -134,11 +152,11 @@ def run_noise(agent: dict, q: float | None = 50.0) -> float:
 
 def latency_change(baseline: dict, candidate: dict, q: float | None = 50.0) -> LatencyChange:
     """Candidate vs baseline latency at percentile ``q`` (None: the mean), from two agent documents
-    (records' ``agent``): their samples, their noise (``run_noise``) and the device's own speed
-    change between them (``machine_shift``)."""
+    (records' ``agent``): their samples, their noise (``run_noise``), the device's own speed
+    change between them (``machine_shift``) and other work in their timed windows (``contention``)."""
     speed, lo, hi = speedup_interval(list(baseline["samples_ns"]), list(candidate["samples_ns"]), q=q)
     noise = max(run_noise(baseline, q), run_noise(candidate, q))
-    return LatencyChange(1 / speed, 1 / hi, 1 / lo, noise, machine_shift(baseline, candidate))
+    return LatencyChange(1 / speed, 1 / hi, 1 / lo, noise, machine_shift(baseline, candidate), (contention_note(baseline), contention_note(candidate)))
 
 
 def machine_shift(a: dict, b: dict) -> float:
@@ -390,7 +408,9 @@ def default_baseline(store: ResultsStore, record: dict, exclude: Sequence[int] =
     ``ResultsStore.set_outcome``) of ``record``'s model name, target, device and variant on the
     default branch (``vcs.default_branch``), else on any branch; never a failed one, so a red run
     retried unchanged stays red. When no run passed, a run no gate ever judged (a plain bench, a
-    store from before outcomes were kept) is the baseline. Runs in ``exclude`` never count."""
+    store from before outcomes were kept) is the baseline. Runs in ``exclude`` never count. A run
+    whose timed window other work contended (``contention``) is passed over while a clean one is
+    found: a gate cannot pass against it (``edgekit.bench.gates``)."""
     from edgekit.bench.vcs import default_branch
 
     f = _fields(record)
@@ -399,10 +419,11 @@ def default_baseline(store: ResultsStore, record: dict, exclude: Sequence[int] =
     tries = [*([store.records(**like, branch=main, outcome="pass", limit=50)] if main else []), store.records(**like, outcome="pass", limit=50)]
     # last, a run no gate ever judged (a plain bench, a store from before outcomes were kept): not a failed one either
     tries.append([r for r in store.records(**like, limit=50) if r.get("outcome") is None])
-    for stored in tries:
-        found = baseline_for((c for c in stored if c["created"] <= record["created"]), record, exclude)
-        if found is not None:
-            return found
+    for busy_too in (False, True):
+        for stored in tries:
+            found = baseline_for((c for c in stored if c["created"] <= record["created"] and (busy_too or not contention_note(c["agent"]))), record, exclude)
+            if found is not None:
+                return found
     return None
 
 

@@ -19,6 +19,13 @@ p90, p99, mean, throughput) fails only when all of these hold (asv / benchstat p
   (a deploy's single-process run as the baseline of ``edgekit ci --rounds 3``), the change is
   inconclusive: one process's speed is a draw from a spread that process cannot show.
 
+Other processes busy on the device during a timed window (``contention``,
+``edgekit.agent.contention``) only slow that run. A latency or throughput gate (relative or
+absolute) whose outcome they could explain is ``inconclusive``, naming the busiest of them: a
+failure of a contended run, a pass against a contended baseline (of ``p50:>1ms``-style limits on
+how good a metric may be, the reverse). An outcome they could not explain (a contended run that
+passes ``p99:<20ms``) stands, and its line says it held despite them.
+
 A change beyond the limit that misses any of these, or one within the limit whose interval reaches
 beyond it, is ``inconclusive`` with the reason (the interval spans the limit; the device's own speed
 moved more than the change; the rounds disagree): neither a regression nor a pass can be claimed.
@@ -49,7 +56,7 @@ from edgekit.bench.compare import (
     latency_change,
     resolve,
 )
-from edgekit.bench.record import round_slices
+from edgekit.bench.record import contention_note, contention_reason, round_slices
 from edgekit.bench.stats import stat
 from edgekit.bench.store import ResultsStore
 from edgekit.errors import GateError, ResultsError, UsageError
@@ -84,6 +91,7 @@ def _drop(record: dict) -> float | None:
 
 _LATENCY = {name: Metric(name, "ms", _MS, False, _stat(name), q) for name, q in
             (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("mean", None), ("min", False), ("max", False))}  # fmt: skip
+TIMED = frozenset({*_LATENCY, "throughput"})  # the metrics of the timed window, which other work can contend
 METRICS: dict[str, Metric] = {
     **_LATENCY,
     "throughput": Metric("throughput", "/s", {"/s": 1.0, "": 1.0}, True, _stat("throughput"), None),
@@ -125,7 +133,8 @@ class Gate(FieldsDict):
         shown = f"{self.metric} {_fmt(m, value)}"
         if not self.relative:
             ok = {"<": value < self.limit, "<=": value <= self.limit, ">": value > self.limit, ">=": value >= self.limit}[self.op]
-            return self._result("pass" if ok else "fail", value, None, f"{shown} ({self._limit_text()}): {'pass' if ok else 'FAIL'}")
+            outcome, status = _contended("pass" if ok else "fail", self._bounds_worse(), None, record, self.metric)
+            return self._result(outcome, value, None, f"{shown} ({self._limit_text()}): {status}")
         old = None if baseline is None else m.get(baseline)
         if old is None:
             why = "no baseline yet" if baseline is None else f"no baseline yet (the baseline run has no {self.metric})"
@@ -153,7 +162,14 @@ class Gate(FieldsDict):
                 outcome, status = "inconclusive", f"inconclusive ({why})"
             elif beyond:
                 status = "FAIL" + _rounds_note(baseline["agent"], record["agent"], m.q)
+        if outcome != "inconclusive":
+            outcome, status = _contended(outcome, True, baseline, record, self.metric, status)
         return self._result(outcome, value, old, f"{shown} ({text}, {self._limit_text()}): {status}", change=change, ci=ci)
+
+    def _bounds_worse(self) -> bool:
+        """Does the limit bound how bad the metric may get (p99:<20ms, throughput:>100/s, every
+        relative gate), rather than how good?"""
+        return self.relative or (self.op in ("<", "<=")) != METRICS[self.metric].higher_is_better
 
     def _limit_text(self) -> str:
         if self.relative:
@@ -187,6 +203,24 @@ def _undecided(beyond: bool, worse: list[float], limit: float, lat: Any, base: d
     if p is not None and p > ROUNDS_ALPHA:
         return f"the rounds disagree: Mann-Whitney p = {p:.2f} > {ROUNDS_ALPHA:g} across {len(round_slices(base))} + {len(round_slices(cand))} rounds"
     return ""
+
+
+def _contended(outcome: str, bounds_worse: bool, base: dict | None, cand: dict, metric: str, status: str = "") -> tuple[str, str]:
+    """(outcome, status) of a gate on the timed window given other work on the device in it
+    (``contention``). That work only slows a run, so it can explain a failure of a slowed candidate
+    and a pass against a slowed baseline (of a limit on how bad the metric may get; of one on how
+    good, the reverse): those are inconclusive, naming the busiest processes. The others stand,
+    saying that they held despite it."""
+    status = status or {"pass": "pass", "fail": "FAIL"}[outcome]
+    if metric not in TIMED:
+        return outcome, status
+    notes = contention_note(base["agent"]) if base is not None else "", contention_note(cand["agent"])
+    fails = outcome == "fail"
+    blame = contention_reason(notes[0] if not fails else "", notes[1] if fails == bounds_worse else "")
+    if blame:
+        return "inconclusive", f"inconclusive ({blame})"
+    held = contention_reason(*notes)
+    return outcome, f"{status} (held although {held[0].lower()}{held[1:]})" if held else status
 
 
 def _rounds_note(base: dict, cand: dict, q: float | None) -> str:

@@ -64,8 +64,9 @@ def merge_rounds(docs: list[dict]) -> dict:
     """One agent document from the documents of several agent processes that timed the same
     variant (``--rounds``): their samples in the order they ran, the first round's load, first
     inference, warm-up, thread probe and layers, the largest RSS, the energy summed, the speed
-    loop's median, and ``rounds`` (each process's sample count, start and loop) so that the
-    spread between processes can be measured (``compare.run_noise``).
+    loop's median, the busiest round's ``contention`` (``merge_contention``), and ``rounds`` (each
+    process's sample count, start, loop and contention) so that the spread between processes can
+    be measured (``compare.run_noise``).
 
     Raises AgentError when the documents are not of one variant of one bundle on one backend."""
     for doc in docs:
@@ -95,11 +96,51 @@ def merge_rounds(docs: list[dict]) -> dict:
     if all(probes) and len({p["loop"] for p in probes}) == 1:
         ns = sorted(p["ns"] for p in probes)
         merged["speed_probe"] = {"loop": probes[0]["loop"], "ns": ns[len(ns) // 2], "bursts": sum(p["bursts"] for p in probes)}
+    merged["contention"] = merge_contention([doc.get("contention") for doc in docs])
     merged["rounds"] = [
-        {"samples": len(doc["samples_ns"]), "started_at": doc.get("started_at"), "speed_probe_ns": (doc.get("speed_probe") or {}).get("ns")}
+        {"samples": len(doc["samples_ns"]), "started_at": doc.get("started_at"), "speed_probe_ns": (doc.get("speed_probe") or {}).get("ns"),
+         "contention": doc.get("contention")}
         for doc in docs
-    ]
+    ]  # fmt: skip
     return merged
+
+
+def merge_contention(rounds: list[dict | None]) -> dict | None:
+    """The ``contention`` of a run timed in several processes: the busiest round's (a contended
+    one first), contended when any round was; not clean (None) when a round could not be judged
+    or has none; None when no round has one."""
+    known = [c for c in rounds if c]
+    if not known:
+        return None
+    worst = dict(max(known, key=lambda c: (c.get("contended") is True, c["other_cpu"])))
+    if any(c.get("contended") is True for c in known):
+        worst["contended"] = True
+    elif len(known) < len(rounds) or any(c.get("contended") is None for c in known):
+        worst["contended"] = None
+    return worst
+
+
+def contention_note(agent: dict | None) -> str:
+    """"pid 4242 (stress) 97% of a core, ..." for a run whose timed window other work contended
+    (``edgekit.agent.contention``); "" for one it did not, or that was not judged."""
+    c = (agent or {}).get("contention") or {}
+    if c.get("contended") is not True:
+        return ""
+    top = c.get("top") or []
+    shown = [p for p in top if p["cpu"] >= 0.05] or top[:1]  # not the daemons' hundredths
+    named = ", ".join(f"pid {p['pid']} ({p['name']}) {p['cpu'] * 100:.0f}% of a core" for p in shown)
+    return named or f"{c['other_cpu']:.2f} cores"
+
+
+def contention_reason(baseline_note: str, candidate_note: str) -> str:
+    """Why a verdict on two runs cannot be claimed because other work contended the timed window
+    of one or both (``contention_note`` of each, "" for a run not to blame); "" when neither."""
+    if baseline_note and candidate_note:
+        return f"the device ran other work during both runs' timed windows: {baseline_note}; {candidate_note}"
+    if baseline_note or candidate_note:
+        whose = "the baseline's" if baseline_note else "the candidate's"
+        return f"the device ran other work during {whose} timed window: {baseline_note or candidate_note}"
+    return ""
 
 
 def round_slices(agent: dict) -> list[list[int]]:
@@ -255,6 +296,9 @@ def _check_measurement(doc: dict, fail: Any) -> None:
         ok = isinstance(rounds, list) and len(rounds) >= 2 and all(isinstance(r, dict) and is_int(r.get("samples")) and r["samples"] > 0 for r in rounds)
         if not ok or sum(r["samples"] for r in rounds) != len(doc["samples_ns"]):
             raise fail("rounds", "must be a list of 2 or more {samples, ...} whose sample counts add up to samples_ns, or null")
+    _check_contention(doc.get("contention"), "contention", fail)
+    for i, r in enumerate(rounds or []):
+        _check_contention(r.get("contention"), f"rounds[{i}].contention", fail)
     energy = doc.get("energy")
     if energy is not None:
         ok = isinstance(energy, dict) and isinstance(energy.get("source"), str)
@@ -265,6 +309,17 @@ def _check_measurement(doc: dict, fail: Any) -> None:
             raise fail("layers", f"item {i} must be an object with a name and non-negative ns")
         if layer.get("calls") is not None and not is_int(layer["calls"]):
             raise fail("layers", f"item {i}: calls must be an integer or null, got {layer['calls']!r}")
+
+
+def _check_contention(c: Any, field: str, fail: Any) -> None:
+    """``contention`` (``edgekit.agent.contention``): absent in older records and off Linux."""
+    if c is None:
+        return
+    ok = isinstance(c, dict) and c.get("contended") in (True, False, None) and isinstance(c.get("top"), list)
+    ok = ok and all(_is_number(c.get(k)) and c[k] >= 0 for k in ("window_s", "other_cpu", "limit"))
+    ok = ok and all(isinstance(p, dict) and is_int(p.get("pid")) and isinstance(p.get("name"), str) and _is_number(p.get("cpu")) for p in c["top"])
+    if not ok:
+        raise fail(field, "must be {window_s, other_cpu, limit, contended, top: [{pid, name, cpu}]} with non-negative numbers, or null")
 
 
 def _is_number(value: Any) -> bool:
@@ -291,8 +346,9 @@ def _utc_iso(value: Any) -> str | None:
 
 def measurement_warnings(agent: dict) -> list[str]:
     """What makes a run's numbers suspect: the p50 drifting by 5% or more from the first to the last
-    tenth of the run (with the temperature it went through), throttling the device reported, and
-    all cores running 10 % or more slower than one thread in the agent's thread probe (it then timed one)."""
+    tenth of the run (with the temperature it went through), throttling the device reported, other
+    work on the device contending the timed window (``contention``), and all cores running 10 % or
+    more slower than one thread in the agent's thread probe (it then timed one)."""
     state = agent.get("device_state") or {}
     before, after = state.get("before") or {}, state.get("after") or {}
     lines = []
@@ -309,6 +365,11 @@ def measurement_warnings(agent: dict) -> list[str]:
     throttled = [s["throttled"] for s in (before, after) if isinstance(s.get("throttled"), dict)]
     if any(t.get("now") or t.get("ever") for t in throttled):
         lines.append(f"throttled ({throttled[-1].get('source')}): {throttled[-1].get('detail')}")
+    note = contention_note(agent)
+    if note:
+        c = agent["contention"]
+        window = f"{c['window_s']:.2g} s timed window" if c.get("span") != "runner" else f"{c['window_s']:.2g} s of the runtime's process (its load, warm-up and timed loop)"
+        lines.append(f"contended: other work on the device used {c['other_cpu']:.2f} cores through the {window}: {note}; its latencies are upper bounds, a latency gate it fails is inconclusive")
     probe = agent.get("threads_probe") or {}
     if probe.get("chosen") == 1 and probe.get("all_p50_ns", 0) > 1.1 * probe.get("one_p50_ns", 0) > 0:  # beyond the probe's noise
         lines.append(

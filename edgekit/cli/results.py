@@ -439,6 +439,11 @@ def _device_rows(agent: dict) -> list[tuple[str, Any]]:
     probe = agent.get("speed_probe")
     if isinstance(probe, dict) and probe.get("ns"):
         rows.append((f"speed loop ({probe.get('loop')})", f"{probe['ns'] / 1000:.2f} us (median of {probe.get('bursts')} bursts through the window)"))
+    busy = agent.get("contention")
+    if isinstance(busy, dict):
+        judged = {True: "contended", False: "not contended", None: "too short to judge"}[busy.get("contended")]
+        where = "the timed window" if busy.get("span") != "runner" else "the runtime's process"
+        rows.append(("other work", f"{busy['other_cpu']:.2f} cores through {where} ({busy['window_s']:.2g} s): {judged}, limit {busy['limit']:g}"))
     p50s = round_p50s_ns(agent)
     if len(p50s) > 1:
         rows.append(("rounds", f"{len(p50s)} agent processes, p50 {' / '.join(f'{ns / 1e6:.4g}' for ns in p50s)} ms"))
