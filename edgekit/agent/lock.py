@@ -63,7 +63,7 @@ def _boot_id() -> str:
 def _stat(pid: int):
     """(ppid, start time in ticks, name) of a live process, or None (gone, a zombie, no /proc)."""
     try:
-        with open("/proc/%d/stat" % pid, "rb") as fh:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
             raw = fh.read().decode("utf-8", "replace")
     except OSError:
         return None
@@ -170,7 +170,7 @@ class _Lock:
                 return False
             procs = os.path.join(self.dir, "procs")
             os.makedirs(procs, exist_ok=True)
-            with open(os.path.join(procs, "%d.json" % pid), "w") as fh:
+            with open(os.path.join(procs, f"{pid}.json"), "w") as fh:
                 json.dump({"pid": pid, "start": st[1], "name": st[2]}, fh)
         return True
 
@@ -315,7 +315,7 @@ def keep(lockdir: str, token: str) -> int:
     with lock.guarded():
         holder, _, exists = lock.state()
         if not exists or _token(holder) != token:
-            sys.stdout.write(json.dumps({"error": "the lock at %s is not held with this token" % lock.dir}) + "\n")
+            sys.stdout.write(json.dumps({"error": f"the lock at {lock.dir} is not held with this token"}) + "\n")
             return 1
         doc = {"token": token, "pid": os.getpid(), "start": st[1] if st else None, "boot": _boot_id()}
         tmp = os.path.join(lock.dir, ".keeper.json.tmp")
