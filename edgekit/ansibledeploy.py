@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
+import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -193,13 +195,15 @@ def _refuse_plan(plan: Plan) -> None:
 
 
 def _neutral(doc: Any, name: str) -> Any:
-    """``doc`` with every string equal to the device's name blanked: two hosts' plans compare equal
-    when they differ only in whose they are."""
+    """``doc`` with the device's name blanked wherever it stands as a word (``"to pi07 (...)"``):
+    two hosts' plans compare equal when they differ only in whose they are."""
     if isinstance(doc, dict):
         return {k: _neutral(v, name) for k, v in doc.items()}
     if isinstance(doc, list):
         return [_neutral(v, name) for v in doc]
-    return "" if doc == name else doc
+    if isinstance(doc, str):
+        return re.sub(rf"(?<![\w.@-]){re.escape(name)}(?![\w.@-])", "\0", doc)
+    return doc
 
 
 def _deploy(req: DeployRequest, job: Job, hosts: dict[str, _Host], outcomes: dict[str, DeviceOutcome], strategy: engine.Strategy,
@@ -222,20 +226,23 @@ def _deploy(req: DeployRequest, job: Job, hosts: dict[str, _Host], outcomes: dic
         built.append(execute(plan, one, None, sink, facts=first.probed.facts, only=(Quantize, Compile, WriteBundle)))
         for name in members:
             hosts[name].group = i
-    bundles = {b.bundle.manifest.bundle_hash: _store_request(b.bundle) for b in built}
+    bundles = {str(i): _store_request(b.bundle) for i, b in enumerate(built)}  # by group: two groups' manifests differ even where their files do not
     per_host = {}
     for name, h in hosts.items():
         bundle = built[h.group].bundle
         remote = f"{h.probed.where['root']}/bundles/{bundle.manifest.bundle_hash}"
         reused = measured_before(h.plan, bundle, h.probed.facts, h.probed.where["agent"])
         steps = [] if reused else _steps(h.plan, remote, tmp / safe_name(name))
-        per_host[name] = {"where": h.probed.where, "bundle": bundle.manifest.bundle_hash, "lock": holder_info(), "steps": steps}
-    extravars = {"edgekit": {"ttl": DEFAULT_TTL, "lock_retries": max(0, math.ceil(req.lock_wait / engine.LOCK_POLL_S)), "hosts": per_host, "bundles": bundles}}
-    plays, measure = engine.deploy_play(strategy)
+        per_host[name] = {"where": h.probed.where, "bundle": str(h.group), "lock": holder_info(), "steps": steps}
+    extravars = {"edgekit": {
+        "ttl": DEFAULT_TTL, "lock_retries": max(0, math.ceil(req.lock_wait / engine.LOCK_POLL_S)), "hosts": per_host, "bundles": bundles,
+        "python": sys.executable, "pack": engine.PACK, "unpack": engine.UNPACK, "tmp": str(tmp),
+    }}  # fmt: skip
+    plays = engine.deploy_play(strategy, max(len(p["steps"]) for p in per_host.values()))
     how = f"{strategy.forks} at a time" + (f", in batches of {strategy.serial}" if strategy.serial else "") + (
         f", stopping when more than {strategy.max_fail}% of a batch fail" if strategy.max_fail is not None else "")  # fmt: skip
     sink.info(f"ansible: deploying to {len(hosts)} host(s) ({how})")
-    play = engine.run_play(plays, inventory, extravars=extravars, limit=",".join(hosts), forks=strategy.forks, includes={"measure.yml": measure})
+    play = engine.run_play(plays, inventory, extravars=extravars, limit=",".join(hosts), forks=strategy.forks)
     for name, h in hosts.items():
         run = play.hosts.get(name)
         seconds = h.probed.seconds + (run.seconds if run else 0.0)

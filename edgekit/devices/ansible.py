@@ -59,6 +59,42 @@ print(json.dumps({"root": root, "python": venv if os.access(venv, os.X_OK) else 
 """
 
 
+# Run here (delegated to localhost): the objects named (sha256 -> file) packed into one tar, each
+# member named by its sha256.
+PACK = """\
+import json, sys, tarfile
+out, files, missing = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+    for sha in missing:
+        tar.add(files[sha], arcname=sha, recursive=False)
+"""
+
+# Run on the device: each member (a sha256 name, nothing else) written beside its final name and
+# renamed into the store; the tar removed. The store's next "plan" hashes every one of them.
+UNPACK = """\
+import os, re, sys, tarfile
+tar_path, objects = sys.argv[1], sys.argv[2]
+try:
+    with tarfile.open(tar_path) as tar:
+        for member in tar:
+            if not (member.isfile() and re.fullmatch("[0-9a-f]{64}", member.name)):
+                sys.exit("not an object: %r" % member.name)
+            tmp = os.path.join(objects, ".%s.incoming" % member.name)
+            with tar.extractfile(member) as src, open(tmp, "wb") as dst:
+                while True:
+                    block = src.read(1 << 20)
+                    if not block:
+                        break
+                    dst.write(block)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, os.path.join(objects, member.name))
+finally:
+    os.unlink(tar_path)
+"""
+
+
 # -- choosing the engine ------------------------------------------------------------------------
 
 
@@ -219,8 +255,10 @@ def probe_play(with_lock: bool) -> list[dict]:
     return [{"name": "edgekit probe", "hosts": "all", "gather_facts": False, "tasks": tasks}]
 
 
-def deploy_play(strategy: Strategy) -> tuple[list[dict], list[dict]]:
-    """The deploy play, and the task file it includes once per measurement."""
+def deploy_play(strategy: Strategy, measurements: int) -> list[dict]:
+    """The deploy play; ``measurements``: the most bench/eval steps a host has (each host runs its
+    own ``ek_host.steps``; the tasks are written out per step, not included in a loop: an
+    ``include_tasks`` per host and step costs Ansible more than the step's own commands)."""
     store = "(ek_bundle.request | to_json)"
     lockdir = "ek.root ~ '/lock'"
     answer = "(ek_{0}.stdout | from_json)"
@@ -230,10 +268,29 @@ def deploy_play(strategy: Strategy) -> tuple[list[dict], list[dict]]:
                      register=f"ek_{reg}", changed_when=False,
                      failed_when=f"ek_{reg}.rc != 0 or 'error' in {answer.format(reg)}" + extra)  # fmt: skip
 
+    measure = []
+    for j in range(measurements):
+        step, when = f"ek_host.steps[{j}]", f"ek_host.steps | length > {j}"
+        measure += [
+            _lock_refresh("edgekit: lock refresh", when=when),
+            _task("edgekit: run", "ansible.builtin.command", {
+                "argv": "{{ [ek.python, ek.agent, '--lock', ek.root ~ '/lock', ek_host.lock.token] + " + step + ".args }}",
+            }, register="ek_run", changed_when=False, timeout="{{ " + step + ".timeout }}", when=when),
+            _task("edgekit: fetch", "ansible.builtin.fetch", {"src": "{{ " + step + ".out }}", "dest": "{{ " + step + ".local }}", "flat": True},
+                  when=f"{when} and {step}.out | length > 0"),
+        ]  # fmt: skip
     tasks = [
         store_step("plan", "plan"),
-        _task("edgekit: push", "ansible.builtin.copy", {"src": "{{ ek_bundle.objects[item] }}", "dest": "{{ ek.root ~ '/objects/' ~ item }}", "mode": "0644"},
-              loop="{{ " + answer.format("plan") + ".missing }}"),  # fmt: skip
+        # the missing objects, packed here into one tar (one transfer, not one per file), unpacked there
+        _task("edgekit: pack", "ansible.builtin.command", {
+            "argv": "{{ [edgekit.python, '-S', '-c', edgekit.pack, edgekit.tmp ~ '/' ~ inventory_hostname ~ '.tar', ek_bundle.objects | to_json] + "
+                    + answer.format("plan") + ".missing }}",
+        }, delegate_to="localhost", become=False, changed_when=False, when=answer.format("plan") + ".missing | length > 0"),
+        _task("edgekit: push", "ansible.builtin.copy", {"src": "{{ edgekit.tmp ~ '/' ~ inventory_hostname ~ '.tar' }}", "dest": "{{ ek.root ~ '/objects/.incoming-' ~ ek_host.lock.token ~ '.tar' }}", "mode": "0600"},
+              when=answer.format("plan") + ".missing | length > 0"),
+        _task("edgekit: unpack", "ansible.builtin.command", {
+            "argv": "{{ [ek.python, '-S', '-c', edgekit.unpack, ek.root ~ '/objects/.incoming-' ~ ek_host.lock.token ~ '.tar', ek.root ~ '/objects'] }}",
+        }, changed_when=False, when=answer.format("plan") + ".missing | length > 0"),
         # plan again: every object, the ones just sent included, is hashed on the device; one
         # whose bytes are wrong is removed and reported missing, and the push fails here
         store_step("plan", "verify", " or (" + answer.format("verify") + ".missing | length > 0)"),
@@ -246,7 +303,7 @@ def deploy_play(strategy: Strategy) -> tuple[list[dict], list[dict]]:
                 }, register="ek_lock", changed_when=False, failed_when="ek_lock.rc != 0 or not (" + answer.format("lock") + ".acquired | default(false))",
                    until="ek_lock.rc == 0 and (" + answer.format("lock") + ".acquired | default(false))",
                    retries="{{ edgekit.lock_retries }}", delay=LOCK_POLL_S),  # fmt: skip
-                _task("edgekit: measure", "ansible.builtin.include_tasks", "measure.yml", loop="{{ ek_host.steps }}", loop_control={"loop_var": "ek_step"}),
+                *measure,
                 _lock_refresh("edgekit: lock check"),
             ],
             "always": [
@@ -267,21 +324,14 @@ def deploy_play(strategy: Strategy) -> tuple[list[dict], list[dict]]:
         play["serial"] = strategy.serial
     if strategy.max_fail is not None:
         play["max_fail_percentage"] = strategy.max_fail
-    measure = [
-        _lock_refresh("edgekit: lock refresh"),
-        _task("edgekit: run", "ansible.builtin.command", {
-            "argv": "{{ [ek.python, ek.agent, '--lock', ek.root ~ '/lock', ek_host.lock.token] + ek_step.args }}",
-        }, register="ek_run", changed_when=False, timeout="{{ ek_step.timeout }}"),
-        _task("edgekit: fetch", "ansible.builtin.fetch", {"src": "{{ ek_step.out }}", "dest": "{{ ek_step.local }}", "flat": True}, when="ek_step.out | length > 0"),
-    ]
-    return [play], measure
+    return [play]
 
 
-def _lock_refresh(name: str) -> dict:
+def _lock_refresh(name: str, **more: Any) -> dict:
     """Push the lock's expiry ahead; fails when the lock is no longer this run's (another job broke it)."""
     return _task(name, "ansible.builtin.command", {
         "argv": _agent("ek", "'lock'", "'refresh'", "ek.root ~ '/lock'", "ek_host.lock.token", "(edgekit.ttl | string)"),
-    }, register="ek_refresh", changed_when=False, failed_when="ek_refresh.rc != 0 or not ((ek_refresh.stdout | from_json).done | default(false))")  # fmt: skip
+    }, register="ek_refresh", changed_when=False, failed_when="ek_refresh.rc != 0 or not ((ek_refresh.stdout | from_json).done | default(false))", **more)  # fmt: skip
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -294,7 +344,6 @@ def run_play(
     extravars: dict,
     limit: str | None,
     forks: int,
-    includes: dict[str, list[dict]] | None = None,
     on_event: Callable[[dict], None] | None = None,
 ) -> PlayRun:
     """Run ``plays`` over ``inventory`` with ansible-runner (a temp private data dir); each host's results."""
@@ -326,13 +375,14 @@ def run_play(
         project = Path(tmp) / "project"
         project.mkdir()
         (project / "edgekit.yml").write_text(json.dumps(plays, indent=1))  # JSON is YAML
-        for name, tasks in (includes or {}).items():
-            (project / name).write_text(json.dumps(tasks, indent=1))
         env = {
             "ANSIBLE_RETRY_FILES_ENABLED": "False",
             "ANSIBLE_NOCOLOR": "1",
             # the interpreter for Ansible's own modules: found quietly unless the inventory names one
             "ANSIBLE_PYTHON_INTERPRETER": os.environ.get("ANSIBLE_PYTHON_INTERPRETER", "auto_silent"),
+            # one ssh command per module instead of put + chmod + exec (a play here runs ~30 modules a
+            # host); a sudoers ``requiretty`` breaks it with become: set ANSIBLE_PIPELINING=False then
+            "ANSIBLE_PIPELINING": os.environ.get("ANSIBLE_PIPELINING", "True"),
         }
         playbook_bin = _playbook_bin()
         if playbook_bin and not shutil.which("ansible-playbook"):
