@@ -206,7 +206,7 @@ def test_fifty_devices_through_ansible_with_unreachable_and_failing_ones(cli, _s
     servers: list[sshd_mod.Sshd] = []
     try:
         for i in range(47):
-            servers.append(sshd_mod.Sshd(tmp_path / f"d{i:02d}", client_key=key, log_level="ERROR").start())
+            servers.append(sshd_mod.Sshd(tmp_path / f"d{i:02d}", client_key=key).start())
         kh = tmp_path / "known_hosts"
         kh.write_text("".join(s.known_hosts_line() for s in servers))
         lines = [_ini_line(f"d{i:02d}", s, **({"ansible_python_interpreter": str(wrapper)} if i in (7, 31) else {})) for i, s in enumerate(servers)]
@@ -225,6 +225,35 @@ def test_fifty_devices_through_ansible_with_unreachable_and_failing_ones(cli, _s
         listed = json.loads(cli("results", "list", "--json", "--limit", "500").stdout)
         assert len(listed) == 90 and len({r["device"] for r in listed}) == 45
         assert not any((s.home / ".edgekit" / "lock").exists() for s in servers)  # every lock released, the failed ones' too
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@needs_ansible
+@pytest.mark.ssh
+def test_max_fail_stops_the_run_and_the_rest_is_not_deployed(cli, _ssh_lab_ready, tmp_path):
+    """--serial 1 --max-fail 0: the first batch's host fails its bench, so Ansible stops; the two
+    hosts after it are reported not deployed, with the reason, and their stores stay empty."""
+    key = tmp_path / "client_key"
+    sshd_mod.keygen(key, "edgekit-lab-client")
+    wrapper = tmp_path / "crashing-python"
+    wrapper.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = bench ] && {{ echo "simulated crash in bench" >&2; exit 3; }}; done\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    servers = [sshd_mod.Sshd(tmp_path / f"h{i}", client_key=key).start() for i in range(3)]
+    try:
+        kh = tmp_path / "known_hosts"
+        kh.write_text("".join(s.known_hosts_line() for s in servers))
+        inv = tmp_path / "hosts.ini"
+        inv.write_text("[fleet]\n" + _ini_line("h0", servers[0], ansible_python_interpreter=str(wrapper)) + _ini_line("h1", servers[1])
+                       + _ini_line("h2", servers[2]) + f"[fleet:vars]\nansible_ssh_common_args='-o UserKnownHostsFile={kh}'\n")  # fmt: skip
+        r = cli("deploy", DIGITS, "--inventory", inv, "--serial", "1", "--max-fail", "0%", "-n", "10", "--warmup", "2", "--layers", "off", "-o", tmp_path / "out", "--json")
+        assert_one_line_error(r, 4, "3 of 3 device(s) failed")
+        doc = {d["device"]: d for d in json.loads(r.stdout)}
+        assert "simulated crash in bench" in doc["h0"]["error"]
+        assert all("not deployed: Ansible stopped the run before this host (more than 0% of a batch failed)" in doc[h]["error"] for h in ("h1", "h2"))
+        assert not (servers[1].home / ".edgekit" / "bundles").exists() and not (servers[2].home / ".edgekit" / "bundles").exists()
+        assert not (servers[0].home / ".edgekit" / "lock").exists()  # the failed host's lock released in `always`
     finally:
         for s in servers:
             s.stop()

@@ -10,9 +10,9 @@ part of a command, ``forks`` hosts at a time, in ``serial`` batches, stopping af
 * ``probe``: where edgekit lives on the host (its workdir, ``~`` expanded there; edgekit's venv
   when one was provisioned), the agent zipapp put there under its content-addressed name, then the
   agent's ``facts`` (and, for ``devices check``, the lock's status);
-* ``deploy``: the store protocol (``agent.pyz store ROOT plan`` -> copy only the missing objects
-  -> ``plan`` again, which hashes every object on the device -> ``commit``, the atomic ``current``
-  switch), the device lock (``lock acquire``; refreshed before each measurement, checked after
+* ``deploy``: the store protocol (``agent.pyz store ROOT plan`` -> only the missing objects,
+  packed here into one tar, copied and unpacked into the store -> ``plan`` again, which hashes
+  every object on the device -> ``commit``, the atomic ``current`` switch), the device lock (``lock acquire``; refreshed before each measurement, checked after
   the last one, released in an ``always:`` block), then each variant's bench (and eval, whose
   outputs come back with ``fetch``) with the arguments a direct deploy passes.
 
@@ -467,6 +467,8 @@ def failure_reason(run: HostRun) -> tuple[str, str]:
             parse_agent_output(agent_result(res), kind=kind, device=run.name)
         except EdgekitError as exc:
             return f"{run.name}: {exc.message}", exc.hint
+    if doc.get("error"):
+        return f"{run.name}: {doc['error']}", str(doc.get("hint") or "check the host's edgekit settings (edgekit_workdir, ansible_python_interpreter)")
     msg = str(res.get("msg") or "").strip()
     detail = "; ".join(x for x in (msg if msg and msg != "non-zero return code" else "", stderr) if x) or f"exit code {res.get('rc')}"
     return f"{run.name}: {task.removeprefix('edgekit: ')} failed: {detail}", "run it again with the Ansible output: ANSIBLE_STDOUT_CALLBACK=default, or check the host by hand"
