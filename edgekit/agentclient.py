@@ -17,7 +17,7 @@ from edgekit.jsonable import strict_loads
 from edgekit.transport.agentzip import agent_server, ask_server, push_agent
 from edgekit.transport.base import MAX_ANSWER_BYTES, CommandResult, Transport
 
-__all__ = ["BenchConfig", "bench_variant", "device_facts", "device_name", "eval_variant", "parse_agent_output", "push_agent", "run_agent"]
+__all__ = ["BenchConfig", "bench_args", "bench_variant", "eval_args", "device_facts", "device_name", "eval_variant", "parse_agent_output", "push_agent", "run_agent"]
 
 _OUT_OF_STEP = "the agent on the device is out of step with this edgekit; bench again to push the current one"
 
@@ -55,10 +55,29 @@ def bench_variant(
     the agent's own message and hint when it reports a failure, or when its output is not
     a bench document.
     """
-    args = ["bench", remote_bundle_dir, "--variant", variant, *config.agent_args(), *([] if probe_threads else ["--no-thread-probe"])]
+    args = bench_args(remote_bundle_dir, variant, config, probe_threads=probe_threads)
     if config.duration_s is not None or config.min_time_s > 0:
         timeout = max(timeout, (config.duration_s or config.min_time_s) + 300)  # loading and warmup come on top
-    return _of_variant(run_agent(transport, args, timeout=timeout), variant, "benchmarked")
+    return of_variant(run_agent(transport, args, timeout=timeout), variant, "benchmarked")
+
+
+def bench_args(remote_bundle_dir: str, variant: str, config: BenchConfig, *, probe_threads: bool = True) -> list[str]:
+    """The agent's arguments that time ``variant`` (what ``bench_variant`` runs; Ansible's engine runs the same)."""
+    return ["bench", remote_bundle_dir, "--variant", variant, *config.agent_args(), *([] if probe_threads else ["--no-thread-probe"])]
+
+
+def eval_args(remote_bundle_dir: str, variant: str, samples: str, *, threads: int | None = None, model: str | None = None) -> tuple[list[str], str]:
+    """The agent's arguments that evaluate ``variant`` on the bundle's ``samples``, and the device
+    path its outputs land at (what ``eval_variant`` runs, then fetches)."""
+    # beside the bundles, not in one: a bundle holds exactly the files its manifest lists
+    twin = ".layers" if model else ""
+    remote_out = f"{posixpath.dirname(posixpath.dirname(remote_bundle_dir))}/eval/{posixpath.basename(remote_bundle_dir)}.{variant}{twin}.npz"
+    args = ["eval", remote_bundle_dir, "--variant", variant, "--samples", samples, "--output", remote_out]
+    if threads is not None:
+        args += ["--threads", str(threads)]
+    if model:
+        args += ["--model", model]
+    return args, remote_out
 
 
 def eval_variant(
@@ -69,15 +88,8 @@ def eval_variant(
     outputs it computed to ``local_out`` (.npz keyed by output name); the agent's document.
     ``model``: the bundle file the variant's backend runs instead (its twin with intermediate
     tensors exposed; outputs keyed output0, output1... in the twin's order)."""
-    # beside the bundles, not in one: a bundle holds exactly the files its manifest lists
-    twin = ".layers" if model else ""
-    remote_out = f"{posixpath.dirname(posixpath.dirname(remote_bundle_dir))}/eval/{posixpath.basename(remote_bundle_dir)}.{variant}{twin}.npz"
-    args = ["eval", remote_bundle_dir, "--variant", variant, "--samples", samples, "--output", remote_out]
-    if threads is not None:
-        args += ["--threads", str(threads)]
-    if model:
-        args += ["--model", model]
-    doc = _of_variant(run_agent(transport, args, timeout=timeout, kind="edgekit.eval"), variant, "evaluated")
+    args, remote_out = eval_args(remote_bundle_dir, variant, samples, threads=threads, model=model)
+    doc = of_variant(run_agent(transport, args, timeout=timeout, kind="edgekit.eval"), variant, "evaluated")
     transport.get(remote_out, local_out)
     return doc
 
@@ -164,7 +176,7 @@ def parse_agent_output(result: CommandResult, kind: str = "edgekit.bench", devic
     return doc
 
 
-def _of_variant(doc: dict[str, Any], variant: str, did: str) -> dict[str, Any]:
+def of_variant(doc: dict[str, Any], variant: str, did: str) -> dict[str, Any]:
     """``doc``, when it is about ``variant`` (an agent out of step may answer for another)."""
     if doc.get("variant") != variant:
         raise AgentError(f"the agent {did} variant {doc.get('variant')!r}, not '{variant}'", _OUT_OF_STEP)

@@ -395,14 +395,25 @@ def execute(
     facts: dict | None = None,
     bundle: Bundle | None = None,
     lock: Any = None,
+    measured: Measured | None = None,
+    only: tuple[type, ...] | None = None,
 ) -> DeployResult:
     """Run each step of ``plan`` in order. ``job``: the loaded model and data (None for a plan of an
     existing ``bundle``); ``transport``: the device, for Push and Bench; ``facts``: the device's;
-    ``lock``: the device lock held meanwhile (runs measured after losing it are not stored)."""
-    walk = _Walk(plan, job, transport, events or Events(), facts, bundle, lock)
+    ``lock``: the device lock held meanwhile (runs measured after losing it are not stored);
+    ``measured``: what the device's steps already did elsewhere (Ansible's engine ran them), taken
+    instead of a transport; ``only``: run just the steps of these types (the host's part, say)."""
+    walk = _Walk(plan, job, transport, events or Events(), facts, bundle, lock, measured=measured)
+    built = measured.built if measured is not None else None
+    if built is not None:
+        walk.qresult, walk.sizes, walk.bundle = built.quantize, dict(built.sizes), built.bundle
     with tempfile.TemporaryDirectory(prefix="edgekit-deploy-") as tmp:
         walk.tmp = Path(tmp)
         for step in plan.steps:
+            if built is not None and isinstance(step, (Quantize, Compile, WriteBundle)):
+                continue  # done once for the fleet: ``built`` holds what it made
+            if only is not None and not isinstance(step, only):
+                continue
             t0 = time.perf_counter()
             _HANDLERS[type(step)](walk, step)
             walk.executed.append(step)
@@ -411,6 +422,37 @@ def execute(
         plan, walk.qresult, walk.bundle, walk.push, walk.records, walk.run_ids, walk.sizes, walk.executed, walk.agreement, walk.verdict,
         walk.seconds, walk.reused_ids, walk.agreements, walk.layer_error,
     )
+
+
+@dataclass
+class Measured:
+    """A device's side of a plan, run by another engine (Ansible): the push, the agent's documents
+    per variant (bench; eval with the outputs it fetched), and the agent's path on the device (it
+    is part of a measurement's key). ``execute`` turns them into records as it would its own."""
+
+    push: PushResult
+    agent: str
+    benches: dict[str, dict] = field(default_factory=dict)  # variant -> the agent's bench document
+    evals: dict[str, Path] = field(default_factory=dict)  # variant -> its outputs (.npz), fetched from the device
+    built: DeployResult | None = None  # the host's steps (quantize, compile, bundle), run once for a fleet: not run again
+
+    def bench(self, variant: str) -> dict:
+        if variant not in self.benches:
+            raise AgentError(f"no bench document of variant '{variant}' came back from the device", "run the deploy again")
+        return self.benches[variant]
+
+    def outputs(self, variant: str) -> Path:
+        if variant not in self.evals:
+            raise AgentError(f"no outputs of variant '{variant}' came back from the device", "run the deploy again")
+        return self.evals[variant]
+
+
+def measured_before(plan: Plan, bundle: Bundle, facts: dict | None, agent: str) -> bool:
+    """Whether ``execute`` would reuse earlier measurements for every Bench and Eval step of ``plan``
+    (so the device need not run them); ``agent``: the agent's path on the device."""
+    w = _Walk(plan, None, None, Events(), facts, bundle, measured=Measured(PushResult("", 0, 0, 0, 0.0), agent))
+    steps = [s for s in plan.steps if isinstance(s, (Bench, Eval))]
+    return bool(steps) and all(s.reuse for s in steps) and _earlier(w, steps[0]) is not None
 
 
 @dataclass
@@ -444,6 +486,7 @@ class _Walk:
     rounds: dict[str, list[dict]] = field(default_factory=dict)  # variant -> the agent documents of its rounds so far
     twins: dict[str, Any] = field(default_factory=dict)  # --layers error: the layers, and per variant its twin's bundle path and output order
     layer_error: dict | None = None
+    measured: Measured | None = None  # the device's steps as another engine ran them (no transport then)
 
     def source(self, name: str) -> Path:
         return self.sources.get(name, self.job.model.path)  # unquantized: the model as it is
@@ -595,6 +638,9 @@ def _write_bundle(w: _Walk, step: WriteBundle) -> None:
 
 
 def _push(w: _Walk, step: Push) -> None:
+    if w.measured is not None:
+        w.push = w.measured.push
+        return
     transport = w.device()
     with w.events.progress(f"pushing bundle {w.bundle.manifest.bundle_hash[:12]} to {transport.name}") as bar:
         w.push = push_bundle(transport, w.bundle, progress=progress_reporter(bar))
@@ -606,7 +652,7 @@ def _push(w: _Walk, step: Push) -> None:
 
 
 def _bench(w: _Walk, step: Bench) -> None:
-    transport, c, name = w.device(), step.config, step.variant.name
+    c, name = step.config, step.variant.name
     if step.round > 1 and any(r["agent"]["variant"] == name for r in w.records):
         return  # reused: a measured variant's record comes only after its last round
     k = _measurement_key(w, step)
@@ -621,6 +667,11 @@ def _bench(w: _Walk, step: Bench) -> None:
         )
         return
     docs = w.rounds.setdefault(name, [])
+    if w.measured is not None:  # one round (Ansible's engine refuses more)
+        docs.append(w.measured.bench(name))
+        w.records.append(make_record(merge_rounds(docs), model_name=w.plan.model, target=w.plan.profile, device=w.plan.device, extra={reuse.RECORD_FIELD: k}))
+        return
+    transport = w.device()
     how = bench_window(c) + (f", round {step.round} of {c.rounds}" if c.rounds > 1 else "")
     probe = True
     if docs:  # a later round: what the first one's thread probe chose (one thread, or the default), no second profiled pass
@@ -634,10 +685,14 @@ def _bench(w: _Walk, step: Bench) -> None:
 
 
 def _eval(w: _Walk, step: Eval) -> None:
-    transport, v = w.device(), step.variant
+    v = step.variant
     k = _measurement_key(w, step)
     local = _earlier(w, step)
+    if local is None and w.measured is not None:
+        local = w.measured.outputs(v.name)
+        reuse.save_outputs(k, local)
     if local is None:
+        transport = w.device()
         local = w.tmp / f"{v.name}.outputs.npz"
         with w.events.progress(f"evaluating {v.name} on {transport.name} ({v.backend})"):
             eval_variant(transport, w.push.remote_dir, v.name, step.samples, local, threads=step.threads)
@@ -725,7 +780,7 @@ def _measurement_key(w: _Walk, step: Bench | Eval) -> str:
         settings = {"samples": step.samples, "threads": step.threads}
     return reuse.key(
         step.name, bundle_hash=w.bundle.manifest.bundle_hash, variant=step.variant.to_dict(), settings=settings, device=w.plan.device,
-        facts=w.facts, agent=agent_path(w.device()),
+        facts=w.facts, agent=w.measured.agent if w.measured is not None else agent_path(w.device()),
     )  # fmt: skip
 
 
@@ -825,4 +880,4 @@ def _load_feeds(job: Job, events: Events) -> tuple[FeedSet, FeedSet]:
     return calibration, heldout
 
 
-__all__ = ["DeployRequest", "DeployResult", "Job", "execute", "open_job", "run"]
+__all__ = ["DeployRequest", "DeployResult", "Job", "Measured", "execute", "measured_before", "open_job", "run"]

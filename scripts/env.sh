@@ -36,7 +36,7 @@ _edgekit_env_pip() {
 }
 
 _edgekit_env_deps() {
-  # edgekit's dependencies (not edgekit itself) plus the test, openvino, tflite, cross and yaml extras.
+  # edgekit's dependencies (not edgekit itself) plus the test, openvino, tflite, cross, yaml and ansible extras.
   local venv="$1" repo="$2" py="$3" reqs
   echo "setting up $venv (once per dependency change) ..." >&2
   rm -rf "$venv"
@@ -52,7 +52,7 @@ except ImportError:  # Python 3.10
 with open(sys.argv[1], "rb") as fh:
     project = tomllib.load(fh)["project"]
 extras = project["optional-dependencies"]
-for req in project["dependencies"] + [r for name in ("test", "openvino", "tflite", "cross", "yaml") for r in extras[name]]:
+for req in project["dependencies"] + [r for name in ("test", "openvino", "tflite", "cross", "yaml", "ansible") for r in extras[name]]:
     print(req)
 PY
 )" || return 3

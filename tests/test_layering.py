@@ -159,7 +159,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("edgekit.agentclient", "edgekit.bench", "edgekit.report", "edgekit.versions"),
     ("edgekit.devices",),
     ("edgekit.plan",),
-    ("edgekit.deploy", "edgekit.api"),
+    ("edgekit.deploy", "edgekit.api", "edgekit.ansibledeploy"),
     ("edgekit.ci", "edgekit.lava"),
     ("edgekit.cli", "edgekit.__main__"),
 )

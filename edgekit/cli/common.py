@@ -141,6 +141,15 @@ Baseline = Annotated[
     ),
 ]  # fmt: skip
 
+Engine = Annotated[
+    str | None,
+    typer.Option("--engine", metavar="ansible|ssh", help="Who reaches the devices: ansible (Ansible reads the --inventory and runs the per-device part; needs edgekit[ansible]) or ssh (edgekit's own). Default: ansible for an Ansible inventory when ansible-runner is installed, else ssh."),
+]
+Limit = Annotated[str | None, typer.Option("--limit", metavar="PATTERN", help="--engine ansible: only the hosts matching this Ansible host pattern (e.g. 'lab:!pi3', 'pi*').")]
+Forks = Annotated[int | None, typer.Option("--forks", metavar="N", help="--engine ansible: hosts worked on at once (Ansible's forks; default 5).")]
+Serial = Annotated[str | None, typer.Option("--serial", metavar="N|N%", help="--engine ansible: deploy in batches of N hosts (or N% of them), one batch after another.")]
+MaxFail = Annotated[str | None, typer.Option("--max-fail", metavar="N%", help="--engine ansible: stop when more than N% of a batch failed (Ansible's max_fail_percentage); the rest is not deployed.")]
+
 # Option groups several commands take: name -> (annotation, default). ``options`` adds them.
 GROUPS: dict[str, dict[str, tuple]] = {
     "quantize": {
@@ -150,6 +159,7 @@ GROUPS: dict[str, dict[str, tuple]] = {
     "bench": {"warmup": (Warmup, None), "iterations": (Iterations, None), "duration": (Duration, None), "min_time": (MinTime, None), "threads": (Threads, None), "rounds": (Rounds, None), "layers": (Layers, "time"), "no_layers": (NoLayers, False)},
     "gates": {"fail": (Fail, None), "baseline": (Baseline, None)},
     "ssh": {"trust_new_host": (TrustNewHost, False), "password": (Password, False), "inventory": (Inventory, None)},
+    "engine": {"engine": (Engine, None), "limit": (Limit, None), "forks": (Forks, None), "serial": (Serial, None), "max_fail": (MaxFail, None)},
 }  # fmt: skip
 
 
@@ -247,6 +257,16 @@ def shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
     from edgekit.modelio import parse_shape_overrides
 
     return parse_shape_overrides(items)
+
+
+def engine(opts: dict):
+    """The "engine" group: which engine runs (``edgekit.devices.ansible.choose_engine``), and for
+    ansible its strategy (None for ssh, where the Ansible-only options are refused)."""
+    from edgekit.devices import ansible
+
+    name = ansible.choose_engine(opts["engine"], opts["inventory"])
+    ansible.check_ssh_only(name, **{"--limit": opts["limit"], "--forks": opts["forks"], "--serial": opts["serial"], "--max-fail": opts["max_fail"]})
+    return ansible.Strategy.parse(opts["limit"], opts["forks"], opts["serial"], opts["max_fail"]) if name == "ansible" else None
 
 
 def is_fleet(entries: list, inventory: Path | None) -> bool:

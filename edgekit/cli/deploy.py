@@ -14,7 +14,7 @@ from edgekit.devices.fleet import DEFAULT_JOBS
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 
 
-@common.options("quantize", "bench", "gates", "ssh")
+@common.options("quantize", "bench", "gates", "ssh", "engine")
 def deploy(
     model: Annotated[Path, typer.Argument(help="The float ONNX model (or a .tflite, which runs as it is).", show_default=False)],
     target: Annotated[str | None, typer.Option("--target", "-t", help="Target profile name or path to a profile TOML (default: the device's inventory profile, else local).")] = None,
@@ -43,6 +43,10 @@ def deploy(
     Several devices (--device repeated, or --inventory FILE) run in parallel, one row each:
 
         edgekit deploy model.onnx --target rpi5 --device pi1 --device pi2 --jobs 2
+
+    Over Ansible (its inventory, key files, bastions), 10 hosts at a time, in batches of a quarter:
+
+        edgekit deploy model.onnx --inventory hosts.ini --engine ansible --forks 10 --serial 25%
     """
     from edgekit import api
     from edgekit.deploy import open_job, run
@@ -51,7 +55,15 @@ def deploy(
     o = Output()
     gates = common.gates(opts, fleet=common.is_fleet(device or [], opts["inventory"]), runs=not (no_bench or dry_run))
     inventory = opts["inventory"]
-    entries = resolve_devices(device or [], inventory)
+    strategy = common.engine(opts)
+    if strategy is not None:
+        from edgekit.errors import UsageError
+
+        if device:
+            raise UsageError("--device picks devices for the ssh engine; the ansible engine runs on the inventory's hosts", "choose hosts with --limit PATTERN (an Ansible host pattern), or pass --engine ssh")
+        if dry_run or no_bench:
+            raise UsageError("--dry-run and --no-bench don't reach a device: give one --device (or none)", "drop them, or use --engine ssh with one --device")
+    entries = resolve_devices(device or [], inventory) if strategy is None else []
     entry = entries[0] if entries else None
     req = api.request(
         model,
@@ -73,6 +85,9 @@ def deploy(
         choose=choose,
         remeasure=remeasure or bool(gates),  # a gated run is a new measurement, never an old one gated again
     )
+    if strategy is not None:
+        _deploy_ansible(o, req, inventory, strategy, target, json_out)
+        return
     if common.is_fleet(entries, inventory):
         if dry_run or no_bench:
             from edgekit.errors import UsageError
@@ -116,20 +131,34 @@ def _deploy_fleet(o: Output, req, entries: list, target: str | None, jobs: int, 
         output = root / name if req.output else root / f"{req.model.stem}-{name}"
         return deploy_job(job, entry, DeviceEvents(o, entry.name), target=target or entry.profile or "local", output=output)
 
-    def row(result) -> list[str]:
-        s = result.summary()
-        v = s["variants"]
-        fp, q = v.get("fp32") or {}, v.get("int8") or {}
-        push = result.push.to_dict() if result.push else {}
-        return [
-            result.plan.profile, result.plan.backend,
-            render.fmt_ms(fp.get("p50_ms")), render.fmt_ms(q.get("p50_ms")),
-            f"{s['speedup_p50']:.2f}x" if "speedup_p50" in s else "-",
-            render.fmt_bytes(push.get("bytes_sent")),
-        ]  # fmt: skip
-
     render.report_fleet(
         o, common.run_fleet(o, entries, one, jobs), title=f"{req.model.name} on {len(entries)} device(s)",
-        columns=["target", "backend", "fp32 p50", "int8 p50", "speed-up", "sent"],
-        row=row, json_out=json_out, to_json=lambda r: r.to_dict(),
+        columns=_COLUMNS, row=_row, json_out=json_out, to_json=lambda r: r.to_dict(),
     )  # fmt: skip
+
+
+def _deploy_ansible(o: Output, req, inventory: Path, strategy, target: str | None, json_out: bool) -> None:
+    """Deploy over Ansible: bundled once here, Ansible runs each host's part; one row per host."""
+    from edgekit.ansibledeploy import deploy_fleet
+
+    fleet = deploy_fleet(req, inventory, strategy, target=target, sink=o)
+    render.report_fleet(
+        o, fleet, title=f"{req.model.name} on {len(fleet.outcomes)} host(s) (ansible)",
+        columns=_COLUMNS, row=_row, json_out=json_out, to_json=lambda r: r.to_dict(),
+    )  # fmt: skip
+
+
+_COLUMNS = ["target", "backend", "fp32 p50", "int8 p50", "speed-up", "sent"]
+
+
+def _row(result) -> list[str]:
+    s = result.summary()
+    v = s["variants"]
+    fp, q = v.get("fp32") or {}, v.get("int8") or {}
+    push = result.push.to_dict() if result.push else {}
+    return [
+        result.plan.profile, result.plan.backend,
+        render.fmt_ms(fp.get("p50_ms")), render.fmt_ms(q.get("p50_ms")),
+        f"{s['speedup_p50']:.2f}x" if "speedup_p50" in s else "-",
+        render.fmt_bytes(push.get("bytes_sent")),
+    ]  # fmt: skip

@@ -69,8 +69,14 @@ def list_devices(inventory: common.Inventory = None, json_out: common.Json = Fal
     o.table(["device", "ssh", "profile", "tags", "overrides"], entries_table(inv.devices.values()), title=f"{len(inv)} device(s) in {inv.path}")
 
 
+CheckDeviceArg = Annotated[
+    str | None,
+    typer.Argument(metavar="DEVICE", help="An inventory name, user@host[:port], an ~/.ssh/config alias, or local; with --engine ansible, an Ansible host pattern (default: all).", show_default=False),
+]
+
+
 @app.command("check")
-@common.options(_DEVICE, "ssh")
+@common.options({"device": (CheckDeviceArg, None), "target": (TargetOpt, None)}, "ssh", "engine")
 def check(
     json_out: common.Json = False,
     **opts,
@@ -84,12 +90,20 @@ def check(
     Examples:
       edgekit devices check pi@10.0.0.7 --target rpi5
       edgekit devices check orin1 --json
+      edgekit devices check --inventory hosts.ini --engine ansible --limit 'lab:!pi3'
     """
     from edgekit.devices.lock import describe_holder, lock_status
     from edgekit.devices.preflight import fact_rows, preflight
+    from edgekit.errors import UsageError
 
-    entry, profile = _entry_and_profile(opts)
+    strategy = common.engine(opts)
     o = Output()
+    if strategy is not None:
+        _check_ansible(o, strategy, opts, json_out)
+        return
+    if opts["device"] is None:
+        raise UsageError("devices check needs the DEVICE to check", "e.g. edgekit devices check pi@10.0.0.7 (or --engine ansible --inventory hosts.ini for a fleet)")
+    entry, profile = _entry_and_profile(opts)
     with _connect(entry, profile, opts, o) as transport, o.progress(f"probing {entry.name}"):
         report = preflight(transport, profile, device=entry.name)
         lock = lock_status(transport)
@@ -105,6 +119,34 @@ def check(
         if report.ok:
             o.line(f"{entry.name} is ready for {profile.name}" + (f" ({len(report.warnings)} warning(s))" if report.warnings else ""))
     report.raise_for_failures()
+
+
+def _check_ansible(o: Output, strategy, opts: dict, json_out: bool) -> None:
+    """devices check of every host Ansible selects: one row per host, facts and checks in --json."""
+    import dataclasses
+
+    from edgekit.ansibledeploy import check_fleet
+    from edgekit.cli import render
+    from edgekit.errors import UsageError
+
+    for flag, given in (("--trust-new-host", opts["trust_new_host"]), ("--password", opts["password"])):
+        if given:
+            raise UsageError(f"{flag} is not supported by the ansible engine", "Ansible's own settings decide how it logs in and which host keys it trusts; or use --engine ssh")
+    if opts["device"] is not None:
+        if strategy.limit is not None:
+            raise UsageError("give the hosts either as DEVICE or as --limit, not both", "e.g. edgekit devices check 'lab:!pi3' --engine ansible --inventory hosts.ini")
+        strategy = dataclasses.replace(strategy, limit=opts["device"])
+    fleet = check_fleet(opts["inventory"], strategy, target=opts["target"], sink=o)
+
+    def row(doc: dict) -> list[str]:
+        facts = (doc.get("facts") or {}).get("device") or {}
+        warn = [c["name"] for c in doc["checks"] if c["status"] == "warn"]
+        lock = doc.get("lock") or {}
+        return [doc["profile"], str(facts.get("arch") or "-"), str(facts.get("python") or "-"), ", ".join(warn) or "-",
+                ("stale" if lock.get("stale") else "held") if lock.get("locked") else "free"]  # fmt: skip
+
+    render.report_fleet(o, fleet, title=f"{len(fleet.outcomes)} host(s) checked (ansible)", columns=["profile", "arch", "python", "warnings", "lock"],
+                        row=row, json_out=json_out)  # fmt: skip
 
 
 @app.command("provision")

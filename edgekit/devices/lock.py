@@ -85,6 +85,18 @@ def default_owner() -> str:
     return f"{_user()}@{socket.gethostname()}"
 
 
+def holder_info(owner: str | None = None) -> dict[str, Any]:
+    """What a new lock's owner file says about its holder (this process), with a fresh token."""
+    return {
+        "token": uuid.uuid4().hex,
+        "owner": owner or default_owner(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "user": _user(),
+        "instance": _process_instance(os.getpid()),
+    }
+
+
 class DeviceLock:
     """The lock on one device; a context manager (``device_lock``) that takes it, waiting up to ``wait`` s.
 
@@ -112,14 +124,7 @@ class DeviceLock:
         self.on_wait = on_wait or (lambda _message: None)
         self.heartbeat = heartbeat
         self.keeper = keeper  # keep ``lock keep`` running on the device while held (see the module's docstring)
-        self.info = {
-            "token": uuid.uuid4().hex,
-            "owner": owner or default_owner(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "user": _user(),
-            "instance": _process_instance(os.getpid()),
-        }
+        self.info = holder_info(owner)
         self.held = False
         self.broke: dict | None = None  # the stale lock this one replaced, if any
         self.broke_why = ""  # why it was stale

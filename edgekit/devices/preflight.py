@@ -117,18 +117,36 @@ def preflight(
 
     use_provisioned_python(transport)
     facts = facts if facts is not None else device_facts(transport, openvino=profile.backend("openvino") is not None)
-    name = device or transport.name
+    return check_facts(
+        profile, plan, facts, device=device or transport.name, transport=transport.name, python=transport.python,
+        venv=transport.python == venv_python(transport), bundle_bytes=bundle_bytes, bundle=bundle,
+    )  # fmt: skip
+
+
+def check_facts(
+    profile: Profile,
+    plan: Any,
+    facts: dict,
+    *,
+    device: str,
+    transport: str,
+    python: str,
+    venv: bool = False,
+    bundle_bytes: int | None = None,
+    bundle: bool = False,
+) -> PreflightReport:
+    """The checks of ``preflight`` on facts read already (by Ansible's engine, say); ``python``: the
+    interpreter the agent ran with, ``venv``: it is edgekit's venv on the device."""
     d = facts.get("device") or {}
     probe = facts.get("probe") or {}
     if bundle_bytes is None and plan is not None:
         bundle_bytes = estimate_bundle_bytes(plan)
-    report = PreflightReport(name, transport.name, profile.name, facts, transport.python)
+    report = PreflightReport(device, transport, profile.name, facts, python)
     checks = report.checks
     checks += _cpu_checks(profile, d)
-    venv = " (edgekit's venv)" if transport.python == venv_python(transport) else ""
-    where = (probe.get("python") or {}).get("executable") or transport.python
-    checks.append(Check("python", OK, f"Python {d.get('python') or '?'} at {where}{venv}"))
-    runtime_check, report.runtime_to_provision = _runtime_check(profile, plan, facts, name, bundle)
+    where = (probe.get("python") or {}).get("executable") or python
+    checks.append(Check("python", OK, f"Python {d.get('python') or '?'} at {where}" + (" (edgekit's venv)" if venv else "")))
+    runtime_check, report.runtime_to_provision = _runtime_check(profile, plan, facts, device, bundle)
     checks += [runtime_check, _memory_check(d, probe, bundle_bytes), _disk_check(probe, bundle_bytes)]
     return report
 
