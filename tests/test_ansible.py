@@ -103,6 +103,7 @@ TIMING = {
     "run_uuid", "created", "stats", "samples_ns", "warmup_samples_ns", "first_inference_ns", "load_ns", "speed_probe", "started_at",
     "device_state", "layers", "peak_rss_bytes", "threads_probe", "rounds", "energy", "runner_load_ns",
     "speedup_p50", "speedup_ci95", "reasons",  # the int8 gate's measured speed-up, and its sentences quoting it
+    "contention",  # what else the machine ran during the timed window: a moment's fact, like its clocks
 }  # fmt: skip
 
 
@@ -135,7 +136,8 @@ def test_ansible_and_ssh_engines_deploy_the_same_bundle_bytes_and_records(cli, s
         where = ["--device", "lab"] if name == "ssh" else ["--inventory", ini, "--engine", "ansible"]
         runs = []
         for _ in range(2):
-            r = cli("deploy", DIGITS, *where, "-n", "20", "--warmup", "5", "-o", tmp_path / "out", "--json", env=env)
+            # --threads 1: without it the agent probes 1 against all threads, and which wins is a timing
+            r = cli("deploy", DIGITS, *where, "-n", "20", "--warmup", "5", "--threads", "1", "-o", tmp_path / "out", "--json", env=env)
             assert r.returncode == 0, r.stderr
             doc = json.loads(r.stdout)
             runs.append(doc if name == "ssh" else doc[0]["result"])
