@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from ekrt_vs_ort import ARM_CPUS, _files, model_factory  # noqa: E402
+from ekrt_vs_ort import ARM_CPUS, _files, executed_by_cpu_block, model_factory  # noqa: E402
 
 from edgekit.quantize import SCHEMES, quantize_model  # noqa: E402
 from edgekit.targets.native import build, ekm  # noqa: E402
@@ -43,31 +43,10 @@ from edgekit.targets.native.lower import lower  # noqa: E402
 
 
 def executed_per_cpu(log: Path) -> dict[int, int]:
-    """Instructions executed per guest CPU (thread) in a ``-d in_asm,exec,nochain`` log: each
-    ``Trace N: ... [../<pc>/..]`` line is one execution of the block at pc, whose size comes from
-    its ``IN:`` listing."""
-    sizes: dict[int, int] = {}
-    counts: Counter = Counter()
-    cur, n = None, 0
-    with open(log, "rb") as fh:
-        for line in fh:
-            c = line[:1]
-            if c == b"0":  # "0x<pc>:  <encoding>  <instruction>"
-                if cur is None:
-                    cur = int(line[2:line.index(b":")], 16)
-                n += 1
-            elif c == b"T":  # "Trace N: 0xHOST [flags/<guest pc>/...]"
-                if cur is not None:
-                    sizes[cur], cur, n = n, None, 0
-                cpu = int(line[6:line.index(b":")])
-                counts[(cpu, line.split(b"/", 2)[1])] += 1
-            elif cur is not None:
-                sizes[cur], cur, n = n, None, 0
-    if cur is not None:
-        sizes[cur] = n
+    """Instructions executed per guest CPU (thread) in a ``-d in_asm,exec,nochain`` log."""
     per: dict[int, int] = defaultdict(int)
-    for (cpu, pc), k in counts.items():
-        per[cpu] += sizes.get(int(pc, 16), 0) * k
+    for (cpu, _pc), n in executed_by_cpu_block(log).items():
+        per[cpu] += n
     return dict(per)
 
 

@@ -263,6 +263,16 @@ def executed_instructions(log: Path) -> int:
 
 def executed_blocks(log: Path) -> dict[int, int]:
     """Instructions executed per block (guest pc), as :func:`executed_instructions` sums them."""
+    out: dict[int, int] = {}
+    for (_cpu, pc), n in executed_by_cpu_block(log).items():
+        out[pc] = out.get(pc, 0) + n
+    return out
+
+
+def executed_by_cpu_block(log: Path) -> dict[tuple[int, int], int]:
+    """Instructions executed per (guest CPU, block pc): each ``Trace N: ... [../<pc>/..]`` line is
+    one execution by guest CPU N (a thread, in qemu-user) of the block whose size its ``IN:``
+    listing gives."""
     sizes: dict[int, int] = {}
     counts: Counter = Counter()
     cur, n = None, 0
@@ -276,12 +286,12 @@ def executed_blocks(log: Path) -> dict[int, int]:
             elif c == b"T":  # "Trace N: 0xHOST [flags/<guest pc>/...]"
                 if cur is not None:
                     sizes[cur], cur, n = n, None, 0
-                counts[line.split(b"/", 2)[1]] += 1
+                counts[(int(line[6:line.index(b":")]), line.split(b"/", 2)[1])] += 1
             elif cur is not None:
                 sizes[cur], cur, n = n, None, 0
     if cur is not None:
         sizes[cur] = n
-    return {int(pc, 16): sizes.get(int(pc, 16), 0) * k for pc, k in counts.items()}
+    return {(cpu, int(pc, 16)): sizes.get(int(pc, 16), 0) * k for (cpu, pc), k in counts.items()}
 
 
 def _files(feed: dict, tmp: Path, stem: str) -> list[str]:

@@ -365,10 +365,8 @@ CREATE INDEX runs_model_target ON runs (model_name, target);
 PRAGMA user_version = 1;
 """
 
-
-def test_a_version_1_store_is_migrated_without_losing_a_row(tmp_path):
-    path = tmp_path / "results.db"
-    records = [validate_record(bench_record(model=f"m{i}")) for i in range(3)]
+def write_v1_store(path, records: list[dict]) -> None:
+    """A schema-1 store at ``path`` holding ``records`` (validated), as edgekit wrote it then."""
     conn = sqlite3.connect(path)
     conn.executescript(_V1_DDL)
     for r in records:
@@ -380,6 +378,12 @@ def test_a_version_1_store_is_migrated_without_losing_a_row(tmp_path):
         )  # fmt: skip
     conn.commit()
     conn.close()
+
+
+def test_a_version_1_store_is_migrated_without_losing_a_row(tmp_path):
+    path = tmp_path / "results.db"
+    records = [validate_record(bench_record(model=f"m{i}")) for i in range(3)]
+    write_v1_store(path, records)
     with ResultsStore(path) as store:
         rows = store.records(limit=10)
         assert sorted(r["run_uuid"] for r in rows) == sorted(r["run_uuid"] for r in records)

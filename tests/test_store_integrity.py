@@ -121,26 +121,14 @@ def test_a_read_only_store_can_be_listed_shown_and_exported(tmp_path):
 def test_a_read_only_store_from_before_gate_outcomes_is_read_as_it_is(tmp_path):
     """A schema-1 store (before outcomes and pins) that this user may not migrate: listed, shown,
     exported and used as a baseline source, its file untouched (still schema 1)."""
-    import sqlite3
-
     from edgekit.bench.record import validate_record
-    from tests.test_store import _V1_DDL
+    from tests.test_store import write_v1_store
 
     data = tmp_path / "data"
     data.mkdir()
     db = data / "results.db"
     records = [validate_record(bench_record(model=f"m{i}")) for i in range(2)]
-    conn = sqlite3.connect(db)
-    conn.executescript(_V1_DDL)
-    for r in records:
-        conn.execute(
-            "INSERT INTO runs (run_uuid, created, model_name, target, device, variant, backend, precision, bundle_hash, n, p50, p99, mean, record)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (r["run_uuid"], r["created"], r["model_name"], r["target"], r["device"], r["agent"]["variant"], r["agent"]["backend"],
-             r["agent"]["precision"], None, r["stats"]["n"], r["stats"]["p50"], r["stats"]["p99"], r["stats"]["mean"], json.dumps(r)),
-        )  # fmt: skip
-    conn.commit()
-    conn.close()
+    write_v1_store(db, records)
     digest = db.read_bytes()
     wrap = _read_only(data)
     r = _edgekit("results", "list", "--json", env_dir=data, cwd=tmp_path, wrap=wrap)
