@@ -104,6 +104,7 @@ TIMING = {
     "device_state", "layers", "peak_rss_bytes", "threads_probe", "rounds", "energy", "runner_load_ns",
     "speedup_p50", "speedup_ci95", "reasons",  # the int8 gate's measured speed-up, and its sentences quoting it
     "contention",  # what else the machine ran during the timed window: a moment's fact, like its clocks
+    "faster", "recommended",  # int8 vs fp32 on the 2-core VM: the gate's verdict follows the measured speed-up
 }  # fmt: skip
 
 
