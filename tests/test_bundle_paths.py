@@ -162,3 +162,24 @@ def test_the_host_refuses_such_a_bundle_too(cli, tmp_path, runner):
         load_bundle(bundle.root)
     r = cli("bench", bundle.root)
     assert_one_line_error(r, 3, "options.runner")
+
+
+def test_a_verified_commit_refuses_an_object_that_arrived_damaged(tmp_path):
+    """``commit`` with ``verify`` (the Ansible engine's: its objects come by ``copy``, not through the
+    store's own hash-checked upload) hashes every object first: a damaged one is removed and named,
+    and no bundle is built; once it is whole, the same commit builds it and switches ``current``."""
+    import hashlib
+
+    root = tmp_path / "root"
+    data = b"the model's bytes"
+    sha = hashlib.sha256(data).hexdigest()
+    (root / "objects").mkdir(parents=True)
+    (root / "objects" / sha).write_bytes(b"the model's bytez")  # same size, wrong bytes
+    req = {"bundle": "a" * 64, "files": [["model.onnx", sha, len(data)]], "activate": True, "verify": True}
+    doc = store.answer([str(root), "commit", json.dumps(req)])
+    assert "1 object(s) of the bundle are missing or damaged" in doc["error"] and doc["missing"] == [sha], doc
+    assert not (root / "objects" / sha).exists() and not (root / "bundles" / ("a" * 64)).exists()
+    (root / "objects" / sha).write_bytes(data)
+    doc = store.answer([str(root), "commit", json.dumps(req)])
+    assert doc.get("current") == "bundles/" + "a" * 64, doc
+    assert (root / "bundles" / ("a" * 64) / "model.onnx").read_bytes() == data

@@ -171,6 +171,33 @@ def test_refresh_and_heartbeat_push_the_expiry(tmp_path):
     assert not lock_status(t)["locked"]
 
 
+def test_the_agent_refreshes_its_jobs_lock_and_refuses_work_once_it_is_lost(tmp_path):
+    """``agent --lock DIR TOKEN --lock-ttl S CMD`` (what the Ansible engine runs for each
+    measurement): the expiry pushed ahead before the work; another token, or no lock, refuses it."""
+    t = LocalTransport(tmp_path / "device")
+    lock = DeviceLock(t, ttl=60, heartbeat=False)
+    lock.acquire()
+    lockdir = str(lock.path)
+
+    def agent(token: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "edgekit.agent", "--lock", lockdir, token, "--lock-ttl", "900", "facts", "--no-openvino"]
+        return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
+
+    before = lock_status(t)["holder"]["expires"]
+    ok = agent(lock.token)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout.splitlines()[-1])["kind"] == "edgekit.facts"
+    assert lock_status(t)["holder"]["expires"] >= before + 800
+    for token in ("not-the-holder", lock.token):
+        if token == lock.token:
+            lock.release()
+        bad = agent(token)
+        assert bad.returncode == 1
+        doc = json.loads(bad.stdout.splitlines()[-1])
+        assert doc["kind"] == "edgekit.error" and "the device lock is no longer this job's" in doc["error"], doc
+    assert not lock_status(t)["locked"]
+
+
 def test_lock_errors_are_one_clear_line(tmp_path):
     t = LocalTransport(tmp_path / "device")
     t.python = str(tmp_path / "no-python-here")

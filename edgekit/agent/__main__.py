@@ -135,12 +135,22 @@ def _run(args: argparse.Namespace) -> dict:
 
 def _answer(argv: list) -> tuple:
     """(exit code, document) of one command line; ``--lock LOCKDIR TOKEN`` before it: this process
-    is the work of the job that holds the device's lock (ended with it if that job dies)."""
+    is the work of the job that holds the device's lock (ended with it if that job dies); then
+    ``--lock-ttl SECONDS``: push the lock's expiry that far ahead first, and refuse to run when the
+    lock is no longer that job's (an engine without a connection held open, Ansible's, sends it)."""
     if argv[:1] == ["--lock"] and len(argv) >= 3:
         from . import lock
 
-        lock.join(argv[1], argv[2])  # not held (any more): nothing to join, the host's lock check says so
-        argv = argv[3:]
+        lockdir, token, argv = argv[1], argv[2], argv[3:]
+        if argv[:1] == ["--lock-ttl"] and len(argv) >= 2:
+            ttl, argv = argv[1], argv[2:]
+            done = lock.answer(["refresh", lockdir, token, ttl])
+            if not done.get("done"):
+                return 1, error_document(
+                    f"the device lock is no longer this job's ({done.get('error') or 'another job broke it, or it expired'})",
+                    "run it again; edgekit devices check DEVICE shows who holds the device",
+                )
+        lock.join(lockdir, token)  # not held (any more): nothing to join, the host's lock check says so
     if argv[:1] in (["store"], ["lock"]):  # a push's and the device lock's steps, their own small protocol
         from . import lock, store
 

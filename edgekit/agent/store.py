@@ -73,6 +73,11 @@ class _Store:
     def commit(self, req: dict) -> dict:
         name = req["bundle"]
         final = os.path.join(self.bundles, name)
+        if req.get("verify"):  # objects that came another way than this store's upload (Ansible's copy): hash each first
+            missing = self.plan(req)["missing"]
+            if missing:
+                return {"error": f"{len(missing)} object(s) of the bundle are missing or damaged on the device after the push",
+                        "hint": "push again", "missing": missing}  # fmt: skip
         for rel, sha, _size in req["files"]:
             if not os.path.isfile(os.path.join(self.objects, sha)):
                 return {"error": f"object {sha[:12]} ({rel}) vanished from the device during the push", "hint": "push again"}

@@ -11,8 +11,8 @@ part of a command, ``forks`` hosts at a time, in ``serial`` batches, stopping af
   when one was provisioned), the agent zipapp put there under its content-addressed name, then the
   agent's ``facts`` (and, for ``devices check``, the lock's status);
 * ``deploy``: the store protocol (``agent.pyz store ROOT plan`` -> only the missing objects,
-  packed here into one tar, copied and unpacked into the store -> ``plan`` again, which hashes
-  every object on the device -> ``commit``, the atomic ``current`` switch), the device lock (``lock acquire``; refreshed before each measurement, checked after
+  packed here into one tar, copied and unpacked into the store -> ``commit`` with ``verify``,
+  which hashes every object on the device first, then the atomic ``current`` switch), the device lock (``lock acquire``; refreshed by the agent as each measurement starts, checked after
   the last one, released in an ``always:`` block), then each variant's bench (and eval, whose
   outputs come back with ``fetch``) with the arguments a direct deploy passes.
 
@@ -272,9 +272,9 @@ def deploy_play(strategy: Strategy, measurements: int) -> list[dict]:
     for j in range(measurements):
         step, when = f"ek_host.steps[{j}]", f"ek_host.steps | length > {j}"
         measure += [
-            _lock_refresh("edgekit: lock refresh", when=when),
+            # the agent pushes the lock's expiry ahead first, and refuses to run when the lock is no longer this run's
             _task("edgekit: run", "ansible.builtin.command", {
-                "argv": "{{ [ek.python, ek.agent, '--lock', ek.root ~ '/lock', ek_host.lock.token] + " + step + ".args }}",
+                "argv": "{{ [ek.python, ek.agent, '--lock', ek.root ~ '/lock', ek_host.lock.token, '--lock-ttl', edgekit.ttl | string] + " + step + ".args }}",
             }, register="ek_run", changed_when=False, timeout="{{ " + step + ".timeout }}", when=when),
             _task("edgekit: fetch", "ansible.builtin.fetch", {"src": "{{ " + step + ".out }}", "dest": "{{ " + step + ".local }}", "flat": True},
                   when=f"{when} and {step}.out | length > 0"),
@@ -291,9 +291,8 @@ def deploy_play(strategy: Strategy, measurements: int) -> list[dict]:
         _task("edgekit: unpack", "ansible.builtin.command", {
             "argv": "{{ [ek.python, '-S', '-c', edgekit.unpack, ek.root ~ '/objects/.incoming-' ~ ek_host.lock.token ~ '.tar', ek.root ~ '/objects'] }}",
         }, changed_when=False, when=answer.format("plan") + ".missing | length > 0"),
-        # plan again: every object, the ones just sent included, is hashed on the device; one
-        # whose bytes are wrong is removed and reported missing, and the push fails here
-        store_step("plan", "verify", " or (" + answer.format("verify") + ".missing | length > 0)"),
+        # commit with verify: every object, the ones just sent included, is hashed on the device
+        # first; one whose bytes are wrong is removed and reported missing, and the push fails here
         store_step("commit", "commit"),
         {
             "name": "edgekit: measure under the device lock",
@@ -451,13 +450,11 @@ def failure_reason(run: HostRun) -> tuple[str, str]:
                 "wait for that job to finish or queue behind it with --lock-wait SECONDS; or remove it: edgekit devices unlock DEVICE")  # fmt: skip
     if task == "edgekit: unknown profile":
         return f"{run.name}: {res.get('msg')}", "set edgekit_profile to a name from `edgekit profiles list`, or pass --target"
-    if task in ("edgekit: lock refresh", "edgekit: lock check"):
+    if task == "edgekit: lock check":
         return (f"lost the lock on {run.name}; results measured since are not stored",
                 "another job broke it (this run could not refresh it for longer than its TTL); run again")  # fmt: skip
     if task.startswith("edgekit: store") and doc.get("error"):
         return f"{run.name}: {doc['error']}", str(doc.get("hint") or "check the device's edgekit directory")
-    if task.startswith("edgekit: store verify") and doc.get("missing"):
-        return f"{run.name}: {len(doc['missing'])} object(s) arrived damaged (their sha256 did not match on the device)", "push again"
     if task in ("edgekit: facts", "edgekit: run"):
         from edgekit.agentclient import parse_agent_output
         from edgekit.errors import EdgekitError
