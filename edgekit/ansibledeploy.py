@@ -1,4 +1,4 @@
-"""``deploy`` and ``devices check`` over Ansible (``--engine ansible``), one result per host.
+"""``deploy``, ``bench`` and ``devices check`` over Ansible (``--engine ansible``), one result per host.
 
 The model is loaded, quantized and bundled once on this machine (once per distinct plan: hosts
 whose facts give the same plan share one bundle); Ansible runs the per-device part
@@ -42,7 +42,18 @@ from edgekit.devices.preflight import PreflightReport, check_facts
 from edgekit.errors import EXIT_DEVICE, EdgekitError, GateError, UsageError
 from edgekit.events import DeviceEvents, Events
 from edgekit.fsutil import sha256_file
-from edgekit.plan import Bench, Compile, Eval, LayerError, Plan, Quantize, WriteBundle, replan
+from edgekit.plan import (
+    Bench,
+    Compile,
+    Eval,
+    LayerError,
+    Plan,
+    Quantize,
+    WriteBundle,
+    bench_config,
+    plan_bundle,
+    replan,
+)
 from edgekit.profiles import Profile, list_profiles, load_profile
 from edgekit.transport.agentzip import build_agent_zip
 from edgekit.transport.push import PushResult
@@ -61,6 +72,7 @@ class Probed:
     facts: dict | None = None
     lock: dict | None = None  # the lock's status (devices check)
     error: tuple[str, str] | None = None
+    unreachable: bool = False  # Ansible could not reach it
     seconds: float = 0.0
 
 
@@ -89,7 +101,7 @@ def probe(inventory: Path, strategy: engine.Strategy, *, target: str | None, def
             p.profile, p.where = str(ek.get("profile") or ""), {k: ek.get(k) for k in ("root", "python", "venv", "agent")}
             p.where["venv"] = str(p.where.get("venv")).lower() == "true"
         if not run.ok:
-            p.error = engine.failure_reason(run)
+            p.error, p.unreachable = engine.failure_reason(run), run.unreachable is not None
         else:
             try:
                 p.facts = parse_agent_output(engine.agent_result(run.last("edgekit: facts") or {}), kind="edgekit.facts", device=name)
@@ -110,7 +122,7 @@ def check_fleet(inventory: Path, strategy: engine.Strategy, *, target: str | Non
     result: FleetResult[dict] = FleetResult()
     for p in probe(inventory, strategy, target=target, default_target="linux-cpu", with_lock=True, sink=sink):
         if p.error is not None:
-            result.outcomes.append(DeviceOutcome(p.name, FAILED, None, p.error[0], p.error[1], EXIT_DEVICE, p.seconds))
+            result.outcomes.append(DeviceOutcome(p.name, FAILED, None, p.error[0], p.error[1], EXIT_DEVICE, p.seconds, unreachable=p.unreachable))
             continue
         report = _report(p, load_profile(p.profile), None)
         value = {**report.to_dict(), "lock": p.lock}
@@ -134,21 +146,21 @@ def _report(p: Probed, profile: Profile, plan: Plan | None) -> PreflightReport:
 @dataclasses.dataclass
 class _Host:
     probed: Probed
-    job: Job
+    job: Job | None  # None: a bench of a bundle that exists already
     plan: Plan
     group: int = -1
 
 
 def deploy_fleet(req: DeployRequest, inventory: Path, strategy: engine.Strategy, *, target: str | None, sink: Any) -> FleetResult[DeployResult]:
     """``req`` deployed to every host the strategy selects, over Ansible; one outcome per host."""
-    _refuse(req)
+    check_options(req)
     job = open_job(dataclasses.replace(req, device=DeviceEntry("ansible", "ansible", source=str(inventory))))
     outcomes: dict[str, DeviceOutcome] = {}
     hosts: dict[str, _Host] = {}
     profiles: dict[str, Profile] = {}
     for p in probe(inventory, strategy, target=target, default_target="local", with_lock=False, sink=sink):
         if p.error is not None:
-            outcomes[p.name] = DeviceOutcome(p.name, FAILED, None, p.error[0], p.error[1], EXIT_DEVICE, p.seconds)
+            outcomes[p.name] = DeviceOutcome(p.name, FAILED, None, p.error[0], p.error[1], EXIT_DEVICE, p.seconds, unreachable=p.unreachable)
             continue
         profile = profiles.setdefault(p.profile, load_profile(p.profile))
         one = dataclasses.replace(job, device=DeviceEntry(p.name, f"ansible:{p.name}", profile=p.profile, source=str(inventory)), profile=profile)
@@ -176,7 +188,38 @@ def deploy_fleet(req: DeployRequest, inventory: Path, strategy: engine.Strategy,
     return FleetResult([outcomes[n] for n in order])
 
 
-def _refuse(req: DeployRequest) -> None:
+def bench_fleet(bundle: Bundle, req: DeployRequest, variants: list[str], inventory: Path, strategy: engine.Strategy, *, target: str | None,
+                sink: Any) -> FleetResult[DeployResult]:  # fmt: skip
+    """``bench`` of a bundle that exists already on every host the strategy selects, over Ansible:
+    pushed where missing, ``variants`` timed under each device's lock, the runs stored per host."""
+    check_options(req)
+    profile = load_profile(target or bundle.manifest.profile)
+    config = bench_config(profile.bench, req)
+    outcomes: dict[str, DeviceOutcome] = {}
+    hosts: dict[str, _Host] = {}
+    for p in probe(inventory, strategy, target=target or bundle.manifest.profile, default_target=profile.name, with_lock=False, sink=sink):
+        if p.error is not None:
+            outcomes[p.name] = DeviceOutcome(p.name, FAILED, None, p.error[0], p.error[1], EXIT_DEVICE, p.seconds, unreachable=p.unreachable)
+            continue
+        plan = plan_bundle(bundle.manifest, profile, device=p.name, variants=variants, config=config)
+        _refuse_plan(plan)
+        try:
+            _report(p, profile, plan).raise_for_failures()
+        except EdgekitError as exc:
+            outcomes[p.name] = DeviceOutcome(p.name, FAILED, None, exc.message, exc.hint, exc.exit_code, p.seconds)
+            continue
+        hosts[p.name] = _Host(p, None, plan, group=0)
+        outcomes[p.name] = DeviceOutcome(p.name, FAILED, None, "not benched", None, EXIT_DEVICE, p.seconds)  # replaced below
+    order = list(outcomes)
+    if hosts:
+        sink.info(f"ansible: benching {bundle.manifest.model_name} ({', '.join(variants)}) on {len(hosts)} host(s)")
+        with tempfile.TemporaryDirectory(prefix="edgekit-ansible-") as tmp:
+            _measure(req, hosts, [bundle], None, outcomes, strategy, inventory, Path(tmp), sink)
+    return FleetResult([outcomes[n] for n in order])
+
+
+def check_options(req: DeployRequest) -> None:
+    """Refuse what the ansible engine does not run (a UsageError naming the flag and the way out)."""
     for given, flag in ((req.layer_error, "--layers error"), (req.provision, "--provision"), (req.password is not None, "--password"),
                         (req.trust_new_host, "--trust-new-host"), ((req.rounds or 1) > 1, "--rounds above 1")):  # fmt: skip
         if given:
@@ -226,16 +269,23 @@ def _deploy(req: DeployRequest, job: Job, hosts: dict[str, _Host], outcomes: dic
         built.append(execute(plan, one, None, sink, facts=first.probed.facts, only=(Quantize, Compile, WriteBundle)))
         for name in members:
             hosts[name].group = i
-    bundles = {str(i): _store_request(b.bundle) for i, b in enumerate(built)}  # by group: two groups' manifests differ even where their files do not
+    _measure(req, hosts, [b.bundle for b in built], built, outcomes, strategy, inventory, tmp, sink)
+
+
+def _measure(req: DeployRequest, hosts: dict[str, _Host], bundles: list[Bundle], built: list[DeployResult] | None, outcomes: dict[str, DeviceOutcome],
+             strategy: engine.Strategy, inventory: Path, tmp: Path, sink: Any) -> None:  # fmt: skip
+    """The deploy play over ``hosts``: each pushes ``bundles[h.group]`` and runs its plan's Bench
+    and Eval steps under the device lock; each host's outcome (records, or why not) into ``outcomes``."""
+    requests = {str(i): _store_request(b) for i, b in enumerate(bundles)}  # by group: two groups' manifests differ even where their files do not
     per_host = {}
     for name, h in hosts.items():
-        bundle = built[h.group].bundle
+        bundle = bundles[h.group]
         remote = f"{h.probed.where['root']}/bundles/{bundle.manifest.bundle_hash}"
         reused = measured_before(h.plan, bundle, h.probed.facts, h.probed.where["agent"])
         steps = [] if reused else _steps(h.plan, remote, tmp / safe_name(name))
         per_host[name] = {"where": h.probed.where, "bundle": str(h.group), "lock": holder_info(), "steps": steps}
     extravars = {"edgekit": {
-        "ttl": DEFAULT_TTL, "lock_retries": max(0, math.ceil(req.lock_wait / engine.LOCK_POLL_S)), "hosts": per_host, "bundles": bundles,
+        "ttl": DEFAULT_TTL, "lock_retries": max(0, math.ceil(req.lock_wait / engine.LOCK_POLL_S)), "hosts": per_host, "bundles": requests,
         "python": sys.executable, "pack": engine.PACK, "unpack": engine.UNPACK, "tmp": str(tmp),
     }}  # fmt: skip
     plays = engine.deploy_play(strategy, max(len(p["steps"]) for p in per_host.values()))
@@ -253,10 +303,10 @@ def _deploy(req: DeployRequest, job: Job, hosts: dict[str, _Host], outcomes: dic
             continue
         if not run.ok:
             error, hint = engine.failure_reason(run)
-            outcomes[name] = DeviceOutcome(name, FAILED, None, error, hint, EXIT_DEVICE, seconds)
+            outcomes[name] = DeviceOutcome(name, FAILED, None, error, hint, EXIT_DEVICE, seconds, unreachable=run.unreachable is not None)
             continue
         try:
-            result = _records(req, h, built[h.group], per_host[name], run, DeviceEvents(sink, name))
+            result = _records(req, h, bundles[h.group], built[h.group] if built else None, per_host[name], run, DeviceEvents(sink, name))
         except EdgekitError as exc:
             outcomes[name] = DeviceOutcome(name, FAILED, None, exc.message, exc.hint or None, exc.exit_code, seconds)
             continue
@@ -269,8 +319,8 @@ def _store_request(bundle: Bundle) -> dict:
     entries = [(f.path, f.sha256, f.size, bundle.path(f.path)) for f in bundle.manifest.files]
     entries.append((MANIFEST, sha256_file(manifest), manifest.stat().st_size, manifest))
     return {
-        "request": {"bundle": bundle.manifest.bundle_hash, "files": [[rel, sha, size] for rel, sha, size, _ in entries], "activate": True},
-        "objects": {sha: str(path) for _, sha, _, path in entries},
+        "request": {"bundle": bundle.manifest.bundle_hash, "files": [[rel, sha, size] for rel, sha, size, _ in entries], "activate": True, "verify": True},
+        "objects": {sha: str(Path(path).resolve()) for _, sha, _, path in entries},  # the pack task runs in Ansible's own directory
         "sizes": {sha: size for _, sha, size, _ in entries},
     }
 
@@ -290,7 +340,7 @@ def _steps(plan: Plan, remote: str, local: Path) -> list[dict]:
 
 
 class _HeldLock:
-    """The device lock as the playbook held it: refreshed before each measurement and checked after
+    """The device lock as the playbook held it: refreshed as each measurement starts and checked after
     the last one on the device (a lost lock failed the host there), released in ``always``."""
 
     def __init__(self, acquired: dict) -> None:
@@ -306,8 +356,7 @@ class _HeldLock:
         return {"broke": describe_holder(broke), "why": str(self.acquired.get("why") or ""), "ended": [e for e in self.acquired.get("ended") or [] if isinstance(e, dict)]}
 
 
-def _records(req: DeployRequest, h: _Host, built: DeployResult, sent: dict, run: engine.HostRun, events: Events) -> DeployResult:
-    bundle = built.bundle
+def _records(req: DeployRequest, h: _Host, bundle: Bundle, built: DeployResult | None, sent: dict, run: engine.HostRun, events: Events) -> DeployResult:
     store = _store_request(bundle)
     plan_res, commit_res = run.last("edgekit: store plan") or {}, run.last("edgekit: store commit") or {}
     missing = list(dict.fromkeys(json.loads(plan_res.get("stdout") or "{}").get("missing") or []))
@@ -336,7 +385,8 @@ def _records(req: DeployRequest, h: _Host, built: DeployResult, sent: dict, run:
             measured.evals[variant] = Path(step["local"])
     acquired = json.loads((run.last("edgekit: lock acquire") or {}).get("stdout") or "{}")
     plan = h.plan
-    result = execute(plan, h.job, None, events, facts=h.probed.facts, bundle=bundle, lock=_HeldLock(acquired), measured=measured)
+    facts = h.probed.facts if h.job is not None else None  # a bench's plan is the bundle's, as ``api.bench_bundle`` runs it
+    result = execute(plan, h.job, None, events, facts=facts, bundle=bundle, lock=_HeldLock(acquired), measured=measured)
     v = result.verdict
     if v is not None and plan.options.require_int8 and plan.variant(v.recommended).precision != "int8":
         raise GateError(f"--require-int8: the int8 gate recommends {v.recommended} on {plan.device}: " + "; ".join(v.reasons), "the runs are stored (edgekit results list)")

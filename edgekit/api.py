@@ -385,6 +385,15 @@ def bench(
     return bench_bundle(bundle, entry, load_profile(target or bundle.manifest.profile), req, selected, events)
 
 
+def select_variants(bundle: Bundle, variants: Sequence[str] | None) -> list[str]:
+    """``variants`` of ``bundle`` (default: all of them), each checked: an unknown name is a UsageError."""
+    known = [v.name for v in bundle.manifest.variants]
+    for name in variants or []:
+        if name not in known:
+            raise UsageError(f"the bundle has no variant '{name}'", f"pass one of: {', '.join(known)}")
+    return list(dict.fromkeys(variants or known))
+
+
 def bench_bundle(
     bundle: Bundle, device: DeviceEntry, profile: Profile, req: DeployRequest, variants: Sequence[str] | None, events: Events
 ) -> DeployResult:
@@ -392,11 +401,7 @@ def bench_bundle(
     PreflightError naming ``edgekit devices provision`` before anything is pushed), then push the
     bundle and bench them there, under the device's lock."""
     manifest = bundle.manifest
-    known = [v.name for v in manifest.variants]
-    selected = list(dict.fromkeys(variants or known))
-    for name in selected:
-        if name not in known:
-            raise UsageError(f"the bundle has no variant '{name}'", f"pass one of: {', '.join(known)}")
+    selected = select_variants(bundle, variants)
     config = bench_config(profile.bench, req)
     planned = plan_bundle(manifest, profile, device=device.name, variants=selected, config=config)
     transport = connect(device, profile, trust_new_host=req.trust_new_host, password=req.password, log=events.info)

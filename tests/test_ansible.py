@@ -91,11 +91,31 @@ def _ini_line(name: str, server: sshd_mod.Sshd, **more: str) -> str:
     return " ".join(words + [f"{k}={v}" for k, v in more.items()]) + "\n"
 
 
-def _records(data_dir: Path) -> list[dict]:
+def _records(data_dir: Path, limit: int = 100) -> list[dict]:
     from edgekit.bench.store import ResultsStore
 
     with ResultsStore(data_dir / "results.db") as store:
-        return sorted(store.records(limit=100), key=lambda r: r["agent"]["variant"])
+        return sorted(store.records(limit=limit), key=lambda r: r["agent"]["variant"])
+
+
+def _crashing_python(tmp_path: Path) -> Path:
+    """A Python whose ``onnxruntime.InferenceSession`` raises "simulated crash in bench": the agent's
+    facts and the store work, the first bench of a float variant fails (under either engine: the
+    ssh engine's ``serve`` and Ansible's per-step commands both start this interpreter)."""
+    shim = tmp_path / "crash-shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import builtins\n_import = builtins.__import__\n"
+        "def _crash(*a, **k):\n    raise RuntimeError('simulated crash in bench')\n"
+        "def _hooked(name, *a, **k):\n    mod = _import(name, *a, **k)\n"
+        "    if name == 'onnxruntime' and getattr(mod, 'InferenceSession', None) is not _crash:\n        mod.InferenceSession = _crash\n"
+        "    return mod\n"
+        "builtins.__import__ = _hooked\n"
+    )
+    wrapper = tmp_path / "crashing-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={shim} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 # What differs between two measurements of the same bundle on the same device: when and how fast.
@@ -138,7 +158,7 @@ def test_ansible_and_ssh_engines_deploy_the_same_bundle_bytes_and_records(cli, s
         runs = []
         for _ in range(2):
             # --threads 1: without it the agent probes 1 against all threads, and which wins is a timing
-            r = cli("deploy", DIGITS, *where, "-n", "20", "--warmup", "5", "--threads", "1", "-o", tmp_path / "out", "--json", env=env)
+            r = cli("deploy", DIGITS, *where, "-n", "20", "--warmup", "5", "--threads", "1", "-o", "out", "--json", env=env)  # relative: Ansible runs elsewhere
             assert r.returncode == 0, r.stderr
             doc = json.loads(r.stdout)
             runs.append(doc if name == "ssh" else doc[0]["result"])
@@ -155,6 +175,87 @@ def test_ansible_and_ssh_engines_deploy_the_same_bundle_bytes_and_records(cli, s
     for ra, rb in zip(a, b):
         assert _differences(ra, rb) == [], (ra["agent"]["variant"], _differences(ra, rb))
     assert not (sshd.home / ".edgekit" / "lock").exists()  # released
+
+
+@needs_ansible
+@pytest.mark.ssh
+def test_bench_a_bundle_over_ansible_stores_what_the_ssh_engine_stores(cli, sshd_server, ssh_home, tmp_path):
+    """``bench BUNDLE --engine ansible``: the bundle that exists already is pushed where missing and
+    its variants timed under the device lock; the records are the ssh engine's, timing aside."""
+    sshd = sshd_server
+    ssh_home.trust()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(sshd.known_hosts_line())
+    ini = tmp_path / "hosts.ini"
+    ini.write_text("[lab]\n" + _ini_line("lab", sshd) + f"[lab:vars]\nansible_ssh_common_args='-o UserKnownHostsFile={kh}'\n")
+    bundle = tmp_path / "bundle"
+    assert cli("deploy", DIGITS, "--no-bench", "-o", bundle).returncode == 0
+    bench = ["bench", bundle, "-n", "20", "--warmup", "5", "--threads", "1", "--layers", "off", "--json"]
+    records = {}
+    for name in ("ssh", "ansible"):
+        shutil.rmtree(sshd.home / ".edgekit", ignore_errors=True)
+        env = {**ssh_home.env(), "EDGEKIT_DATA_DIR": str(tmp_path / f"data-{name}")}
+        where = ["--device", "lab"] if name == "ssh" else ["--inventory", ini, "--engine", "ansible"]
+        r = cli(*bench, *where, env=env)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        if name == "ansible":  # one row per host, as a fleet's
+            assert [(d["device"], d["status"]) for d in doc] == [("lab", "ok")]
+            doc = doc[0]["result"]
+            assert "[lab] pushed over Ansible: " in r.stderr
+            again = cli(*bench, "--variant", "int8", *where, env=env)  # pushed already: nothing sent; one variant
+            assert again.returncode == 0, again.stderr
+            assert "[lab] bundle already on the device: nothing to push" in again.stderr
+            assert [d["agent"]["variant"] for d in json.loads(again.stdout)[0]["result"]] == ["int8"]
+        records[name] = sorted(doc, key=lambda d: d["agent"]["variant"])
+    a, b = records["ssh"], records["ansible"]
+    assert [r["agent"]["variant"] for r in a] == [r["agent"]["variant"] for r in b] == ["fp32", "int8"]
+    assert all(r["device"] == "lab" for r in a + b)
+    for ra, rb in zip(a, b):
+        assert _differences(ra, rb) == [], (ra["agent"]["variant"], _differences(ra, rb))
+    assert not (sshd.home / ".edgekit" / "lock").exists()
+
+
+def test_bench_bad_input_for_the_ansible_engine(cli, tmp_path):
+    ini = tmp_path / "hosts.ini"
+    ini.write_text("a ansible_host=127.0.0.1 ansible_port=1\n")
+    assert_one_line_error(cli("bench", DIGITS, "--engine", "ssh", "--inventory", ini, "--forks", "2"), 2, "--forks is Ansible's")
+    if engine.available():
+        assert_one_line_error(cli("bench", DIGITS, "--engine", "ansible", "--inventory", ini), 2, "a model file is benched on one device")
+        assert_one_line_error(cli("bench", tmp_path, "--engine", "ansible", "--inventory", ini, "--device", "a"), 2, "--device picks devices for the ssh engine")
+        assert_one_line_error(cli("bench", tmp_path, "--engine", "ansible", "--inventory", ini, "--rounds", "3"), 2, "--rounds above 1 is not supported")
+
+
+@needs_ansible
+@pytest.mark.ssh
+def test_ci_runs_its_devices_through_ansible_and_reports_the_unreachable_one(cli, sshd_server, tmp_path):
+    """edgekit.toml with an Ansible inventory and ``engine = "ansible"``: one device runs and is
+    gated, one Ansible cannot reach is an "unreachable" run (exit 4; with --fail-on-unreachable=false
+    it would not count, as test_ci checks for the ssh engine), and the JUnit file says the same."""
+    kh = tmp_path / "known_hosts"
+    kh.write_text(sshd_server.known_hosts_line())
+    (tmp_path / "hosts.ini").write_text(
+        "[lab]\n" + _ini_line("lab", sshd_server) + f"gone ansible_host=127.0.0.1 ansible_port={sshd_mod.free_port()}\n"
+        f"[lab:vars]\nansible_ssh_common_args='-o UserKnownHostsFile={kh}'\n"
+    )
+    (tmp_path / "edgekit.toml").write_text(
+        'inventory = "hosts.ini"\nengine = "ansible"\n[defaults]\niterations = 20\nwarmup = 3\nthreads = 1\nlayers = false\n'
+        f'[[models]]\npath = "{DIGITS}"\ntargets = ["local"]\ndevices = ["lab", "gone"]\ngates = ["p99:<60000ms"]\n'
+    )
+    r = cli("ci", "--junit", "junit.xml", "--json")
+    assert_one_line_error(r, 4, "1 of 2 run(s) failed: digits_cnn/local/gone: gone: Ansible could not reach it")
+    doc = json.loads(r.stdout)
+    assert [(x["device"], x["status"]) for x in doc["runs"]] == [("lab", "passed"), ("gone", "unreachable")]
+    assert doc["devices"] == {"ok": 1, "failed": 0, "unreachable": 1}
+    listed = json.loads(cli("results", "list", "--json").stdout)
+    assert sorted(r["id"] for r in listed) == sorted(doc["runs"][0]["run_ids"]) and {r["device"] for r in listed} == {"lab"}
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("2", "0", "1")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('inventory = "hosts.ini"\nengine = "nope"\n' + f'[[models]]\npath = "{DIGITS}"\n')
+    assert_one_line_error(cli("ci", "--config", bad), 3, "engine: unknown engine 'nope'")
 
 
 # -- a bastion, key files, group vars --------------------------------------------------------------
@@ -199,13 +300,13 @@ def test_key_files_port_user_and_a_jump_host_from_the_inventory(cli, _ssh_lab_re
 @pytest.mark.slow
 def test_fifty_devices_through_ansible_with_unreachable_and_failing_ones(cli, _ssh_lab_ready, tmp_path):
     """50 loopback sshd devices (each its own port, host key and store), --forks 10 --serial 25%:
-    3 unreachable (nobody listens on their port), 2 whose Python fails the bench (a wrapper named
-    by ansible_python_interpreter). 45 devices' records stored, 5 errors with reasons, one summary."""
+    3 unreachable (nobody listens on their port), 2 whose ONNX Runtime fails to load the model at
+    the first bench (a Python wrapper named by ansible_python_interpreter, which both engines run). 45 devices' records stored, 5 errors with reasons, one summary.
+    Then the same inventory through edgekit's own ssh engine, onto wiped devices: the same hosts
+    fail, the same bundle ids, the same bytes pushed, and records that differ only in timing."""
     key = tmp_path / "client_key"
     sshd_mod.keygen(key, "edgekit-lab-client")
-    wrapper = tmp_path / "crashing-python"
-    wrapper.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = bench ] && {{ echo "simulated crash in bench" >&2; exit 3; }}; done\nexec {sys.executable} "$@"\n')
-    wrapper.chmod(0o755)
+    wrapper = _crashing_python(tmp_path)
     servers: list[sshd_mod.Sshd] = []
     try:
         for i in range(47):
@@ -216,18 +317,41 @@ def test_fifty_devices_through_ansible_with_unreachable_and_failing_ones(cli, _s
         lines += [f"gone{i} ansible_host=127.0.0.1 ansible_port={sshd_mod.free_port()}\n" for i in range(3)]
         inv = tmp_path / "fleet.ini"
         inv.write_text("[fleet]\n" + "".join(lines) + f"[fleet:vars]\nansible_ssh_common_args='-o UserKnownHostsFile={kh}'\n")
-        r = cli("deploy", DIGITS, "--inventory", inv, "--engine", "ansible", "--forks", "10", "--serial", "25%",
-                "-n", "20", "--warmup", "2", "--layers", "off", "--threads", "1", "-o", tmp_path / "out", "--json", timeout=1200)  # fmt: skip
-        assert_one_line_error(r, 4, "5 of 50 device(s) failed")
-        doc = {d["device"]: d for d in json.loads(r.stdout)}
-        assert len(doc) == 50
-        failed = {name: d["error"] for name, d in doc.items() if d["status"] == "failed"}
-        assert set(failed) == {"gone0", "gone1", "gone2", "d07", "d31"}
-        assert all("could not reach it" in failed[f"gone{i}"] and "Connection refused" in failed[f"gone{i}"] for i in range(3))
-        assert all("simulated crash in bench" in failed[n] for n in ("d07", "d31"))
-        listed = json.loads(cli("results", "list", "--json", "--limit", "500").stdout)
-        assert len(listed) == 90 and len({r["device"] for r in listed}) == 45
-        assert not any((s.home / ".edgekit" / "lock").exists() for s in servers)  # every lock released, the failed ones' too
+        # the ssh engine reads the account's ~/.ssh (it does not take Ansible's key-file and ssh-args variables)
+        home = tmp_path / "home"
+        (home / ".ssh").mkdir(parents=True, mode=0o700)
+        shutil.copy(key, home / ".ssh" / "id_ed25519")
+        shutil.copy(f"{key}.pub", home / ".ssh" / "id_ed25519.pub")
+        shutil.copy(kh, home / ".ssh" / "known_hosts")
+        docs, stores = {}, {}
+        for name in ("ansible", "ssh"):
+            for s in servers:
+                shutil.rmtree(s.home / ".edgekit", ignore_errors=True)  # fresh devices for each engine
+            stores[name] = tmp_path / f"data-{name}"
+            how = ["--forks", "10", "--serial", "25%"] if name == "ansible" else ["--jobs", "10"]
+            r = cli("deploy", DIGITS, "--inventory", inv, "--engine", name, *how, "-n", "20", "--warmup", "2", "--layers", "off", "--threads", "1",
+                    "-o", tmp_path / f"out-{name}", "--json", env={"HOME": str(home), "EDGEKIT_DATA_DIR": str(stores[name])}, timeout=1200)  # fmt: skip
+            assert_one_line_error(r, 4, "5 of 50 device(s) failed")
+            docs[name] = {d["device"]: d for d in json.loads(r.stdout)}
+            doc = docs[name]
+            assert len(doc) == 50
+            failed = {n: d["error"] for n, d in doc.items() if d["status"] == "failed"}
+            assert set(failed) == {"gone0", "gone1", "gone2", "d07", "d31"}, (name, failed)
+            assert all("connection refused" in failed[f"gone{i}"].lower() for i in range(3)), (name, failed)
+            assert all("simulated crash in bench" in failed[n] for n in ("d07", "d31")), (name, failed)
+            listed = json.loads(cli("results", "list", "--json", "--limit", "500", env={"EDGEKIT_DATA_DIR": str(stores[name])}).stdout)
+            assert len(listed) == 90 and len({r["device"] for r in listed}) == 45
+            assert not any((s.home / ".edgekit" / "lock").exists() for s in servers)  # every lock released, the failed ones' too
+        assert all("could not reach it" in docs["ansible"][f"gone{i}"]["error"] for i in range(3))
+        ok = sorted(n for n, d in docs["ssh"].items() if d["status"] == "ok")
+        pick = {n: (docs["ansible"][n]["result"], docs["ssh"][n]["result"]) for n in ok}
+        assert {a["bundle"]["hash"] for a, _ in pick.values()} == {b["bundle"]["hash"] for _, b in pick.values()}  # one bundle id, both engines
+        assert all(a["bundle"]["hash"] == b["bundle"]["hash"] and a["push"]["files_sent"] == b["push"]["files_sent"] > 0 for a, b in pick.values())
+        # records by device and variant (the store's row ids follow the order the devices finished in)
+        by = {name: {(r["device"], r["agent"]["variant"]): {k: v for k, v in r.items() if k != "id"} for r in _records(stores[name], limit=500)} for name in stores}
+        assert set(by["ansible"]) == set(by["ssh"]) and len(by["ssh"]) == 90
+        differ = {k: _differences(by["ansible"][k], by["ssh"][k]) for k in by["ssh"]}
+        assert not any(differ.values()), {k: v for k, v in differ.items() if v}
     finally:
         for s in servers:
             s.stop()

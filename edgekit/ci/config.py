@@ -3,6 +3,8 @@
 ```toml
 inventory = "devices.toml"          # optional: where device names and @groups are looked up
 jobs = 4                            # devices worked on at once (per model and target)
+# engine = "ansible"                # with an Ansible inventory (hosts.ini / hosts.yml): Ansible reaches
+                                    #   the devices (the default when ansible-runner is installed); "ssh": edgekit's own
 
 [defaults]                          # any [[models]] key, for every model that does not set it
 iterations = 50
@@ -37,7 +39,7 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-_TOP = ("models", "defaults", "baseline", "inventory", "jobs")
+_TOP = ("models", "defaults", "baseline", "inventory", "jobs", "engine")
 _BASELINE = ("ref", "branch", "tag", "file")
 # key -> (python types accepted, what to say when it is something else)
 _MODEL: dict[str, tuple[tuple[type, ...], str]] = {
@@ -115,6 +117,7 @@ class CiConfig:
     baseline: Baseline
     inventory: Path | None
     jobs: int
+    engine: str = "ssh"  # who reaches the inventory's devices: ssh (edgekit's own) or ansible
 
 
 def load_config(path: Path, *, baseline: str | None = None) -> CiConfig:
@@ -188,12 +191,22 @@ class _Reader:
         if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
             raise self.fail("jobs", f"must be a positive integer, got {jobs!r}", "e.g. jobs = 4", section=("", 0), key="jobs")
         inv = self._file(inventory, "inventory", ("", 0)) if inventory else None
+        engine = doc.get("engine")
+        if engine is not None and not isinstance(engine, str):
+            raise self.fail("engine", f"must be a string, got {engine!r}", 'engine = "ansible" or "ssh"', section=("", 0), key="engine")
+        from edgekit.devices.ansible import choose_engine
+
+        try:
+            engine = choose_engine(engine, inv)
+        except EdgekitError as exc:
+            raise self.fail("engine", exc.message.replace("--engine", "engine").replace("--inventory", "inventory"),
+                            exc.hint.replace("--inventory", "inventory =").replace("--engine", "engine ="), section=("", 0), key="engine") from None  # fmt: skip
         specs = tuple(self.model(i, {**defaults, **m}, inv) for i, m in enumerate(models))
         names = [s.name for s in specs]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup:
             raise self.fail("models", f"two models are named '{dup}'", "give one of them another name = \"...\"")
-        return CiConfig(self.path, specs, self.baseline(doc.get("baseline"), baseline_ref), inv, jobs)
+        return CiConfig(self.path, specs, self.baseline(doc.get("baseline"), baseline_ref), inv, jobs, engine)
 
     def model(self, i: int, m: dict, inventory: Path | None) -> ModelSpec:
         where, section = f"models[{i}]", ("models", i)

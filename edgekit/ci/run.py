@@ -192,7 +192,7 @@ def check_devices(config: CiConfig, events: Events) -> dict[str, DeviceError]:
     for spec in config.models:
         for target, entries in spec.runs:
             for entry in entries:
-                if not entry.is_local:
+                if not entry.is_local and config.engine == "ssh":  # Ansible reports its unreachable hosts itself
                     todo.setdefault(entry.name, (entry, target))
 
     def reach(item: tuple[DeviceEntry, str]) -> None:
@@ -226,7 +226,14 @@ def run_ci(
     runs: list[Run] = []
     for spec in config.models:
         for target, entries in spec.runs:
-            runs.extend(_deploy(spec, target, list(entries), config.jobs, events, output_root, dead))
+            if config.engine == "ansible":
+                over = [e for e in entries if not e.is_local]
+                done = _deploy(spec, target, [e for e in entries if e.is_local], config.jobs, events, output_root, dead)
+                done += _deploy_ansible(spec, target, over, config, events, output_root) if over else []
+                order = [e.name for e in entries]
+                runs.extend(sorted(done, key=lambda r: order.index(r.device)))
+            else:
+                runs.extend(_deploy(spec, target, list(entries), config.jobs, events, output_root, dead))
     mine = {r["id"] for run in runs for r in run.records}
     gates = {spec.name: spec.gates for spec in config.models}
     with ResultsStore() as store:
@@ -266,17 +273,47 @@ def _deploy(
         output.parent.mkdir(parents=True, exist_ok=True)
         return api.deploy_job(job, entry, DeviceEvents(events, f"{spec.name}/{entry.name}"), target=target, output=output)
 
-    fleet = run_fleet(entries, one, jobs=jobs, name=lambda e: e.name)
+    _collect(runs, run_fleet(entries, one, jobs=jobs, name=lambda e: e.name))
+    return list(runs.values())
+
+
+def _deploy_ansible(spec: ModelSpec, target: str, entries: list[DeviceEntry], config: CiConfig, events: Events, root: Path) -> list[Run]:
+    """One model on one target's devices through Ansible (``engine = "ansible"``): bundled once
+    here, the inventory's hosts of those names deployed ``config.jobs`` at a time (Ansible's forks)."""
+    from edgekit.ansibledeploy import deploy_fleet
+    from edgekit.devices.ansible import Strategy
+
+    runs = {e.name: Run(spec.name, target, e.name) for e in entries}
+    assert config.inventory is not None  # engine = "ansible" needs one (checked with the config)
+    output = root / f"{safe_name(spec.name)}-{safe_name(target)}"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        req = api.request(spec.path, target=target, output=output, **{**spec.options, "remeasure": True})
+        fleet = deploy_fleet(req, config.inventory, Strategy.parse(",".join(runs), config.jobs, None, None), target=target, sink=events)
+    except EdgekitError as exc:  # the model, its data, or no host matched: every device of it fails the same way
+        for run in runs.values():
+            run.error, run.hint, run.exit_code = exc.message, exc.hint or None, exc.exit_code
+        return list(runs.values())
+    _collect(runs, fleet)
+    for run in runs.values():
+        if not run.records and not run.error:
+            run.error, run.hint, run.exit_code = f"{run.device}: Ansible reported nothing for this host", f"check that {config.inventory} names it: ansible-inventory -i {config.inventory} --list", 4
+    return list(runs.values())
+
+
+def _collect(runs: dict[str, Run], fleet: Any) -> None:
+    """Each device's outcome into its run: the records and the gated one, or the error."""
     for outcome in fleet.outcomes:
-        run = runs[outcome.device]
+        run = runs.get(outcome.device)
+        if run is None:
+            continue
         run.seconds = outcome.duration_s
         if not outcome.succeeded:
-            run.error, run.hint, run.exit_code = outcome.error, outcome.hint, outcome.exit_code
+            run.error, run.hint, run.exit_code, run.unreachable = outcome.error, outcome.hint, outcome.exit_code, outcome.unreachable
             continue
         result = outcome.value
         run.records = [{"id": rid, **r} for r, rid in zip(result.records, result.run_ids)]
         run.record = gated_record(run.records) if run.records else None
-    return list(runs.values())
 
 
 def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, exclude: set[int] = frozenset()) -> tuple[dict | None, str]:

@@ -17,7 +17,7 @@ from edgekit.devices.fleet import DEFAULT_JOBS
 from edgekit.devices.lock import DEFAULT_WAIT as DEFAULT_LOCK_WAIT
 
 
-@common.options("bench", "gates", "ssh")
+@common.options("bench", "gates", "ssh", "engine")
 def bench(
     bundle_dir: Annotated[
         Path,
@@ -59,6 +59,7 @@ def bench(
       edgekit bench face_detection_short_range.tflite --target local
       edgekit bench examples/digits/digits_cnn.onnx --backend openvino
       edgekit bench out/mobilenet --inventory devices.toml --jobs 4   (every device, in parallel)
+      edgekit bench out/mobilenet --inventory hosts.ini --engine ansible --limit 'lab:!pi3' --forks 10
     """
     from edgekit import api
     from edgekit.devices import resolve_devices
@@ -67,6 +68,15 @@ def bench(
     inventory = opts["inventory"]
     out = Output()
     gates = common.gates(opts, fleet=common.is_fleet(device or [], inventory))
+    strategy = common.engine(opts)
+    if strategy is not None:
+        if device:
+            raise UsageError("--device picks devices for the ssh engine; the ansible engine runs on the inventory's hosts", "choose hosts with --limit PATTERN (an Ansible host pattern), or pass --engine ssh")
+        if bundle_dir.is_file() or bundle_dir.suffix.lower() in api.MODEL_SUFFIXES:
+            raise UsageError("a model file is benched on one device", "for a fleet: edgekit deploy MODEL --no-quantize --inventory FILE --engine ansible")
+        _bench_ansible(out, bundle_dir, inventory, strategy, target, variants, dict(**common.bench_args(opts), lock_wait=lock_wait,
+                       trust_new_host=opts["trust_new_host"], password="" if opts["password"] else None), json_out=json_out)  # fmt: skip
+        return
     entries = resolve_devices(device or [], inventory)
     entry = entries[0] if entries else None
     options = dict(
@@ -106,21 +116,43 @@ def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, optio
     bundle = load_bundle(bundle_dir)
     profile = load_profile(target or bundle.manifest.profile)
     req = api.request(bundle_dir, **{**options, "device": None})
-    selected = list(dict.fromkeys(variants or [v.name for v in bundle.manifest.variants]))
+    selected = api.select_variants(bundle, variants)
 
     def one(entry):
         return api.bench_bundle(bundle, entry, profile, req, selected, DeviceEvents(out, entry.name))
 
+    render.report_fleet(
+        out, common.run_fleet(out, entries, one, jobs),
+        title=f"{bundle.manifest.model_name} on {len(entries)} device(s) (target {profile.name})",
+        columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=_fleet_row(selected), json_out=json_out,
+        to_json=lambda r: [{"id": rid, **rec} for rid, rec in zip(r.run_ids, r.records)],
+    )  # fmt: skip
+
+
+def _bench_ansible(out: Output, bundle_dir: Path, inventory: Path, strategy, target, variants, options: dict, *, json_out: bool) -> None:
+    """The bundle on every host Ansible selects; each host's records stored under its name."""
+    from edgekit import api
+    from edgekit.ansibledeploy import bench_fleet, check_options
+    from edgekit.bundle import load_bundle
+
+    req = api.request(bundle_dir, **options)
+    check_options(req)  # what Ansible does not run, before anything is read
+    bundle = load_bundle(bundle_dir)
+    selected = api.select_variants(bundle, variants)
+    render.report_fleet(
+        out, bench_fleet(bundle, req, selected, inventory, strategy, target=target, sink=out),
+        title=f"{bundle.manifest.model_name} on the hosts of {inventory.name} (ansible)",
+        columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=_fleet_row(selected), json_out=json_out,
+        to_json=lambda r: [{"id": rid, **rec} for rid, rec in zip(r.run_ids, r.records)],
+    )  # fmt: skip
+
+
+def _fleet_row(selected: list[str]):
     def row(result) -> list[str]:
         p50 = {r["agent"]["variant"]: r["stats"]["p50"] for r in result.records}
         return [render.fmt_latency(p50[name]) if name in p50 else "-" for name in selected] + [", ".join(map(str, result.run_ids))]
 
-    render.report_fleet(
-        out, common.run_fleet(out, entries, one, jobs),
-        title=f"{bundle.manifest.model_name} on {len(entries)} device(s) (target {profile.name})",
-        columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=row, json_out=json_out,
-        to_json=lambda r: [{"id": rid, **rec} for rid, rec in zip(r.run_ids, r.records)],
-    )  # fmt: skip
+    return row
 
 
 def _print(out: Output, result, title: str, json_out: bool, gates: list, baseline: str | None) -> None:

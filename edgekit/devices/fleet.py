@@ -41,6 +41,7 @@ class DeviceOutcome(Generic[R]):
     exit_code: int = 0
     duration_s: float = 0.0
     traceback: str | None = None  # for a non-edgekit exception (a bug), shown with EDGEKIT_DEBUG=1
+    unreachable: bool = False  # the device could not be reached at all (Ansible's "unreachable")
 
     @property
     def succeeded(self) -> bool:
