@@ -24,7 +24,13 @@ from edgekit import layererror
 from edgekit.agentclient import bench_variant, eval_variant
 from edgekit.bench import reuse
 from edgekit.bench.compare import machine_shift
-from edgekit.bench.record import make_record, measurement_warnings, merge_rounds, round_p50s_ns
+from edgekit.bench.record import (
+    contention_note,
+    make_record,
+    measurement_warnings,
+    merge_rounds,
+    round_p50s_ns,
+)
 from edgekit.bench.store import ResultsStore
 from edgekit.bench.vcs import vcs_info
 from edgekit.bench.verdict import Verdict, choose_fastest, int8_verdict
@@ -815,7 +821,8 @@ def _gate(w: _Walk, step: Gate) -> None:
         fp32, run = runs["fp32"], runs[name]
         a, b = round_p50s_ns(fp32), round_p50s_ns(run)
         rounds = tuple(x / y for x, y in zip(a, b)) if len(a) == len(b) > 1 else ()
-        return int8_verdict("fp32", fp32["samples_ns"], run["samples_ns"], agreement.to_dict() if agreement else None, step.max_drop, machine_shift(fp32, run), rounds)
+        return int8_verdict("fp32", fp32["samples_ns"], run["samples_ns"], agreement.to_dict() if agreement else None, step.max_drop, machine_shift(fp32, run), rounds,
+                            contended=(contention_note(fp32), contention_note(run)))  # fmt: skip
 
     w.verdict = verdict("int8", w.agreement or (w.qresult.agreement if w.qresult else None))  # the device's, else the host's estimate
     if len(step.candidates) > 1:

@@ -41,6 +41,22 @@ def test_within_the_noise_is_not_faster():
     assert lo < 1.0 < hi
 
 
+def test_contention_that_could_explain_the_speed_verdict_is_named_in_the_reasons():
+    busy = "pid 4242 (stress) 97% of a core"
+    # int8 looked 2x as fast, and fp32's window was contended: the speed-up may be overstated
+    v = int8_verdict("fp32", _samples(100), _samples(50, seed=1), GOOD, 0.01, contended=(busy, ""))
+    assert v.recommended == "int8"
+    assert v.reasons[1] == (f"the device ran other work during fp32's timed window: {busy}: the speed-up may be overstated; "
+                            "rerun with --remeasure on a quiet device")  # fmt: skip
+    assert v.to_dict()["contention"] == f"the device ran other work during fp32's timed window: {busy}"
+    # int8 not faster, and int8's own window was contended: it may be faster than measured
+    v = int8_verdict("fp32", _samples(100, spread=0.3), _samples(100, spread=0.3, seed=1), GOOD, 0.01, contended=("", busy))
+    assert v.recommended == "fp32" and "int8's timed window" in v.reasons[1] and "int8 may be faster than measured" in v.reasons[1]
+    # contention that cannot explain the outcome is not a reason: int8 faster although its own window was busy
+    v = int8_verdict("fp32", _samples(100), _samples(50, seed=1), GOOD, 0.01, contended=("", busy))
+    assert len(v.reasons) == 2 and v.to_dict()["contention"] is None
+
+
 def test_a_machine_that_changed_speed_between_the_benches_is_not_a_speed_up():
     # int8 looks 1.5x as fast, but the device's reference loop ran 80 % slower during the fp32 bench:
     # the machine, not int8, may have made the difference

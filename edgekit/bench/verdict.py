@@ -35,6 +35,7 @@ class Verdict:
     candidates: dict[str, Verdict] = field(default_factory=dict)  # --choose measure: each int8 variant's own verdict
     machine: float = 0.0  # how far the device's own speed moved between the two benches (compare.machine_shift)
     rounds: tuple[float, ...] = ()  # --rounds: the speed-up in each round (fp32 and int8 timed one after the other)
+    contention: str = ""  # other work on the device during a timed window that could explain the speed verdict
 
     def to_dict(self) -> dict[str, Any]:
         doc = {
@@ -45,6 +46,7 @@ class Verdict:
             "checks": dict(self.checks),
             "machine_shift": round(self.machine, 4),
             "speedup_rounds": list(self.rounds) or None,
+            "contention": self.contention or None,
         }
         if self.candidates:
             doc["candidates"] = {name: v.to_dict() for name, v in self.candidates.items()}
@@ -86,11 +88,14 @@ def accuracy_holds(agreement: dict, max_drop: float) -> tuple[bool, str]:
 
 def int8_verdict(
     float_name: str, float_ns: list[int], int8_ns: list[int], agreement: dict | None, max_drop: float, machine: float = 0.0,
-    rounds: tuple[float, ...] = (),
+    rounds: tuple[float, ...] = (), contended: tuple[str, str] = ("", ""),
 ) -> Verdict:
     """Recommend ``int8`` or ``float_name`` from the device's samples and the device's agreement.
     ``machine``: how far the device's own speed moved between the two benches (a fraction);
-    ``rounds``: with --rounds, the speed-up of each round (its fp32 and int8 processes)."""
+    ``rounds``: with --rounds, the speed-up of each round (its fp32 and int8 processes);
+    ``contended``: other work seen in the float and the int8 run's timed windows
+    (``record.contention_note`` of each, "" for none): where it could explain the speed verdict
+    (float's slowed, when int8 looked faster; int8's, when it did not), the reasons say so."""
     speed, lo, hi = speedup_interval(float_ns, int8_ns)
     # the whole interval above 1, by more than the device's own speed moved, and in every round: faster beyond the noise
     faster = lo > 1.0 + machine_allowance(machine) and all(r > 1.0 for r in rounds)
@@ -112,10 +117,15 @@ def int8_verdict(
     if machine > MACHINE_NOTE:
         reasons.insert(1, f"the device's own speed moved {machine * 100:.0f}% between the two benches (its reference loop): "
                           "the speed-up is uncertain by as much; rerun with --remeasure on a quiet device")
+    note = contended[0] if faster else contended[1]  # the run whose slowing would explain the outcome
+    contention = f"the device ran other work during {float_name if faster else 'int8'}'s timed window: {note}" if note else ""
+    if contention:
+        reasons.insert(1, f"{contention}: {'the speed-up may be overstated' if faster else 'int8 may be faster than measured'}; "
+                          "rerun with --remeasure on a quiet device")
     reasons.append(why)
     recommended = "int8" if faster and accurate else float_name
     return Verdict(recommended, tuple(reasons), round(speed, 3), (round(lo, 3), round(hi, 3)), {"faster": faster, "accurate": accurate}, machine=machine,
-                   rounds=tuple(round(r, 3) for r in rounds))  # fmt: skip
+                   rounds=tuple(round(r, 3) for r in rounds), contention=contention)  # fmt: skip
 
 
 def choose_fastest(verdicts: dict[str, Verdict], backends: dict[str, str]) -> Verdict:
