@@ -25,7 +25,7 @@ from edgekit.bench.store import ResultsStore
 from edgekit.ci.config import Baseline, CiConfig, ModelSpec
 from edgekit.devices import DeviceEntry, connect
 from edgekit.devices.fleet import run_fleet, safe_name
-from edgekit.errors import EXIT_GATE, EXIT_OK, DeviceError, EdgekitError, ResultsError
+from edgekit.errors import EXIT_DEVICE, EXIT_GATE, EXIT_OK, DeviceError, EdgekitError, ResultsError
 from edgekit.events import DeviceEvents, Events
 
 CONNECT_TIMEOUT_S = 15.0
@@ -297,7 +297,7 @@ def _deploy_ansible(spec: ModelSpec, target: str, entries: list[DeviceEntry], co
     _collect(runs, fleet)
     for run in runs.values():
         if not run.records and not run.error:
-            run.error, run.hint, run.exit_code = f"{run.device}: Ansible reported nothing for this host", f"check that {config.inventory} names it: ansible-inventory -i {config.inventory} --list", 4
+            run.error, run.hint, run.exit_code = f"{run.device}: Ansible reported nothing for this host", f"check that {config.inventory} names it: ansible-inventory -i {config.inventory} --list", EXIT_DEVICE
     return list(runs.values())
 
 

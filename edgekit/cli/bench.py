@@ -68,10 +68,8 @@ def bench(
     inventory = opts["inventory"]
     out = Output()
     gates = common.gates(opts, fleet=common.is_fleet(device or [], inventory))
-    strategy = common.engine(opts)
+    strategy = common.engine(opts, device)
     if strategy is not None:
-        if device:
-            raise UsageError("--device picks devices for the ssh engine; the ansible engine runs on the inventory's hosts", "choose hosts with --limit PATTERN (an Ansible host pattern), or pass --engine ssh")
         if bundle_dir.is_file() or bundle_dir.suffix.lower() in api.MODEL_SUFFIXES:
             raise UsageError("a model file is benched on one device", "for a fleet: edgekit deploy MODEL --no-quantize --inventory FILE --engine ansible")
         _bench_ansible(out, bundle_dir, inventory, strategy, target, variants, dict(**common.bench_args(opts), lock_wait=lock_wait,
@@ -121,12 +119,8 @@ def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, optio
     def one(entry):
         return api.bench_bundle(bundle, entry, profile, req, selected, DeviceEvents(out, entry.name))
 
-    render.report_fleet(
-        out, common.run_fleet(out, entries, one, jobs),
-        title=f"{bundle.manifest.model_name} on {len(entries)} device(s) (target {profile.name})",
-        columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=_fleet_row(selected), json_out=json_out,
-        to_json=lambda r: [{"id": rid, **rec} for rid, rec in zip(r.run_ids, r.records)],
-    )  # fmt: skip
+    _report(out, common.run_fleet(out, entries, one, jobs), f"{bundle.manifest.model_name} on {len(entries)} device(s) (target {profile.name})",
+            selected, json_out)  # fmt: skip
 
 
 def _bench_ansible(out: Output, bundle_dir: Path, inventory: Path, strategy, target, variants, options: dict, *, json_out: bool) -> None:
@@ -139,20 +133,21 @@ def _bench_ansible(out: Output, bundle_dir: Path, inventory: Path, strategy, tar
     check_options(req)  # what Ansible does not run, before anything is read
     bundle = load_bundle(bundle_dir)
     selected = api.select_variants(bundle, variants)
-    render.report_fleet(
-        out, bench_fleet(bundle, req, selected, inventory, strategy, target=target, sink=out),
-        title=f"{bundle.manifest.model_name} on the hosts of {inventory.name} (ansible)",
-        columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=_fleet_row(selected), json_out=json_out,
-        to_json=lambda r: [{"id": rid, **rec} for rid, rec in zip(r.run_ids, r.records)],
-    )  # fmt: skip
+    _report(out, bench_fleet(bundle, req, selected, inventory, strategy, target=target, sink=out),
+            f"{bundle.manifest.model_name} on the hosts of {inventory.name} (ansible)", selected, json_out)
 
 
-def _fleet_row(selected: list[str]):
+def _report(out: Output, fleet, title: str, selected: list[str], json_out: bool) -> None:
+    """A fleet bench's table (each selected variant's p50, the run ids) or JSON (each host's records)."""
+
     def row(result) -> list[str]:
         p50 = {r["agent"]["variant"]: r["stats"]["p50"] for r in result.records}
         return [render.fmt_latency(p50[name]) if name in p50 else "-" for name in selected] + [", ".join(map(str, result.run_ids))]
 
-    return row
+    render.report_fleet(
+        out, fleet, title=title, columns=[f"{name} p50 ms" for name in selected] + ["runs"], row=row, json_out=json_out,
+        to_json=lambda r: [{"id": rid, **rec} for rid, rec in zip(r.run_ids, r.records)],
+    )  # fmt: skip
 
 
 def _print(out: Output, result, title: str, json_out: bool, gates: list, baseline: str | None) -> None:

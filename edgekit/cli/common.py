@@ -259,14 +259,21 @@ def shapes(items: list[str] | None) -> dict[str, tuple[int, ...]]:
     return parse_shape_overrides(items)
 
 
-def engine(opts: dict):
+def engine(opts: dict, devices: list[str] | None = None):
     """The "engine" group: which engine runs (``edgekit.devices.ansible.choose_engine``), and for
-    ansible its strategy (None for ssh, where the Ansible-only options are refused)."""
+    ansible its strategy (None for ssh, where the Ansible-only options are refused; ``devices``,
+    the --device names, are the ssh engine's and refused with ansible)."""
     from edgekit.devices import ansible
+    from edgekit.errors import UsageError
 
     name = ansible.choose_engine(opts["engine"], opts["inventory"])
     ansible.check_ssh_only(name, **{"--limit": opts["limit"], "--forks": opts["forks"], "--serial": opts["serial"], "--max-fail": opts["max_fail"]})
-    return ansible.Strategy.parse(opts["limit"], opts["forks"], opts["serial"], opts["max_fail"]) if name == "ansible" else None
+    if name != "ansible":
+        return None
+    if devices:
+        raise UsageError("--device picks devices for the ssh engine; the ansible engine runs on the inventory's hosts",
+                         "choose hosts with --limit PATTERN (an Ansible host pattern), or pass --engine ssh")  # fmt: skip
+    return ansible.Strategy.parse(opts["limit"], opts["forks"], opts["serial"], opts["max_fail"])
 
 
 def is_fleet(entries: list, inventory: Path | None) -> bool:

@@ -55,12 +55,10 @@ def deploy(
     o = Output()
     gates = common.gates(opts, fleet=common.is_fleet(device or [], opts["inventory"]), runs=not (no_bench or dry_run))
     inventory = opts["inventory"]
-    strategy = common.engine(opts)
+    strategy = common.engine(opts, device)
     if strategy is not None:
         from edgekit.errors import UsageError
 
-        if device:
-            raise UsageError("--device picks devices for the ssh engine; the ansible engine runs on the inventory's hosts", "choose hosts with --limit PATTERN (an Ansible host pattern), or pass --engine ssh")
         if dry_run or no_bench:
             raise UsageError("--dry-run and --no-bench don't reach a device: give one --device (or none)", "drop them, or use --engine ssh with one --device")
     entries = resolve_devices(device or [], inventory) if strategy is None else []
