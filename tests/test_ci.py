@@ -7,6 +7,7 @@ commands, and bad configs."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -178,6 +179,13 @@ def test_a_second_run_is_gated_against_the_first(local_runs):
     assert html.count('class="gate fail"') == 1 and "limit &lt; 0.001 ms" in html
 
 
+def store_threads(env: dict, run_id: int) -> int:
+    from edgekit.bench.store import ResultsStore
+
+    with ResultsStore(Path(env["EDGEKIT_DATA_DIR"]) / "results.db") as store:
+        return store.get(run_id)["agent"]["config"]["threads"]
+
+
 @pytest.mark.slow
 def test_baselines_from_a_branch_run_ids_or_an_export_file(local_runs):
     from edgekit.bench.store import ResultsStore
@@ -188,6 +196,9 @@ def test_baselines_from_a_branch_run_ids_or_an_export_file(local_runs):
     first = json.loads(local_runs.first.stdout)["runs"][0]
     second = json.loads(local_runs.second.stdout)["runs"][0]
     want = second["baseline"]["run_id"]  # the first run's int8 record
+    # the second run was timed at the thread count of the first (the agent's probe may choose
+    # otherwise from one run to the next, and a gate compares runs of one thread count only)
+    assert f"timing at {store_threads(env, want)} thread(s), as its last gated run ({want}) was" in local_runs.second.stderr
     export = _edgekit("results", "export", *map(str, first["run_ids"]), "-o", "baseline.json", cwd=work, env=env)
     assert export.returncode == 0, export.stderr
     with ResultsStore(Path(env["EDGEKIT_DATA_DIR"]) / "results.db") as store:
@@ -207,6 +218,13 @@ def test_baselines_from_a_branch_run_ids_or_an_export_file(local_runs):
         assert pick(Baseline("ids", ids=(*second["run_ids"], *first["run_ids"])))[0]["id"] == want  # this run's own are never its baseline
         found, note = pick(Baseline("file", file=work / "baseline.json"))
         assert found["run_uuid"] == want_record["run_uuid"] and note.startswith("baseline.json ")
+        # a run timed at another thread count (the agent's probe chose otherwise) has no baseline,
+        # and the note names the stored run and the setting that would gate against it
+        threads = record["agent"]["config"]["threads"]
+        other = copy.deepcopy(record)
+        other["agent"]["config"]["threads"] = threads + 1
+        found, note = pick_baseline(store, Baseline("default"), other, exclude=set(second["run_ids"]))
+        assert found is None and f"was timed at {threads} thread(s), this one at {threads + 1}: set threads = {threads} in edgekit.toml" in note, note
     (work / "baseline.toml").write_text(FAST + f'[baseline]\nfile = "baseline.json"\n\n[[models]]\npath = "{DIGITS}"\n')
     assert load_config(work / "baseline.toml").baseline == Baseline("file", file=work / "baseline.json")
     assert load_config(work / "baseline.toml", baseline="12,13").baseline == Baseline("ids", ids=(12, 13))

@@ -482,6 +482,12 @@ def test_comparable_refuses_apples_and_oranges(real):
     batch = derived(real)
     batch["agent"]["config"]["batch"] = 4
     assert "different batch sizes" in comparable(real, batch)
+    threads = derived(real)
+    threads["agent"]["config"]["threads"] = (real["agent"]["config"].get("threads") or 1) + 1
+    assert "different thread counts" in comparable(real, threads, allow_model_change=True)
+    unknown = derived(real)
+    unknown["agent"]["config"]["threads"] = None  # a backend that does not say: not refused for that
+    assert comparable(real, unknown) is None
     facts = derived(real)
     facts["agent"]["device"]["hostname"] = "another-box"
     assert "hostname" in comparable(real, facts)
@@ -537,6 +543,9 @@ def test_default_baseline_is_the_latest_earlier_comparable_run(real):
     with ResultsStore() as store:
         first = store.add(derived(real))
         store.add(derived(real, variant="int8", precision="int8"))  # other variant: never a baseline for fp32
+        other_threads = derived(real)
+        other_threads["agent"]["config"]["threads"] = (real["agent"]["config"].get("threads") or 1) + 1
+        store.add(other_threads)  # timed at another thread count (ci's probe chose otherwise): never a baseline
         newest = derived(real)
         new_id = store.add(newest)
         report = run_gates(["p50:+5%"], [store.get(new_id)], store)

@@ -193,6 +193,13 @@ def comparable(a: dict, b: dict, *, allow_model_change: bool = False) -> str | N
     ba, bb = pa["config"]["batch"], pb["config"]["batch"]
     if ba != bb:
         return f"different batch sizes: {ba} vs {bb}"
+    # the inference threads the run used (asked for, else the count the backend or the agent's
+    # probe chose): 1 and 2 threads of one model differ by the scaling, not by a change; an
+    # `edgekit ci` run whose probe picked 2 threads once failed p50:+5% at +83 % against a
+    # --threads 1 baseline. Unknown on either side (a backend that does not say): not refused.
+    ta, tb = pa["config"].get("threads"), pb["config"].get("threads")
+    if ta is not None and tb is not None and ta != tb:
+        return f"different thread counts: {ta} vs {tb}"
     # last: two variants of one bundle differ in their model files too, and the variant is the reason to say
     if not allow_model_change:
         sa, sb = pa.get("model_sha256"), pb.get("model_sha256")

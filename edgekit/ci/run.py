@@ -14,6 +14,7 @@ fails the job (exit 4); ``inconclusive`` ("warn" or "fail") whether an inconclus
 from __future__ import annotations
 
 import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,14 +227,16 @@ def run_ci(
     runs: list[Run] = []
     for spec in config.models:
         for target, entries in spec.runs:
-            if config.engine == "ansible":
-                over = [e for e in entries if not e.is_local]
-                done = _deploy(spec, target, [e for e in entries if e.is_local], config.jobs, events, output_root, dead)
-                done += _deploy_ansible(spec, target, over, config, events, output_root) if over else []
-                order = [e.name for e in entries]
-                runs.extend(sorted(done, key=lambda r: order.index(r.device)))
-            else:
-                runs.extend(_deploy(spec, target, list(entries), config.jobs, events, output_root, dead))
+            order = [e.name for e in entries]
+            done: list[Run] = []
+            for threads, group in _thread_groups(spec, target, entries, events).items():
+                if config.engine == "ansible":
+                    over = [e for e in group if not e.is_local]
+                    done += _deploy(spec, target, [e for e in group if e.is_local], config.jobs, events, output_root, dead, threads)
+                    done += _deploy_ansible(spec, target, over, config, events, output_root, threads) if over else []
+                else:
+                    done += _deploy(spec, target, group, config.jobs, events, output_root, dead, threads)
+            runs.extend(sorted(done, key=lambda r: order.index(r.device)))
     mine = {r["id"] for run in runs for r in run.records}
     gates = {spec.name: spec.gates for spec in config.models}
     with ResultsStore() as store:
@@ -246,11 +249,34 @@ def run_ci(
     return CiResult(config, runs, time.monotonic() - t0, fail_on_unreachable, inconclusive)
 
 
+def _thread_groups(spec: ModelSpec, target: str, entries: Sequence[DeviceEntry], events: Events) -> dict[int | None, list[DeviceEntry]]:
+    """The devices of one model and target by the inference threads to time them at. Unless the
+    config sets ``threads``, a device is timed at the count its newest gated run of this model was
+    (a gate compares runs of one thread count only, ``bench.compare.comparable``; left to the
+    agent's probe, a 2-core device picked 1 thread in one run and 2 in the next, and its gates then
+    had no baseline); a device with none, at the probe's choice (None)."""
+    groups: dict[int | None, list[DeviceEntry]] = {}
+    if "threads" in spec.options:
+        return {spec.options["threads"]: list(entries)}
+    with ResultsStore() as store:
+        for entry in entries:
+            last = next((r for r in store.records(limit=50, model=spec.path.stem, target=target, device=entry.name)
+                         if r.get("outcome") in ("pass", "inconclusive") and r["agent"]["config"].get("threads")), None)
+            threads = last["agent"]["config"]["threads"] if last else None
+            if last:
+                events.info(f"[{spec.name}/{entry.name}] timing at {threads} thread(s), as its last gated run ({last['id']}) was: "
+                            "set threads in edgekit.toml to choose")
+            groups.setdefault(threads, []).append(entry)
+    return groups
+
+
 def _deploy(
-    spec: ModelSpec, target: str, entries: list[DeviceEntry], jobs: int, events: Events, root: Path, dead: dict[str, DeviceError]
+    spec: ModelSpec, target: str, entries: list[DeviceEntry], jobs: int, events: Events, root: Path, dead: dict[str, DeviceError],
+    threads: int | None = None,
 ) -> list[Run]:
     """One model on one target's devices, in parallel as `edgekit deploy --device A --device B` does;
-    the ``dead`` (unreachable) ones are errors without being tried again."""
+    the ``dead`` (unreachable) ones are errors without being tried again; timed at ``threads``
+    (None: the config's, else the agent's choice)."""
     from edgekit.deploy import open_job
 
     runs = {e.name: Run(spec.name, target, e.name) for e in entries}
@@ -262,7 +288,7 @@ def _deploy(
     if not entries:
         return list(runs.values())
     try:
-        job = open_job(api.request(spec.path, target=target, device=entries[0], **{**spec.options, "remeasure": True}))  # ci gates new runs: it always measures
+        job = open_job(api.request(spec.path, target=target, device=entries[0], **_options(spec, threads)))
     except EdgekitError as exc:  # the model or its data: every device of it fails the same way
         for run in runs.values():
             run.error, run.hint, run.exit_code = exc.message, exc.hint or None, exc.exit_code
@@ -277,7 +303,13 @@ def _deploy(
     return list(runs.values())
 
 
-def _deploy_ansible(spec: ModelSpec, target: str, entries: list[DeviceEntry], config: CiConfig, events: Events, root: Path) -> list[Run]:
+def _options(spec: ModelSpec, threads: int | None) -> dict[str, Any]:
+    """The deploy options of a ci run: the model's, always measuring (ci gates new runs), at ``threads`` when given."""
+    return {**spec.options, "remeasure": True, **({"threads": threads} if threads is not None else {})}
+
+
+def _deploy_ansible(spec: ModelSpec, target: str, entries: list[DeviceEntry], config: CiConfig, events: Events, root: Path,
+                    threads: int | None = None) -> list[Run]:
     """One model on one target's devices through Ansible (``engine = "ansible"``): bundled once
     here, the inventory's hosts of those names deployed ``config.jobs`` at a time (Ansible's forks)."""
     from edgekit.ansibledeploy import deploy_fleet
@@ -285,10 +317,11 @@ def _deploy_ansible(spec: ModelSpec, target: str, entries: list[DeviceEntry], co
 
     runs = {e.name: Run(spec.name, target, e.name) for e in entries}
     assert config.inventory is not None  # engine = "ansible" needs one (checked with the config)
-    output = root / f"{safe_name(spec.name)}-{safe_name(target)}"
+    # one bundle per thread count: the devices of one model and target may be timed at several
+    output = root / f"{safe_name(spec.name)}-{safe_name(target)}{f'-t{threads}' if threads is not None else ''}"
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
-        req = api.request(spec.path, target=target, output=output, **{**spec.options, "remeasure": True})
+        req = api.request(spec.path, target=target, output=output, **_options(spec, threads))
         fleet = deploy_fleet(req, config.inventory, Strategy.parse(",".join(runs), config.jobs, None, None), target=target, sink=events)
     except EdgekitError as exc:  # the model, its data, or no host matched: every device of it fails the same way
         for run in runs.values():
@@ -314,6 +347,19 @@ def _collect(runs: dict[str, Run], fleet: Any) -> None:
         result = outcome.value
         run.records = [{"id": rid, **r} for r, rid in zip(result.records, result.run_ids)]
         run.record = gated_record(run.records) if run.records else None
+
+
+def _other_threads(store: ResultsStore, like: dict, record: dict, exclude: Collection[int]) -> str:
+    """Why a stored run of the same model, device and variant was no baseline when only its thread
+    count differs (the agent's probe chose another count than that run's): "" when none was."""
+    from edgekit.bench.compare import comparable
+
+    threads = record["agent"]["config"].get("threads")
+    for c in store.records(limit=50, **like):
+        if c.get("id") not in exclude and (comparable(c, record, allow_model_change=True) or "").startswith("different thread counts"):
+            return (f"; run {c['id']} was timed at {c['agent']['config']['threads']} thread(s), this one at {threads}: "
+                    f"set threads = {c['agent']['config']['threads']} in edgekit.toml to gate against it")
+    return ""
 
 
 def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, exclude: set[int] = frozenset()) -> tuple[dict | None, str]:
@@ -344,7 +390,7 @@ def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, excl
         candidates = sorted(kept, key=lambda r: r["created"], reverse=True)
     r = baseline_for(candidates, record, exclude)
     if r is None:
-        return None, f"no baseline yet ({baseline.describe()})"
+        return None, f"no baseline yet ({baseline.describe()}){_other_threads(store, like, record, exclude)}"
     where = f"{baseline.file.name} " if baseline.kind == "file" else ""
     vcs = r.get("vcs") or {}
     commit = f" at {vcs['commit'][:10]}" if vcs.get("commit") else ""

@@ -335,6 +335,8 @@ def compare(
         hint = (
             "to compare a changed model with its baseline, add --allow-model-change"
             if reason.startswith("different models")
+            else "runs at other thread counts time the scaling, not a change: compare runs timed at one count (bench --threads N)"
+            if reason.startswith("different thread counts")
             else "compare runs of the same device, backend, variant and batch (edgekit results list --model M --device D --variant V)"
         )
         raise InputError(f"will not compare {a} with {b}: {reason}", hint)
