@@ -551,6 +551,15 @@ def test_default_baseline_is_the_latest_earlier_comparable_run(real):
         report = run_gates(["p50:+5%"], [store.get(new_id)], store)
     assert report.baseline["id"] == first
     assert f"run {new_id} vs run {first}" in report.lines()[0]
+    with ResultsStore() as store:  # the only earlier run was timed at another thread count: the lines say so
+        lone = derived(real, model_sha256="c" * 64)
+        lone["model_name"] = "lone"
+        first = store.add(lone)
+        again = derived(lone)
+        again["agent"]["config"]["threads"] = (lone["agent"]["config"].get("threads") or 1) + 1
+        report = run_gates(["p50:+5%"], [store.get(store.add(again))], store)
+    assert report.baseline is None and report.note.startswith(f"no baseline at {again['agent']['config']['threads']} thread(s): run {first} was timed at ")
+    assert report.lines()[-1].strip() == report.note and "--threads" in report.note
 
 
 # -- the CLI --------------------------------------------------------------------------------------

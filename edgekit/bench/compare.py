@@ -434,6 +434,20 @@ def default_baseline(store: ResultsStore, record: dict, exclude: Sequence[int] =
     return None
 
 
+def other_threads(store: ResultsStore, record: dict, exclude: Collection[int], setting: str) -> str:
+    """Why a stored run of ``record``'s model, target, device and variant was no baseline, when only
+    its thread count differs (the agent's probe chose another count than that run's): a sentence
+    naming the run and ``setting`` (how the user sets the count), or "" when there is none."""
+    f = _fields(record)
+    threads = record["agent"]["config"].get("threads")
+    for c in store.records(limit=50, model=f["model_name"], target=f["target"], device=f["device"], variant=f["variant"]):
+        if c.get("id") not in exclude and (comparable(c, record, allow_model_change=True) or "").startswith("different thread counts"):
+            count = c["agent"]["config"]["threads"]
+            return (f"no baseline at {threads} thread(s): run {c['id']} was timed at {count} "
+                    f"(a gate compares runs of one thread count; {setting} {count} gates against it)")
+    return ""
+
+
 def baseline_for(candidates: Iterable[dict], record: dict, exclude: Collection[int] = ()) -> dict | None:
     """The first of ``candidates`` (newest first) that ``record`` may be measured against: the same
     model name, target, device and variant, comparable (a changed model is), not in ``exclude``."""

@@ -54,6 +54,7 @@ from edgekit.bench.compare import (
     comparable,
     default_baseline,
     latency_change,
+    other_threads,
     resolve,
 )
 from edgekit.bench.record import contention_note, contention_reason, round_slices
@@ -370,6 +371,7 @@ class GateReport:
     record: dict
     baseline: dict | None
     results: tuple[GateResult, ...]
+    note: str = ""  # why there is no baseline, where a stored run missed it for one reason (compare.other_threads)
 
     @property
     def failed(self) -> list[GateResult]:
@@ -384,7 +386,7 @@ class GateReport:
         """One line per gate, naming the variant and the runs: "gate p50:+5% (int8, run 7 vs run 3): ..."."""
         base = "no baseline" if self.baseline is None else f"vs run {_run_name(self.baseline)}"
         where = f"{self.record['agent']['variant']}, run {_run_name(self.record)} {base}"
-        return [f"gate {r.gate.text} ({where}): {r.line}" for r in self.results]
+        return [f"gate {r.gate.text} ({where}): {r.line}" for r in self.results] + ([f"  {self.note}"] if self.note else [])
 
     def error(self) -> GateError | None:
         """The GateError to raise when any gate failed (None when none did)."""
@@ -418,14 +420,16 @@ def run_gates(
     parsed = [g if isinstance(g, Gate) else parse_gate(g) for g in gates]
     record = gated_record(records)
     own = [r["id"] for r in records if r.get("id") is not None]  # never the run's own baseline
+    note = ""
     if baseline is None:
         base = default_baseline(store, record, exclude=own)
+        note = "" if base is not None else other_threads(store, record, own, "--threads")
     else:
         base = resolve(baseline, store, like=record, exclude=own)
         reason = comparable(base, record, allow_model_change=True)
         if reason:
             raise ResultsError(f"baseline {baseline} cannot be compared with this run: {reason}", "give a baseline run of the same device, backend and variant")
-    report = GateReport(record, base, tuple(check_gates(parsed, record, base)))
+    report = GateReport(record, base, tuple(check_gates(parsed, record, base)), note)
     if record.get("id") is not None:  # a later default baseline is never a run whose gates failed
         store.set_outcome(record["id"], report.outcome)
     return report

@@ -14,7 +14,7 @@ fails the job (exit 4); ``inconclusive`` ("warn" or "fail") whether an inconclus
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -349,24 +349,17 @@ def _collect(runs: dict[str, Run], fleet: Any) -> None:
         run.record = gated_record(run.records) if run.records else None
 
 
-def _other_threads(store: ResultsStore, like: dict, record: dict, exclude: Collection[int]) -> str:
-    """Why a stored run of the same model, device and variant was no baseline when only its thread
-    count differs (the agent's probe chose another count than that run's): "" when none was."""
-    from edgekit.bench.compare import comparable
-
-    threads = record["agent"]["config"].get("threads")
-    for c in store.records(limit=50, **like):
-        if c.get("id") not in exclude and (comparable(c, record, allow_model_change=True) or "").startswith("different thread counts"):
-            return (f"; run {c['id']} was timed at {c['agent']['config']['threads']} thread(s), this one at {threads}: "
-                    f"set threads = {c['agent']['config']['threads']} in edgekit.toml to gate against it")
-    return ""
-
-
 def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, exclude: set[int] = frozenset()) -> tuple[dict | None, str]:
     """The run ``record`` is gated against, and a note saying which it is or that there is none yet:
     the newest candidate of the same model name, target, device and variant that is comparable
     (a changed model is, as against the main branch's run) and not one of this job's runs."""
-    from edgekit.bench.compare import baseline_for, default_baseline, read_records, resolve
+    from edgekit.bench.compare import (
+        baseline_for,
+        default_baseline,
+        other_threads,
+        read_records,
+        resolve,
+    )
 
     like = {"model": record["model_name"], "target": record["target"], "device": record["device"], "variant": record["agent"]["variant"]}
     if baseline.kind == "default":
@@ -390,7 +383,8 @@ def pick_baseline(store: ResultsStore, baseline: Baseline, record: dict, *, excl
         candidates = sorted(kept, key=lambda r: r["created"], reverse=True)
     r = baseline_for(candidates, record, exclude)
     if r is None:
-        return None, f"no baseline yet ({baseline.describe()}){_other_threads(store, like, record, exclude)}"
+        why = other_threads(store, record, exclude, "threads =")
+        return None, f"no baseline yet ({baseline.describe()}){'; ' + why if why else ''}"
     where = f"{baseline.file.name} " if baseline.kind == "file" else ""
     vcs = r.get("vcs") or {}
     commit = f" at {vcs['commit'][:10]}" if vcs.get("commit") else ""
