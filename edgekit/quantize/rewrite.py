@@ -194,10 +194,12 @@ class QParams:
 
 
 def tensor_params(
-    analysis: Analysis, ranges: dict[str, tuple[float, float]], scheme: QuantScheme, known: dict[str, QParams] | None = None
+    analysis: Analysis, ranges: dict[str, tuple[float, float]], scheme: QuantScheme, known: dict[str, QParams] | None = None,
+    only: str | None = None,
 ) -> dict[str, QParams]:
     """Each tensor's scale and zero point: from its calibrated range, its constant's values, or
-    its source's ("same"); ``known`` ones (taken from an existing int8 model) as given."""
+    its source's ("same"); ``known`` ones (taken from an existing int8 model) as given. ``only``:
+    that tensor's (and the ones it resolves through), not every tensor's."""
     params: dict[str, QParams] = dict(known or {})
 
     def resolve(t: str) -> QParams:
@@ -215,7 +217,7 @@ def tensor_params(
             params[t] = QParams(*qmath.scale_zero_point(lo, hi, scheme.activation_dtype, scheme.activation_symmetric))
         return params[t]
 
-    for t in analysis.tensors:
+    for t in [only] if only is not None else analysis.tensors:
         resolve(t)
     return params
 
