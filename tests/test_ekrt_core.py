@@ -371,6 +371,9 @@ OP_CASES = {
     "transpose_nchw": lambda b, x: b.simple(ekm.TRANSPOSE, [x], (1, 12, 9, 11), {0: 0, 1: 3, 2: 1, 3: 2}),
     "concat_requant_axis1": lambda b, x: _concat(b, [x, b.conv(x, 12, (3, 3))], axis=1),
     "concat_identity_axis3": lambda b, x: _concat(b, [x, x, x], axis=3, same=True),
+    # channels of a pixel (short rows): requantized a block of rows at a time, then copied
+    "concat_requant_axis3": lambda b, x: _concat(b, [x, b.conv(x, 12, (3, 3))], axis=3),
+    "concat_requant_axis3_blocks": lambda b, x: _concat_blocks(b, x),
     "lut_sigmoid": lambda b, x: b.lut(x),
     "global_avgpool": lambda b, x: _gap(b, x),
     "pad_constant_interior": lambda b, x: b.pad(x, (0, 1, 2, 3), (0, 2, 0, 1), (0, 1, 0, 2), value=5),
@@ -433,6 +436,12 @@ def _concat(b: Builder, xs, axis, same=False):
         params[1 + 2 * k], params[2 + 2 * k] = rq.quantize_multiplier(b.t(x).scale / b.t(y).scale)
     b.m.add_op(ekm.CONCAT, list(xs), [y], params)
     return y
+
+
+def _concat_blocks(b: Builder, x):
+    """Rows of 12, 5 and 12 bytes over 1600 pixels: several blocks of rows, tails of the lookup."""
+    u = b.simple(ekm.RESIZE, [x], (1, 40, 40, 12), {0: 1})
+    return _concat(b, [u, b.conv(u, 5, (1, 1), pads=(0, 0, 0, 0)), b.add(u, u)], axis=3)
 
 
 def _gap(b: Builder, x):
