@@ -157,6 +157,8 @@ def host_isas() -> set[str]:
             isas.add("avx2")
         if {"avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= f:
             isas.add("avx512vnni")
+        if {"avx2", "avx512f", "avx512bw", "avx512vbmi"} <= f:
+            isas.add("avx512vbmi")
     elif HOST == "aarch64":
         if "asimd" in f:
             isas.add("neon")

@@ -131,7 +131,10 @@ def test_host_runner_equals_the_reference_on_every_isa(host_runner, models, name
     assert "scalar" in isas and len(isas) >= 2  # the reference path and at least one SIMD path
     for isa in isas:
         info = json.loads(_run_ekrt([str(host_runner), "info", "--json"], env={"EKRT_ISA": isa}).stdout)
-        assert info["isa"] == isa
+        # the pinned ISA is the level of a kernel that runs (avx512vbmi has only x8-lut's: the
+        # GEMM, and so info["isa"], stay avx512vnni's)
+        assert isa in {fn.split("__", 1)[1].split("_")[0] for fn in info["kernels"].values()}, info["kernels"]
+        assert info["isa"] == isa or (isa == "avx512vbmi" and info["isa"] == "avx512vnni"), info["isa"]
         d = tmp_path / isa
         d.mkdir()
         assert _outputs_equal_reference([str(host_runner)], model, feeds, d, env={"EKRT_ISA": isa}) == len(feeds)

@@ -1,6 +1,6 @@
 /* Kernel dispatch: once per process (CPU features from edgekit/cpu.h), the last kernel of each family's list
  * (csrc/kernels/<family>/<family>.inc) whose ISA bits the CPU has. EKRT_ISA=<isa> caps the
- * features at that ISA (scalar, neon, neondot, avx2, avx512vnni). */
+ * features at that ISA (scalar, neon, neondot, avx2, avx512vnni, avx512vbmi). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdlib.h>
@@ -18,6 +18,8 @@ static const struct {
     {"neondot", EKRT_CPU_NEON | EKRT_CPU_NEONDOT},
     {"avx2", EKRT_CPU_AVX2},
     {"avx512vnni", EKRT_CPU_AVX2 | EKRT_CPU_AVX512VNNI},
+    /* every x86 level: VBMI has no GEMM of its own, only the x8-lut kernel */
+    {"avx512vbmi", EKRT_CPU_AVX2 | EKRT_CPU_AVX512VNNI | EKRT_CPU_AVX512VBMI},
 };
 
 /* Each family's list (.inc) read as a table: EK_KERNEL(isa, fn, mr, nr, kr) -> one entry. */
@@ -111,7 +113,7 @@ static void init(void) {
   for (size_t i = 0; i < sizeof VMUL / sizeof VMUL[0]; i++) seen |= VMUL[i].isa;
   for (size_t i = 0; i < sizeof LUT / sizeof LUT[0]; i++) seen |= LUT[i].isa;
   for (size_t i = 0; i < sizeof CVT / sizeof CVT[0]; i++) seen |= CVT[i].isa;
-  static const uint32_t order[] = {0x80000000u, EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI};
+  static const uint32_t order[] = {0x80000000u, EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI, EK_ISA_AVX512VBMI};
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
     if (!(seen & order[i])) continue;
     const char* nm = ek_isa_name(order[i] == 0x80000000u ? 0 : order[i]);

@@ -5,9 +5,9 @@
  * A feature bit is an EK_ISA_* kernel level (kernels.h): a kernel runs when all its bits are
  * set. Its printed name is the word edgekit/profiles/model.py uses for the CPU feature that
  * level needs (Linux /proc/cpuinfo's where it has one): "neon", "asimddp", "avx2",
- * "avx512_vnni" (which here also implies AVX-512 F/BW/VL and the OS saving ZMM state). Kernel
- * ISA names (EKRT_ISA, built ISAs, function suffixes) stay: scalar, neon, neondot, avx2,
- * avx512vnni. Header-only (static inline), so each of the three builds takes it as is. */
+ * "avx512_vnni" (which here also implies AVX-512 F/BW/VL and the OS saving ZMM state),
+ * "avx512vbmi" (F/BW too). Kernel ISA names (EKRT_ISA, built ISAs, function suffixes) stay:
+ * scalar, neon, neondot, avx2, avx512vnni, avx512vbmi. Header-only (static inline), so each of the three builds takes it as is. */
 #ifndef EDGEKIT_CPU_H
 #define EDGEKIT_CPU_H
 
@@ -23,9 +23,9 @@
 #endif
 
 /* the bits, in the order they are printed */
-#define EK_CPU_N_FEATURES 4
+#define EK_CPU_N_FEATURES 5
 static inline uint32_t ek_cpu_feature_bit(int i) {
-  static const uint32_t bits[EK_CPU_N_FEATURES] = {EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI};
+  static const uint32_t bits[EK_CPU_N_FEATURES] = {EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI, EK_ISA_AVX512VBMI};
   return i >= 0 && i < EK_CPU_N_FEATURES ? bits[i] : 0;
 }
 
@@ -35,6 +35,7 @@ static inline const char* ek_cpu_feature_name(uint32_t bit) {
     case EK_ISA_NEONDOT: return "asimddp";
     case EK_ISA_AVX2: return "avx2";
     case EK_ISA_AVX512VNNI: return "avx512_vnni";
+    case EK_ISA_AVX512VBMI: return "avx512vbmi";
     default: return "?";
   }
 }
@@ -47,12 +48,13 @@ static inline const char* ek_isa_name(uint32_t isa) {
     case EK_ISA_NEONDOT: return "neondot";
     case EK_ISA_AVX2: return "avx2";
     case EK_ISA_AVX512VNNI: return "avx512vnni";
+    case EK_ISA_AVX512VBMI: return "avx512vbmi";
     default: return "?";
   }
 }
 
 /* getauxval(AT_HWCAP) on aarch64; cpuid + xgetbv on x86 (AVX2 needs the OS to save YMM state,
- * AVX-512 VNNI needs F, BW, VL, VNNI and ZMM state) */
+ * AVX-512 VNNI needs F, BW, VL, VNNI and ZMM state; VBMI needs F, BW, VBMI and ZMM state) */
 static inline uint32_t ek_cpu_detect(void) {
   uint32_t f = 0;
 #if defined(__aarch64__)
@@ -75,6 +77,8 @@ static inline uint32_t ek_cpu_detect(void) {
   if ((xlo & 0xE6u) == 0xE6u && ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1) && ((c >> 11) & 1) &&
       (f & EK_ISA_AVX2))
     f |= EK_ISA_AVX512VNNI;
+  if ((xlo & 0xE6u) == 0xE6u && ((b >> 16) & 1) && ((b >> 30) & 1) && ((c >> 1) & 1) && (f & EK_ISA_AVX2))
+    f |= EK_ISA_AVX512VBMI;
 #endif
   return f;
 }

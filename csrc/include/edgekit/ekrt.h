@@ -29,6 +29,7 @@ enum ekrt_status {
 #define EKRT_CPU_NEONDOT (1u << 1)    /* aarch64 SDOT/UDOT (HWCAP_ASIMDDP) */
 #define EKRT_CPU_AVX2 (1u << 8)       /* x86 AVX2 (+ OS saves YMM) */
 #define EKRT_CPU_AVX512VNNI (1u << 9) /* x86 AVX-512 F/BW/VL/VNNI (+ OS saves ZMM) */
+#define EKRT_CPU_AVX512VBMI (1u << 10) /* x86 AVX-512 F/BW/VBMI (+ OS saves ZMM) */
 
 typedef struct ekrt_model ekrt_model;
 

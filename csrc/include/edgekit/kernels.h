@@ -31,6 +31,7 @@ extern "C" {
 #define EK_ISA_NEONDOT (1u << 1)    /* + SDOT (ARMv8.2 dotprod); own TU, -march=armv8.2-a+dotprod */
 #define EK_ISA_AVX2 (1u << 8)       /* x86-64 AVX2; -mavx2 */
 #define EK_ISA_AVX512VNNI (1u << 9) /* AVX-512 F/BW/VL/VNNI; -mavx512f -mavx512bw -mavx512vl -mavx512vnni */
+#define EK_ISA_AVX512VBMI (1u << 10) /* AVX-512 F/BW/VBMI (byte permutes; not implied by VNNI: Cascade Lake has VNNI only) */
 
 /* Which ISAs this translation unit may name. A build whose compiler cannot take a kernel
  * file's flags skips the file and compiles everything else with -DEK_NO_<ISA>. */
@@ -53,6 +54,11 @@ extern "C" {
 #define EK_ENABLE_AVX512VNNI 1
 #else
 #define EK_ENABLE_AVX512VNNI 0
+#endif
+#if defined(__x86_64__) && !defined(EK_NO_AVX512VBMI)
+#define EK_ENABLE_AVX512VBMI 1
+#else
+#define EK_ENABLE_AVX512VBMI 0
 #endif
 
 /* Per-output-channel requantization (requant.h's ek_requant): channel j of a call uses
