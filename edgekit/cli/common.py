@@ -42,7 +42,8 @@ Method = Annotated[
     typer.Option(
         "--method",
         help=f"Calibration method: {', '.join(METHODS)}; add +clip (MSE weight clipping), +bias (bias correction), "
-        "+cle (cross-layer equalization), +smooth[=alpha] (SmoothQuant scales into LayerNorm/MatMul constants), e.g. mse+clip+bias; "
+        "+cle (cross-layer equalization), +smooth[=alpha] (SmoothQuant scales into LayerNorm/MatMul constants), "
+        "+gptq (weights rounded against the layers' inputs), e.g. mse+clip+bias; "
         "or dynamic: int8 weights, activations quantized at run time (no calibration; onnxruntime).",
     ),
 ]

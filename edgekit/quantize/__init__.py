@@ -15,7 +15,7 @@ from edgekit.errors import ModelError
 from edgekit.events import Events
 from edgekit.fsutil import atomic_path
 from edgekit.modelio import LoadedModel, with_static_inputs
-from edgekit.quantize import autorange, dynamic, equalize, sensitivity, smooth, threshold
+from edgekit.quantize import autorange, dynamic, equalize, rounding, sensitivity, smooth, threshold
 from edgekit.quantize import mixed as mixed_precision
 from edgekit.quantize.calib import (
     DEFAULT_METHOD,
@@ -174,6 +174,12 @@ def quantize_model(
         candidates=candidates,
     )
     originals = equalize.clip_weights(prepared, analysis, scheme) if recipe.weight_clip else {}
+    if recipe.gptq:  # after clipping (its scales), before bias correction (which corrects for these integers)
+        rounded = rounding.layers(prepared, analysis)
+        rounding.collect(prepared, rounded, calibration.feeds)
+        analysis.rounded = rounding.round_layers(rounded, scheme)
+        if progress is not None:
+            progress.advance(len(calibration.feeds))
     if means is not None:
         equalize.correct_biases(prepared, analysis, means, scheme, originals)
     auto_ranges = None

@@ -119,7 +119,7 @@ class _Trial:
         # Each input's scale or zero point follows one calibrated tensor's range (its own, or the
         # source's it shares: "same"); the params of a (tensor, range) are computed once, not per
         # trial (tensor_params over every tensor was 13 % of ppocr-cls's quantize time).
-        self.source = {name: _source(analysis, name.rpartition("__")[0]) for name in self.kinds}
+        self.source = {name: analysis.root(name.rpartition("__")[0]) for name in self.kinds}
         self.memo: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         # Inputs bound, not fed to run(): run() checks each of its ~2 x tensors names against
         # the inputs in a Python loop (quadratic: 15 % of ppocr-cls's trial time).
@@ -169,13 +169,6 @@ class _Trial:
             if not math.isfinite(err) or err >= below:
                 break
         return err if math.isfinite(err) else math.inf
-
-
-def _source(analysis: Analysis, t: str) -> str:
-    """The tensor whose range sets ``t``'s params: ``t``, or the one it shares them with ("same")."""
-    while analysis.tensors[t][0] == "same":
-        t = analysis.tensors[t][1]
-    return t
 
 
 def fold_constant_dq(qmodel: onnx.ModelProto) -> onnx.ModelProto:

@@ -345,22 +345,24 @@ class Recipe:
     """What ``--method`` asks for: a range method, then ``+`` options that change the model.
 
     ``mse+clip+bias+cle``: MSE activation ranges, weights clipped per channel by MSE, biases
-    corrected for the weights' rounding, cross-layer equalization before calibration."""
+    corrected for the weights' rounding, cross-layer equalization before calibration; ``+gptq``:
+    weights rounded against the layers' inputs (``quantize.rounding``)."""
 
     ranges: str = "minmax"
     weight_clip: bool = False
     bias_correction: bool = False
     equalize: bool = False
     smooth: float | str | None = None  # +smooth[=alpha]: SmoothQuant's migration strength, or "auto" (quantize.smooth)
+    gptq: bool = False  # +gptq: weights rounded against the layers' float inputs (quantize.rounding)
 
     @property
     def passes(self) -> int:
         """Float passes over the calibration samples: ranges (a second for histograms), smoothing."""
-        return {"minmax": 1, DYNAMIC: 0}.get(self.ranges, 2) + (self.smooth is not None)
+        return {"minmax": 1, DYNAMIC: 0}.get(self.ranges, 2) + (self.smooth is not None) + self.gptq
 
 
 # The ``+`` options of a --method, and the Recipe field each one sets.
-OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize", "smooth": "smooth"}
+OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize", "smooth": "smooth", "gptq": "gptq"}
 SMOOTH_ALPHA = "auto"  # +smooth without a value: per tensor, the alpha with the least simulated int8 error, or none
 
 

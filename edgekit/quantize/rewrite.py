@@ -36,6 +36,9 @@ class Analysis:
     rules: dict[str, NodeRule]  # node name -> rule, for int8 and passthrough nodes
     tensors: dict[str, tuple]  # tensor -> ("own",) | ("const",) | ("same", source tensor)
     consts: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
+    # weight -> its int8 values where they are not round-to-nearest at qmath.weight_params'
+    # scales (``+gptq``: quantize.rounding); the scales stay those
+    rounded: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
 
     @property
     def float_nodes(self) -> list[NodeDecision]:
@@ -44,6 +47,14 @@ class Analysis:
     @property
     def calibrated(self) -> list[str]:
         return [t for t, src in self.tensors.items() if src[0] == "own"]
+
+    def weight_q(self, name: str, axis: int | None, scheme: QuantScheme) -> np.ndarray:
+        """Weight ``name``'s int8 values: ``rounded``'s, else round-to-nearest at its scales."""
+        w = self.consts[name]
+        if name in self.rounded and self.rounded[name].shape == w.shape:
+            return self.rounded[name]
+        s, z = qmath.weight_params(w, axis, scheme.weight_qmax)
+        return qmath.quantize(w, s, z, "int8", axis)
 
     def root(self, t: str) -> str:
         """The tensor whose int8 scale ``t`` carries (itself, or a pass-through's source)."""
@@ -322,7 +333,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
             w_scale = s
             if key not in done:
                 base = f"{w_name}__w{'' if r.weight_axis is None else r.weight_axis}"
-                q = qmath.quantize(w, s, z, "int8", r.weight_axis)
+                q = analysis.weight_q(w_name, r.weight_axis, scheme)
                 if r.weight_axis is None:  # per tensor: a scalar scale and zero point
                     done[key] = dequantized(base, q, s.reshape(()), z.reshape(()))
                 else:

@@ -1,0 +1,173 @@
+"""``+gptq`` (edgekit.quantize.rounding): weights rounded against the layers' float inputs.
+
+The Hessian a layer collects is checked through an identity that needs no GPTQ at all: for any
+weight error E, the squared error it causes in the layer's output over the samples is
+tr(E H E^T) (every input position enters H when the image is small). That pins the patch layout
+to the weight's column order for regular and depthwise convolutions and for Gemm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgekit.errors import UsageError
+from edgekit.modelio import IOSpec, load_model
+from edgekit.quantize import SCHEMES, FeedSet, qmath, quantize_model, rounding
+from edgekit.quantize.calib import parse_method
+from edgekit.quantize.prepare import prepare
+from edgekit.quantize.rewrite import analyze
+
+SCHEME = SCHEMES["onnxruntime"]
+
+
+def _model(nodes, x_shape, y_name, inits) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info(y_name, TensorProto.FLOAT, [1, 5])],
+                              initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _conv_net(seed: int = 0) -> tuple[onnx.ModelProto, tuple[int, ...]]:
+    """A regular 3x3 conv (stride 2, asymmetric pads), a depthwise 5x5, a 1x1, then Gemm."""
+    rng = np.random.default_rng(seed)
+    inits = {
+        "w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "b1": rng.standard_normal(8).astype(np.float32),
+        "w2": rng.standard_normal((8, 1, 5, 5)).astype(np.float32), "b2": rng.standard_normal(8).astype(np.float32),
+        "w3": rng.standard_normal((6, 8, 1, 1)).astype(np.float32), "b3": rng.standard_normal(6).astype(np.float32),
+        "wf": rng.standard_normal((5, 6 * 5 * 4)).astype(np.float32), "bf": rng.standard_normal(5).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 0, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="dw", kernel_shape=[5, 5], pads=[2, 2, 2, 2], group=8),
+        helper.make_node("Conv", ["c2", "w3", "b3"], ["c3"], name="pw", kernel_shape=[1, 1]),
+        helper.make_node("Flatten", ["c3"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], name="fc", transB=1),
+    ]
+    return _model(nodes, (1, 3, 10, 9), "y", inits), (1, 3, 10, 9)
+
+
+def _feeds(shape, n, seed=1):
+    rng = np.random.default_rng(seed)
+    # correlated inputs (a smooth image plus noise): where GPTQ has something to exploit
+    base = rng.standard_normal((n, 1, 1, *shape[2:])).astype(np.float32)
+    return [{"x": (base[i] + 0.3 * rng.standard_normal(shape)).astype(np.float32)} for i in range(n)]
+
+
+def _layer_outputs(model, node, weight, feeds):
+    """The node's output (without its bias) for each feed, with ``weight`` as its weight."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for t in m.graph.initializer:
+        if t.name == node.input[1]:
+            t.CopyFrom(numpy_helper.from_array(weight.astype(np.float32), t.name))
+        if len(node.input) > 2 and t.name == node.input[2]:
+            t.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(t)), t.name))
+    m.graph.output.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return [s.run([node.output[0]], f)[0].astype(np.float64) for f in feeds]
+
+
+def test_a_layers_hessian_gives_its_output_error_for_any_weight_error():
+    model, shape = _conv_net()
+    model = prepare(model, (IOSpec("x", shape, "float32"),))  # shapes known: every layer int8
+    feeds = _feeds(shape, 3)
+    analysis = analyze(model, SCHEME)
+    found = {layer.node.name: layer for layer in rounding.layers(model, analysis)}
+    assert set(found) == {"conv1", "dw", "pw", "fc"}
+    rounding.collect(model, list(found.values()), feeds)
+    rng = np.random.default_rng(7)
+    for name, layer in found.items():
+        w = layer.w.astype(np.float64)
+        e = rng.standard_normal(w.shape) * 0.01
+        a, b = _layer_outputs(model, layer.node, w, feeds), _layer_outputs(model, layer.node, w + e, feeds)
+        measured = sum(float(np.square(y1 - y0).sum()) for y0, y1 in zip(a, b))
+        if layer.depthwise:  # one Hessian per channel: sum_c e_c H_c e_c
+            E = e.reshape(e.shape[0], -1)
+            predicted = float(np.einsum("ck,ckl,cl->", E, layer.hessian, E))
+        else:
+            E = e.reshape(e.shape[0], -1) if layer.node.op_type == "Conv" else e
+            predicted = float(np.trace(E @ layer.hessian @ E.T))
+        assert predicted == pytest.approx(measured, rel=1e-4), name
+
+
+def test_gptq_rounds_to_nearest_when_the_inputs_are_uncorrelated_and_beats_it_when_they_are():
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((16, 24))
+    scale = np.abs(W).max(axis=1) / 127
+    nearest = np.clip(np.round(W / scale[:, None]), -127, 127)
+    assert np.array_equal(rounding.solve(W, np.eye(24) * 5.0, scale, 127), nearest)  # nothing to pass on
+    X = rng.standard_normal((24, 4000))
+    X = (np.linalg.cholesky(0.9 * np.ones((24, 24)) + 0.1 * np.eye(24)) @ X)  # strongly correlated inputs
+    H = X @ X.T
+    Q = rounding.solve(W, H, scale, 127)
+    assert Q.min() >= -127 and Q.max() <= 127
+    err = lambda q: float(np.square((W - q * scale[:, None]) @ X).sum())  # noqa: E731
+    assert err(Q) < 0.5 * err(nearest), (err(Q), err(nearest))
+    # one Hessian per row (depthwise) gives what the shared one gives when they are all the same
+    assert np.array_equal(rounding.solve(W, np.broadcast_to(H, (16, 24, 24)), scale, 127), Q)
+    # an input never nonzero (a dead channel): its column rounds to nearest, nothing breaks
+    H0 = H.copy()
+    H0[5, :] = H0[:, 5] = 0
+    assert np.array_equal(rounding.solve(W, H0, scale, 127)[:, 5], nearest[:, 5])
+
+
+def test_quantize_with_gptq_keeps_the_scales_and_lowers_the_output_error(tmp_path):
+    model, shape = _conv_net()
+    calib, held = _feeds(shape, 8), _feeds(shape, 8, seed=2)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    results = {m: quantize_model(loaded, SCHEME, FeedSet(calib, "c"), FeedSet(held, "h"), method=m) for m in ("minmax", "minmax+gptq")}
+    plain, gptq = results["minmax"], results["minmax+gptq"]
+    assert not plain.analysis.rounded and set(gptq.analysis.rounded) == {"w1", "w2", "w3", "wf"}
+    ip, ig = ({t.name: numpy_helper.to_array(t) for t in r.model.graph.initializer} for r in (plain, gptq))
+    for w in ("w1", "w2", "w3", "wf"):
+        q = next(k for k in ip if k.startswith(w + "__") and k.endswith("__q"))
+        s = q.replace("__q", "__scale")
+        np.testing.assert_array_equal(ip[s], ig[s])  # same scales
+        assert not np.array_equal(ip[q], ig[q]), w  # other integers
+        assert np.abs(ig[q].astype(int) - ip[q].astype(int)).max() <= 127
+    prepared = prepare(model, loaded.inputs)
+    ref = [_run(prepared, f) for f in held]
+
+    def noise(r):
+        return sum(float(np.square(_run(r.model, f) - y).sum()) for f, y in zip(held, ref))
+
+    assert noise(gptq) < noise(plain), (noise(gptq), noise(plain))
+    # with bias correction too (which then corrects for the GPTQ integers), and with auto's ranges
+    for method in ("minmax+bias+gptq", "auto+gptq"):
+        r = quantize_model(loaded, SCHEME, FeedSet(calib, "c"), FeedSet(held, "h"), method=method)
+        assert set(r.analysis.rounded) == {"w1", "w2", "w3", "wf"} and np.isfinite(noise(r)), method
+
+
+def _run(model, feed):
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return s.run(None, feed)[0].astype(np.float64)
+
+
+def test_the_gptq_option_is_parsed_and_checked():
+    assert parse_method("auto+gptq").gptq and not parse_method("auto").gptq
+    assert parse_method("mse+bias+gptq").passes == 3
+    with pytest.raises(UsageError, match=r"\+gptq takes no value"):
+        parse_method("auto+gptq=2")
+    with pytest.raises(UsageError, match="repeats"):
+        parse_method("auto+gptq+gptq")
+
+
+def test_the_rounded_integers_are_what_rewrite_and_bias_correction_use():
+    model, shape = _conv_net(seed=4)
+    analysis = analyze(prepare(model, (IOSpec("x", shape, "float32"),)), SCHEME)
+    w = analysis.consts["w3"]
+    s, z = qmath.weight_params(w, 0, SCHEME.weight_qmax)
+    nearest = qmath.quantize(w, s, z, "int8", 0)
+    analysis.rounded["w3"] = np.clip(nearest.astype(int) + 1, -127, 127).astype(np.int8)
+    assert np.array_equal(analysis.weight_q("w3", 0, SCHEME), analysis.rounded["w3"])
+    assert np.array_equal(analysis.weight_q("w1", 0, SCHEME), qmath.quantize(analysis.consts["w1"], *qmath.weight_params(analysis.consts["w1"], 0, SCHEME.weight_qmax), "int8", 0))
