@@ -83,8 +83,8 @@ def test_a_process_that_is_not_ours_is_counted_and_our_own_child_is_not():
     tck = os.sysconf("SC_CLK_TCK")
     assert c["other_cpu"] > 0 and c["contended"] is True, c
     named = {p["pid"]: p for p in c["top"]}  # the busiest 3: on a busy shared machine the hog may not be one
-    if other in named:
-        assert named[other]["name"].startswith("python") and named[other]["cpu"] == round(ticks[other] / tck / c["window_s"], 3)
+    if other in named:  # its share of a core: from the unrounded window (the record keeps window_s to 4 places)
+        assert named[other]["name"].startswith("python") and abs(named[other]["cpu"] - ticks[other] / tck / c["window_s"]) <= 1e-3, (named[other], c)
 
 
 def test_the_children_a_process_reaps_in_the_window_count_as_its_work():
