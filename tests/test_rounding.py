@@ -169,5 +169,6 @@ def test_the_rounded_integers_are_what_rewrite_and_bias_correction_use():
     s, z = qmath.weight_params(w, 0, SCHEME.weight_qmax)
     nearest = qmath.quantize(w, s, z, "int8", 0)
     analysis.rounded["w3"] = np.clip(nearest.astype(int) + 1, -127, 127).astype(np.int8)
-    assert np.array_equal(analysis.weight_q("w3", 0, SCHEME), analysis.rounded["w3"])
-    assert np.array_equal(analysis.weight_q("w1", 0, SCHEME), qmath.quantize(analysis.consts["w1"], *qmath.weight_params(analysis.consts["w1"], 0, SCHEME.weight_qmax), "int8", 0))
+    assert np.array_equal(analysis.weight_q("w3", s, z, 0), analysis.rounded["w3"])
+    s1, z1 = qmath.weight_params(analysis.consts["w1"], 0, SCHEME.weight_qmax)
+    assert np.array_equal(analysis.weight_q("w1", s1, z1, 0), qmath.quantize(analysis.consts["w1"], s1, z1, "int8", 0))

@@ -120,7 +120,7 @@ def correct_biases(
         w = originals.get(w_name, analysis.consts[w_name]).astype(np.float64)
         used = analysis.consts[w_name]
         s, z = qmath.weight_params(used, r.weight_axis, scheme.weight_qmax)
-        error = qmath.dequantize(analysis.weight_q(w_name, r.weight_axis, scheme), s, z, r.weight_axis) - w
+        error = qmath.dequantize(analysis.weight_q(w_name, s, z, r.weight_axis), s, z, r.weight_axis) - w
         if node.op_type == "Conv":
             out, per_group = error.shape[0], error.shape[1]
             group = int(attr(node, "group", 1))

@@ -48,12 +48,12 @@ class Analysis:
     def calibrated(self) -> list[str]:
         return [t for t, src in self.tensors.items() if src[0] == "own"]
 
-    def weight_q(self, name: str, axis: int | None, scheme: QuantScheme) -> np.ndarray:
-        """Weight ``name``'s int8 values: ``rounded``'s, else round-to-nearest at its scales."""
+    def weight_q(self, name: str, s: np.ndarray, z: np.ndarray, axis: int | None) -> np.ndarray:
+        """Weight ``name``'s int8 values at its scale ``s`` and zero point ``z``
+        (``qmath.weight_params``): ``rounded``'s, else round-to-nearest."""
         w = self.consts[name]
         if name in self.rounded and self.rounded[name].shape == w.shape:
             return self.rounded[name]
-        s, z = qmath.weight_params(w, axis, scheme.weight_qmax)
         return qmath.quantize(w, s, z, "int8", axis)
 
     def root(self, t: str) -> str:
@@ -333,7 +333,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
             w_scale = s
             if key not in done:
                 base = f"{w_name}__w{'' if r.weight_axis is None else r.weight_axis}"
-                q = analysis.weight_q(w_name, r.weight_axis, scheme)
+                q = analysis.weight_q(w_name, s, z, r.weight_axis)
                 if r.weight_axis is None:  # per tensor: a scalar scale and zero point
                     done[key] = dequantized(base, q, s.reshape(()), z.reshape(()))
                 else:

@@ -25,22 +25,15 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from edgekit.quantize import qmath
 from edgekit.quantize.rewrite import Analysis
+from edgekit.quantize.rules import attr
 from edgekit.quantize.scheme import QuantScheme
 
 COLUMNS = 1024  # input positions per sample and layer that enter its Hessian
 DAMP = 0.01  # of the Hessian's mean diagonal, added to its diagonal (GPTQ's dampening)
 BLOCK = 64  # columns rounded between two updates of the rest (solve)
-
-
-def _attr(node: onnx.NodeProto, key: str, default):
-    for a in node.attribute:
-        if a.name == key:
-            return helper.get_attribute_value(a)
-    return default
 
 
 class Layer:
@@ -49,15 +42,14 @@ class Layer:
     def __init__(self, node: onnx.NodeProto, weight: str, axis: int | None, w: np.ndarray) -> None:
         self.node, self.weight, self.axis, self.w = node, weight, axis, w
         self.input = node.input[0]
-        self.depthwise = node.op_type == "Conv" and int(_attr(node, "group", 1)) > 1
+        self.depthwise = node.op_type == "Conv" and int(attr(node, "group", 1)) > 1
         self.hessian: np.ndarray | float = 0.0
         self.samples = 0
 
     def add(self, x: np.ndarray, rng: np.random.Generator) -> None:
         """Add one sample's input ``x`` to the Hessian."""
         if self.node.op_type == "Conv":
-            p = self._patches(x, rng)  # (C or 1, K, L)
-            p = p.astype(np.float32)
+            p = self._patches(x, rng).astype(np.float32)  # (C or 1, K, L)
             h = np.einsum("ckn,cln->ckl", p, p, optimize=True) if self.depthwise else p[0] @ p[0].T
         else:  # Gemm / MatMul: the last axis is the reduction
             rows = x.reshape(-1, x.shape[-1]).astype(np.float32)
@@ -71,7 +63,7 @@ class Layer:
         """(C, K*K, L) for a depthwise Conv, else (1, C*K*K, L): input patches in ``W``'s column order."""
         n = self.node
         kh, kw = self.w.shape[2:]
-        s, p = _attr(n, "strides", [1, 1]), _attr(n, "pads", [0, 0, 0, 0])
+        s, p = attr(n, "strides", [1, 1]), attr(n, "pads", [0, 0, 0, 0])
         x = np.pad(x[0], ((0, 0), (p[0], p[2]), (p[1], p[3])))
         v = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(1, 2))[:, :: s[0], :: s[1]]  # C, Ho, Wo, kh, kw
         c, ho, wo = v.shape[:3]
@@ -93,11 +85,11 @@ def layers(model: onnx.ModelProto, analysis: Analysis) -> list[Layer]:
         if w is None:
             continue
         if node.op_type == "Conv":
-            group = int(_attr(node, "group", 1))
-            ok = (w.ndim == 4 and r.weight_axis in (0, None) and _attr(node, "dilations", [1, 1]) == [1, 1]
-                  and _attr(node, "auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET") and (group == 1 or (group == w.shape[0] and w.shape[1] == 1)))
+            group = int(attr(node, "group", 1))
+            ok = (w.ndim == 4 and r.weight_axis in (0, None) and attr(node, "dilations", [1, 1]) == [1, 1]
+                  and attr(node, "auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET") and (group == 1 or (group == w.shape[0] and w.shape[1] == 1)))
         elif node.op_type == "Gemm":
-            ok = w.ndim == 2 and not _attr(node, "transA", 0) and r.weight_axis in ((0 if _attr(node, "transB", 0) else 1), None)
+            ok = w.ndim == 2 and not attr(node, "transA", 0) and r.weight_axis in ((0 if attr(node, "transB", 0) else 1), None)
         elif node.op_type == "MatMul":
             ok = w.ndim == 2 and r.weight_axis in (1, None)
         else:
@@ -122,8 +114,8 @@ def solve(W: np.ndarray, H: np.ndarray, scale: np.ndarray, qmax: int) -> np.ndar
     try:  # in float32, as GPTQ does: the inverse and its factor were 70 % of the time in float64
         U = np.transpose(np.linalg.cholesky(np.linalg.inv(Hs.astype(np.float32))), (0, 2, 1)).astype(np.float64)  # upper factors of H^-1
     except np.linalg.LinAlgError:
-        return np.clip(np.round(W / scale[:, None]), -qmax, qmax).astype(np.int64)
-    if not np.isfinite(U).all():
+        U = None
+    if U is None or not np.isfinite(U).all():  # no usable inverse: round to nearest
         return np.clip(np.round(W / scale[:, None]), -qmax, qmax).astype(np.int64)
     Wt = np.array(W, dtype=np.float64).T.copy()  # a column of W is a contiguous row here
     Q = np.zeros(Wt.shape, dtype=np.int64)
@@ -153,7 +145,7 @@ def round_layers(found: Sequence[Layer], scheme: QuantScheme) -> dict[str, np.nd
         s, _ = qmath.weight_params(w, layer.axis, scheme.weight_qmax)
         if n.op_type == "Conv":
             W = w.reshape(w.shape[0], -1)
-        elif n.op_type == "Gemm" and _attr(n, "transB", 0):
+        elif n.op_type == "Gemm" and attr(n, "transB", 0):
             W = w
         else:  # Gemm without transB, MatMul: (K, N), outputs on the columns
             W = w.T
