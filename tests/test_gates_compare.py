@@ -600,6 +600,24 @@ def test_back_to_back_benches_show_no_change(cli):
         assert "error: 1 of 2 gate(s) failed: p99:<0.0001ms" in r.stderr
 
 
+def test_a_gated_bench_without_threads_times_at_its_baselines_count(cli):
+    """bench --fail with no --threads: timed at the thread count of the run it will be gated against
+    (left to the probe, a busy 2-core VM chose 1 thread in one run and 2 in the next, and the gate
+    had no baseline); --threads still chooses."""
+    model = ("bench", MODEL, "--target", "local")
+    r = cli(*model, "--threads", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    first = json.loads(r.stdout)[0]["id"]
+    r = cli(*model, "--fail", "p50:+400%")
+    assert f"timing at 2 thread(s), as run {first} (the gate's baseline) was" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    gate = next(ln for ln in r.stdout.splitlines() if ln.startswith("gate "))
+    assert f"vs run {first}" in gate, gate
+    shown = json.loads(cli("results", "show", str(first + 1), "--json").stdout)
+    assert shown["agent"]["config"]["threads"] == 2
+    r = cli(*model, "--threads", "1", "--fail", "p50:+400%")  # chosen: no pin, and the note says why there is no baseline
+    assert "timing at" not in r.stdout + r.stderr and "no baseline at 1 thread(s)" in r.stdout, r.stdout
+
+
 def test_compare_cli_slower_and_refusals(cli, steady, tmp_path):
     real = steady
     slow = derived(real, np.asarray(real["agent"]["samples_ns"]) * 1.3)

@@ -448,6 +448,16 @@ def other_threads(store: ResultsStore, record: dict, exclude: Collection[int], s
     return ""
 
 
+def gated_threads(store: ResultsStore, model: str, target: str, device: str, variants: Collection[str] | None = None) -> dict | None:
+    """The newest stored run of ``model`` on ``target`` and ``device`` (of one of ``variants``, None:
+    any) that has a thread count: what a default gate of a new run would compare against, and so
+    the count to time it at (``bench --fail`` without ``--threads``); None when there is none."""
+    for r in store.records(limit=50, model=model, target=target, device=device):
+        if (variants is None or r["agent"]["variant"] in variants) and r["agent"]["config"].get("threads"):
+            return r
+    return None
+
+
 def baseline_for(candidates: Iterable[dict], record: dict, exclude: Collection[int] = ()) -> dict | None:
     """The first of ``candidates`` (newest first) that ``record`` may be measured against: the same
     model name, target, device and variant, comparable (a changed model is), not in ``exclude``."""

@@ -81,7 +81,10 @@ def bench(
         device=entry, **common.bench_args(opts), backend=backend, shapes=common.shapes(shape),
         trust_new_host=opts["trust_new_host"], password=common.ssh_password(opts["password"], entry), lock_wait=lock_wait,
     )  # fmt: skip
-    if bundle_dir.is_file() or bundle_dir.suffix.lower() in api.MODEL_SUFFIXES:
+    model_file = bundle_dir.is_file() or bundle_dir.suffix.lower() in api.MODEL_SUFFIXES
+    if gates and options["threads"] is None and opts["baseline"] is None and not common.is_fleet(entries, inventory):
+        options["threads"] = _gate_threads(out, bundle_dir, model_file, target, entry, variants)
+    if model_file:
         if variants:
             raise UsageError("--variant selects variants of a bundle; a model file has one", "drop --variant, or bench a bundle directory")
         if common.is_fleet(entries, inventory):
@@ -102,6 +105,35 @@ def bench(
         return
     result = api.bench(bundle_dir, variants=variants, events=out, target=target, **options)
     _print(out, result, f"{result.plan.model} on {result.plan.device} (target {result.plan.profile})", json_out, gates, opts["baseline"])
+
+
+def _gate_threads(out: Output, bundle_dir: Path, model_file: bool, target: str | None, entry, variants) -> int | None:
+    """``--fail`` without ``--threads``: the thread count of the run the gate will compare against
+    (a gate compares runs of one count only; left to the agent's probe, a busy 2-core device timed
+    one run at 1 thread and the next at 2, and the gate then had no baseline), or None (the probe's
+    choice) when there is no such run yet or the bundle cannot be read (the bench says why)."""
+    from edgekit.bench.compare import gated_threads
+    from edgekit.bench.store import ResultsStore
+    from edgekit.bundle import load_bundle
+    from edgekit.errors import EdgekitError
+    from edgekit.profiles import load_profile
+
+    try:
+        if model_file:
+            model, profile = bundle_dir.stem, target or (entry.profile if entry else None) or "local"
+        else:
+            manifest = load_bundle(bundle_dir).manifest
+            model, profile = manifest.model_name, target or manifest.profile
+        name = load_profile(profile).name
+    except EdgekitError:
+        return None
+    with ResultsStore() as store:
+        last = gated_threads(store, model, name, entry.name if entry else "local", variants or None)
+    if last is None:
+        return None
+    threads = last["agent"]["config"]["threads"]
+    out.info(f"timing at {threads} thread(s), as run {last['id']} (the gate's baseline) was: --threads to choose")
+    return threads
 
 
 def _bench_fleet(out: Output, bundle_dir: Path, entries, target, variants, options: dict, *, jobs: int, json_out: bool) -> None:
