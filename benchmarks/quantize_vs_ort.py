@@ -16,6 +16,8 @@ increase, detection F1, cosine, speech-probability error) against the fp32 model
   1 point, cosine 0.1, IoU 5, CER 0.2, ...). The search runs on a third sample set of its own
   (seed 2), so the held-out samples that judge it were never tuned on. When it refuses, the row
   says so and names how many layers it tried in float.
+* ``edgekit +nearest``: the same with ``+nearest`` (weights rounded to the nearest step: ``auto``
+  before it could keep GPTQ's rounding).
 * ``ORT default``: ``quant_pre_process`` + ``quantize_static`` with its defaults (QDQ, S8S8,
   per-tensor, MinMax).
 * ``ORT best``: ``quantize_static`` with per_channel + reduce_range and each of MinMax /
@@ -122,7 +124,22 @@ def edgekit_default(case: Case, out: Path) -> Column:
     t0 = time.perf_counter()
     result = quantize_model(loaded, host_scheme(), calib, heldout, method=EDGEKIT_METHOD)
     save_model(result.model, out)
-    return Column(out, time.perf_counter() - t0, f"{EDGEKIT_METHOD}, {host_scheme().activation_dtype} activations")
+    rounding = ((result.auto_ranges or {}).get("rounding") or {}).get("chosen")
+    weights = f", {rounding} weights (auto's choice)" if rounding else ""
+    return Column(out, time.perf_counter() - t0, f"{EDGEKIT_METHOD}, {host_scheme().activation_dtype} activations{weights}")
+
+
+def edgekit_nearest(case: Case, out: Path) -> Column:
+    """``edgekit`` with ``+nearest``: every weight rounded to its nearest step (``auto`` as it was
+    before it could choose GPTQ's rounding): what that choice adds, in the same run."""
+    loaded = load_model(case.src)
+    calib = FeedSet(case.calib.feeds, f"{case.name} calib")
+    heldout = FeedSet(case.heldout.feeds[:1], f"{case.name} held-out")
+    method = f"{EDGEKIT_METHOD}+nearest"
+    t0 = time.perf_counter()
+    result = quantize_model(loaded, host_scheme(), calib, heldout, method=method)
+    save_model(result.model, out)
+    return Column(out, time.perf_counter() - t0, method)
 
 
 def edgekit_max_drop(case: Case, out: Path) -> Column:
@@ -256,6 +273,7 @@ def _better(a, b) -> bool:
 # shows its error in that row.
 COLUMNS: dict[str, Callable[[Case, Path], Column]] = {
     "edgekit": edgekit_default,
+    "edgekit +nearest": edgekit_nearest,
     "ORT default": ort_default,
     "ORT best": ort_best,
 }

@@ -37,9 +37,10 @@ def test_auto_never_errs_more_than_minmax_at_the_outputs_on_its_calibration_samp
     held = FeedSet([{"x": x[None]} for x in _data(shape, 4, 2)], "held")
     auto = quantize_model(loaded, SCHEME, FeedSet(cal, "cal"), held, method="auto")
     mm = quantize_model(loaded, SCHEME, FeedSet(cal, "cal"), held, method="minmax")
-    judged = cal[: autorange.SAMPLES]
-    assert _error(loaded.model, auto.model, judged) <= _error(loaded.model, mm.model, judged) * (1 + 1e-6)
     rec = auto.auto_ranges
+    judged = cal[: rec["samples"]]  # (a tiny model: up to SMALL_SAMPLES of them)
+    assert rec["samples"] == autorange.SMALL_SAMPLES
+    assert _error(loaded.model, auto.model, judged) <= _error(loaded.model, mm.model, judged) * (1 + 1e-6)
     assert rec["trials"] >= 1 and rec["error"] <= rec["error_minmax"]
 
 
@@ -141,3 +142,14 @@ def test_trials_stopped_early_and_remembered_choose_what_full_trials_choose(kind
     monkeypatch.setattr(autorange._Trial, "error", full)
     slow = autorange.choose(prepared, analysis, SCHEME, candidates, feeds)
     assert fast == slow
+
+
+def test_how_many_samples_judge_a_trial_depends_on_the_model_not_on_the_machine(monkeypatch):
+    """A model of at most SMALL_MODEL_MACS is judged on up to SMALL_SAMPLES samples, a larger one on
+    SAMPLES, however fast this host runs it (by time, ppocr-rec was judged on 16 samples on a quiet
+    VM and on 4 on a busy one, with other ranges chosen)."""
+    model = onnx.shape_inference.infer_shapes(spiky_model())  # 256 x 8 MACs (choose gets a prepared model: shapes known)
+    feeds = _spiky_feeds(20)
+    assert len(autorange._References(model, feeds).feeds) == autorange.SMALL_SAMPLES
+    monkeypatch.setattr(autorange, "SMALL_MODEL_MACS", 256 * 8 - 1)
+    assert len(autorange._References(model, feeds).feeds) == autorange.SAMPLES

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgekit.errors import UsageError
 from edgekit.modelio import IOSpec, load_model
 from edgekit.quantize import SCHEMES, FeedSet, qmath, quantize_model, rounding
-from edgekit.quantize.calib import parse_method
+from edgekit.quantize.calib import collect_ranges, parse_method
 from edgekit.quantize.prepare import prepare
 from edgekit.quantize.rewrite import analyze
 
@@ -155,7 +155,10 @@ def _run(model, feed):
 
 def test_the_gptq_option_is_parsed_and_checked():
     assert parse_method("auto+gptq").gptq and not parse_method("auto").gptq
-    assert parse_method("mse+bias+gptq").passes == 3
+    assert parse_method("mse+bias+gptq").passes == 2  # the Hessians ride on the ranges' pass
+    assert [parse_method(m).rounding for m in ("auto", "auto+gptq", "auto+nearest", "minmax", "mse+gptq")] == ["decide", "gptq", "nearest", "nearest", "gptq"]
+    with pytest.raises(UsageError, match="two weight roundings"):
+        parse_method("auto+gptq+nearest")
     with pytest.raises(UsageError, match=r"\+gptq takes no value"):
         parse_method("auto+gptq=2")
     with pytest.raises(UsageError, match="repeats"):
@@ -172,3 +175,72 @@ def test_the_rounded_integers_are_what_rewrite_and_bias_correction_use():
     assert np.array_equal(analysis.weight_q("w3", s, z, 0), analysis.rounded["w3"])
     s1, z1 = qmath.weight_params(analysis.consts["w1"], 0, SCHEME.weight_qmax)
     assert np.array_equal(analysis.weight_q("w1", s1, z1, 0), qmath.quantize(analysis.consts["w1"], s1, z1, "int8", 0))
+
+
+def test_the_hessians_collected_on_the_ranges_pass_are_those_of_a_pass_of_their_own():
+    model, shape = _conv_net(seed=5)
+    prepared = prepare(model, (IOSpec("x", shape, "float32"),))
+    analysis = analyze(prepared, SCHEME)
+    feeds = _feeds(shape, 3)
+    alone, riding = rounding.layers(prepared, analysis), rounding.layers(prepared, analysis)
+    rounding.collect(prepared, alone, feeds)
+    collect_ranges(prepared, analysis.calibrated, feeds, method="mse", taps=[rounding.Hessians(riding)])
+    assert [x.samples for x in riding] == [3] * len(alone)
+    for a, b in zip(alone, riding):
+        np.testing.assert_array_equal(a.hessian, b.hessian)
+
+
+def _nudged(found, scheme, weights=None):
+    """GPTQ's integers pushed 3 steps off: a rounding that must lose to nearest's."""
+    return {k: np.clip(v.astype(int) + 3, -127, 127).astype(np.int8) for k, v in real_round_layers(found, scheme, weights).items()}
+
+
+real_round_layers = rounding.round_layers
+
+
+@pytest.mark.parametrize("extra", ["", "+bias"])
+def test_auto_keeps_gptq_only_where_it_lowers_the_output_error(tmp_path, monkeypatch, extra):
+    model, shape = _conv_net()
+    calib, held = _feeds(shape, 16), _feeds(shape, 8, seed=2)  # (on 8 of these GPTQ errs more at the outputs, and auto says so)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+
+    def q(method):
+        return quantize_model(loaded, SCHEME, FeedSet(calib, "c"), FeedSet(held, "h"), method=method)
+
+    auto, forced = q("auto" + extra), q("auto" + extra + "+gptq")
+    rec = auto.auto_ranges["rounding"]
+    assert rec["chosen"] == "gptq" and rec["error_gptq"] < rec["error_nearest"] and rec["layers"] == 4
+    assert auto.analysis.rounded.keys() == forced.analysis.rounded.keys()
+    assert auto.model.SerializeToString() == forced.model.SerializeToString()  # the same model as asking for it
+    nearest = q("auto" + extra + "+nearest")
+    assert "rounding" not in nearest.auto_ranges and not nearest.analysis.rounded
+    # a rounding that errs more is dropped, and every trace of it with it (bias correction's too)
+    monkeypatch.setattr(rounding, "round_layers", _nudged)
+    lost = q("auto" + extra)
+    assert lost.auto_ranges["rounding"]["chosen"] == "nearest" and not lost.analysis.rounded
+    assert lost.auto_ranges["rounding"]["error_gptq"] > lost.auto_ranges["rounding"]["error_nearest"]
+    assert lost.model.SerializeToString() == nearest.model.SerializeToString()
+
+
+def test_layers_reading_the_same_patches_share_one_hessian():
+    rng = np.random.default_rng(6)
+    inits = {k: rng.standard_normal(s).astype(np.float32) for k, s in (("wa", (4, 3, 3, 3)), ("wb", (6, 3, 3, 3)), ("wc", (4, 3, 3, 3)))}
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a"], name="a", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "wb"], ["b"], name="b", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),  # a's patches
+        helper.make_node("Conv", ["x", "wc"], ["c"], name="c", kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),  # other patches
+    ]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "abc"]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 40, 40])], outs,
+                              initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = prepare(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), (IOSpec("x", (1, 3, 40, 40), "float32"),))
+    analysis = analyze(model, SCHEME)
+    feeds = _feeds((1, 3, 40, 40), 2)
+    found = {x.node.name: x for x in rounding.layers(model, analysis)}
+    rounding.collect(model, list(found.values()), feeds)
+    assert found["b"].source is found["a"] and found["c"].source is found["c"] and found["b"].samples == 0
+    own = rounding.layers(model, analysis)[1]  # b alone: its Hessian from its own pass
+    rounding.collect(model, [own], feeds)
+    np.testing.assert_array_equal(own.hessian, found["a"].hessian)
+    assert np.array_equal(rounding.round_layers([own], SCHEME)["wb"], rounding.round_layers(list(found.values()), SCHEME)["wb"])

@@ -43,7 +43,8 @@ Method = Annotated[
         "--method",
         help=f"Calibration method: {', '.join(METHODS)}; add +clip (MSE weight clipping), +bias (bias correction), "
         "+cle (cross-layer equalization), +smooth[=alpha] (SmoothQuant scales into LayerNorm/MatMul constants), "
-        "+gptq (weights rounded against the layers' inputs), e.g. mse+clip+bias; "
+        "+gptq (weights rounded against the layers' inputs; auto keeps that rounding where it lowers the error at the outputs), "
+        "+nearest (weights rounded to the nearest step), e.g. mse+clip+bias; "
         "or dynamic: int8 weights, activations quantized at run time (no calibration; onnxruntime).",
     ),
 ]

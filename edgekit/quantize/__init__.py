@@ -162,6 +162,7 @@ def quantize_model(
     sample = ElementSample(len(calibration.feeds))
     means = ChannelMeans(equalize.bias_inputs(prepared, analysis)) if recipe.bias_correction else None
     candidates: dict | None = {} if recipe.ranges == "auto" else None
+    learned = rounding.layers(prepared, analysis) if recipe.rounding != "nearest" else []
     ranges = collect_ranges(
         prepared,
         analysis.calibrated,
@@ -172,20 +173,26 @@ def quantize_model(
         sample=sample,
         means=means,
         candidates=candidates,
+        taps=[rounding.Hessians(learned)] if learned else (),
     )
     originals = equalize.clip_weights(prepared, analysis, scheme) if recipe.weight_clip else {}
-    if recipe.gptq:  # after clipping (its scales), before bias correction (which corrects for these integers)
-        rounded = rounding.layers(prepared, analysis)
-        rounding.collect(prepared, rounded, calibration.feeds)
-        analysis.rounded = rounding.round_layers(rounded, scheme)
-        if progress is not None:
-            progress.advance(len(calibration.feeds))
-    if means is not None:
-        equalize.correct_biases(prepared, analysis, means, scheme, originals)
+    # GPTQ after clipping (its scales), before bias correction (which corrects for its integers)
+    gptq = rounding.round_layers(learned, scheme, analysis.consts) if learned else {}
+    unbiased: dict = {}
+
+    def use_rounding(rounded) -> None:
+        """Round the weights as ``rounded`` says ({}: to nearest), the biases corrected for it."""
+        analysis.rounded = dict(rounded)
+        if means is not None:
+            equalize.restore_biases(prepared, analysis, unbiased, scheme)
+            unbiased.update(equalize.correct_biases(prepared, analysis, means, scheme, originals))
+
+    use_rounding(gptq if recipe.rounding == "gptq" else {})
     auto_ranges = None
     if candidates is not None:  # auto: by the error at the outputs (after CLE/clip/bias, on the model that ships)
         float_wide_concats(prepared, analysis, {t: c["minmax"] for t, c in candidates.items()})
-        ranges, auto_ranges = autorange.choose(prepared, analysis, scheme, candidates, calibration.feeds)
+        decide = gptq if recipe.rounding == "decide" else None
+        ranges, auto_ranges = autorange.choose(prepared, analysis, scheme, candidates, calibration.feeds, rounded=decide, use_rounding=use_rounding)
     else:
         float_wide_concats(prepared, analysis, ranges)
     t2 = time.perf_counter()

@@ -25,8 +25,7 @@ extremes are what the caller reads: argmax, the best score).
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -37,8 +36,8 @@ from edgekit.quantize.report import session
 from edgekit.quantize.rewrite import Analysis, drop_unused_initializers, rewrite, tensor_params
 from edgekit.quantize.scheme import QuantScheme
 
-SAMPLES = 4  # calibration samples each trial runs on, for a model that runs slower than
-SMALL_MODEL_S = 0.02  # seconds per float inference; faster ones are judged on up to
+SAMPLES = 4  # calibration samples each trial runs on, for a model of more than
+SMALL_MODEL_MACS = 200e6  # multiply-accumulates per inference; smaller ones are judged on up to
 SMALL_SAMPLES = 16  # samples (a tiny model's 4 samples are too few values to judge a clip by)
 BLOCKS = 8  # groups of consecutive tensors tried together after the uniform assignments
 UNIFORM = ("minmax", "histogram", "percentile", "mse")  # minmax first: a tie keeps it
@@ -48,19 +47,40 @@ Range = tuple[float, float]
 
 def choose(
     model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme, candidates: Mapping[str, Mapping[str, Range]], feeds: Sequence[Feed],
+    rounded: Mapping[str, np.ndarray] | None = None, use_rounding: Callable[[Mapping[str, np.ndarray]], None] | None = None,
 ) -> tuple[dict[str, Range], dict]:
     """The range of each calibrated tensor (``candidates``: tensor -> method -> range, with at least
     "minmax"), and a record of the choice: the output error of all-minmax and of the result, the
-    tensors whose range is not minmax's, the trials run."""
+    tensors whose range is not minmax's, the trials run.
+
+    ``rounded`` (GPTQ's integers for the weights, ``quantize.rounding``): tried against the
+    weights ``analysis`` rounds now (to nearest), both with minmax ranges, and kept when the output
+    error falls; ``use_rounding(r)`` makes the model use ``r`` (``{}``: to nearest), with whatever
+    follows from it (corrected biases). The record's "rounding" says which won, and both errors."""
     minmax = {t: c["minmax"] for t, c in candidates.items()}
     outputs = {o.name for o in model.graph.output}
     movable = [t for t in analysis.tensors if t in candidates and t not in outputs and len({c for c in candidates[t].values()}) > 1]
-    record = {"samples": 0, "trials": 0, "movable": len(movable)}
-    if not movable or not feeds:
+    record: dict = {"samples": 0, "trials": 0, "movable": len(movable)}
+    if not feeds or not (movable or rounded):
         return minmax, {**record, "chosen": {}}
-    trial = _Trial(model, analysis, scheme, minmax, feeds)
-    record["samples"] = len(trial.feeds)
+    refs = _References(model, feeds)
+    trial = _Trial(model, analysis, scheme, minmax, refs)
+    record["samples"] = len(refs.feeds)
     current, best = dict(minmax), trial.error(minmax)
+    made = [trial]
+    if rounded:
+        use = use_rounding or (lambda r: setattr(analysis, "rounded", dict(r)))
+        use(rounded)
+        learned = _Trial(model, analysis, scheme, minmax, refs)
+        err = learned.error(minmax)
+        made.append(learned)
+        record["rounding"] = {"error_nearest": best, "error_gptq": err, "layers": len(rounded)}
+        if err < best * (1 - 1e-6):
+            trial, best = learned, err
+            record["rounding"]["chosen"] = "gptq"
+        else:
+            use({})
+            record["rounding"]["chosen"] = "nearest"
     record["error_minmax"] = best
     for method in UNIFORM[1:]:
         ranges = {**minmax, **{t: candidates[t].get(method, minmax[t]) for t in movable}}
@@ -80,7 +100,27 @@ def choose(
             if err < best * (1 - 1e-6):
                 current, best = ranges, err
     chosen = {t: next(m for m, r in candidates[t].items() if r == current[t]) for t in movable if current[t] != minmax[t]}
-    return current, {**record, "trials": trial.runs, "error": best, "chosen": chosen}
+    return current, {**record, "trials": sum(t.runs for t in made), "error": best, "chosen": chosen}
+
+
+class _References:
+    """The float model's outputs on the samples the trials run (up to SAMPLES, or SMALL_SAMPLES for
+    a model of at most SMALL_MODEL_MACS), in float64, and their power per output: computed once.
+
+    By the model's size, not by how fast it ran here (as it was first): ppocr-rec (0.69 G MACs)
+    took 15.6 ms per inference on a quiet 2-core VM and 20+ on a busy one, and so was judged on 16
+    samples in one run and on 4 in the next, with other ranges chosen: one model, two results."""
+
+    def __init__(self, model: onnx.ModelProto, feeds: Sequence[Feed]) -> None:
+        from edgekit.quantize.sensitivity import macs
+
+        ref = session(model.SerializeToString(), reference=False)
+        self.names = [o.name for o in ref.get_outputs()]
+        count = SMALL_SAMPLES if sum(macs(model).values()) <= SMALL_MODEL_MACS else SAMPLES
+        values = [ref.run(self.names, f) for f in feeds[:count]]
+        self.feeds = list(feeds[: len(values)])
+        self.values = [[r.astype(np.float64) for r in outs] for outs in values]
+        self.power = [max(sum(float(np.square(r[i]).sum()) for r in self.values), 1e-30) for i in range(len(self.names))]
 
 
 class _Trial:
@@ -92,7 +132,7 @@ class _Trial:
     weight again on every run (on ppocr-cls a third of a trial's time). The values are the very
     floats the DQ computes, so a trial's outputs are too (tests/test_autorange.py)."""
 
-    def __init__(self, model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme, ranges: dict[str, Range], feeds: Sequence[Feed]) -> None:
+    def __init__(self, model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme, ranges: dict[str, Range], refs: _References) -> None:
         self.analysis, self.scheme, self.runs, self.sample_runs = analysis, scheme, 0, 0
         qmodel = rewrite(model, analysis, tensor_params(analysis, ranges, scheme), scheme)
         names = {f"{t}__{k}" for t, src in analysis.tensors.items() if src[0] != "const" for k in ("scale", "zp")}
@@ -107,15 +147,7 @@ class _Trial:
         del qmodel.graph.initializer[:]
         qmodel.graph.initializer.extend(keep)
         self.session = session(fold_constant_dq(qmodel).SerializeToString(), reference=True)
-        self.names = [o.name for o in self.session.get_outputs()]
-        ref = session(model.SerializeToString(), reference=False)
-        t0 = time.perf_counter()
-        self.reference = [ref.run(self.names, f) for f in feeds[:SAMPLES]]
-        fast = (time.perf_counter() - t0) / max(1, len(self.reference)) < SMALL_MODEL_S
-        self.reference += [ref.run(self.names, f) for f in feeds[SAMPLES:SMALL_SAMPLES]] if fast else []
-        self.feeds = list(feeds[: len(self.reference)])
-        self.reference = [[r.astype(np.float64) for r in outs] for outs in self.reference]  # once, not per trial
-        self.power = [max(sum(float(np.square(r[i]).sum()) for r in self.reference), 1e-30) for i in range(len(self.names))]
+        self.names, self.feeds, self.reference, self.power = refs.names, refs.feeds, refs.values, refs.power
         # Each input's scale or zero point follows one calibrated tensor's range (its own, or the
         # source's it shares: "same"); the params of a (tensor, range) are computed once, not per
         # trial (tensor_params over every tensor was 13 % of ppocr-cls's quantize time).

@@ -346,7 +346,8 @@ class Recipe:
 
     ``mse+clip+bias+cle``: MSE activation ranges, weights clipped per channel by MSE, biases
     corrected for the weights' rounding, cross-layer equalization before calibration; ``+gptq``:
-    weights rounded against the layers' inputs (``quantize.rounding``)."""
+    weights rounded against the layers' inputs (``quantize.rounding``); ``auto`` rounds them so
+    when that lowers its output error (``rounding`` "decide"), ``+nearest`` never does."""
 
     ranges: str = "minmax"
     weight_clip: bool = False
@@ -354,15 +355,25 @@ class Recipe:
     equalize: bool = False
     smooth: float | str | None = None  # +smooth[=alpha]: SmoothQuant's migration strength, or "auto" (quantize.smooth)
     gptq: bool = False  # +gptq: weights rounded against the layers' float inputs (quantize.rounding)
+    nearest: bool = False  # +nearest: weights rounded to the nearest step, auto does not try GPTQ
 
     @property
     def passes(self) -> int:
-        """Float passes over the calibration samples: ranges (a second for histograms), smoothing."""
-        return {"minmax": 1, DYNAMIC: 0}.get(self.ranges, 2) + (self.smooth is not None) + self.gptq
+        """Float passes over the calibration samples: ranges (a second for histograms), smoothing
+        (GPTQ's Hessians ride on the ranges' pass)."""
+        return {"minmax": 1, DYNAMIC: 0}.get(self.ranges, 2) + (self.smooth is not None)
+
+    @property
+    def rounding(self) -> str:
+        """How the weights are rounded: "gptq", "nearest", or "decide" (``auto``: GPTQ where it
+        lowers the error at the outputs on the calibration samples, see ``autorange.choose``)."""
+        if self.gptq or self.nearest:
+            return "gptq" if self.gptq else "nearest"
+        return "decide" if self.ranges == "auto" else "nearest"
 
 
 # The ``+`` options of a --method, and the Recipe field each one sets.
-OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize", "smooth": "smooth", "gptq": "gptq"}
+OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize", "smooth": "smooth", "gptq": "gptq", "nearest": "nearest"}
 SMOOTH_ALPHA = "auto"  # +smooth without a value: per tensor, the alpha with the least simulated int8 error, or none
 
 
@@ -396,6 +407,8 @@ def parse_method(text: str) -> Recipe:
         flags[OPTIONS[opt]] = _smooth_alpha(value, text) if opt == "smooth" else True
         if eq and opt != "smooth":
             raise UsageError(f"+{opt} takes no value, got '+{item}' in --method '{text}'", hint)
+    if flags.get("gptq") and flags.get("nearest"):
+        raise UsageError(f"--method '{text}' asks for two weight roundings (+gptq and +nearest)", "keep one: +gptq rounds against the layers' inputs, +nearest to the nearest step")
     return Recipe(base, **flags)
 
 
@@ -422,6 +435,10 @@ class ChannelMeans:
         self.axes = dict(axes)
         self.sums: dict[str, np.ndarray] = {}
         self.counts: dict[str, int] = {}
+
+    @property
+    def tensors(self) -> list[str]:
+        return list(self.axes)
 
     def add(self, name: str, value: np.ndarray) -> None:
         axis = self.axes[name] % max(value.ndim, 1)
@@ -472,14 +489,21 @@ def collect_ranges(
     sample: ElementSample | None = None,
     means: ChannelMeans | None = None,
     candidates: dict[str, dict[str, tuple[float, float]]] | None = None,
+    taps: Sequence = (),
 ) -> dict[str, tuple[float, float]]:
     """Run the float model over ``feeds`` and return a (min, max) range per tensor; ``sample``
-    keeps some of the values seen on the way, ``means`` the channel means of its tensors;
+    keeps some of the values seen on the way, ``means`` the channel means of its tensors, each of
+    ``taps`` (a ``tensors`` list and ``add(name, value)``: GPTQ's Hessians) the values it names;
     ``candidates`` (method "auto") receives each tensor's range by every AUTO_CANDIDATES method,
     and by the histogram's choice among them ("histogram"), for ``autorange.choose``."""
     if method not in METHODS:
         raise UsageError(f"unknown calibration method '{method}'", f"choose one of: {', '.join(METHODS)}")
-    extra = [t for t in (means.axes if means else ()) if t not in set(tensors)]
+    taps = [*([means] if means is not None else []), *taps]
+    wanted: dict[str, list] = {}
+    for tap in taps:
+        for t in tap.tensors:
+            wanted.setdefault(t, []).append(tap)
+    extra = [t for t in wanted if t not in set(tensors)]
     session, names = _observer_session(model, [*tensors, *extra])
     lo = {n: np.inf for n in names}
     hi = {n: -np.inf for n in names}
@@ -495,8 +519,9 @@ def collect_ranges(
             kept.append(values)
             kept_bytes += size
         for name, value in zip(names, values):
-            if means is not None and name in means.axes and value.size:
-                means.add(name, value)
+            if value.size:
+                for tap in wanted.get(name, ()):
+                    tap.add(name, value)
             if value.size and name not in extra:
                 lo[name] = min(lo[name], float(value.min()))
                 hi[name] = max(hi[name], float(value.max()))

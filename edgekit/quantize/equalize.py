@@ -108,10 +108,12 @@ def _corrected(model: onnx.ModelProto, analysis: Analysis):
 
 def correct_biases(
     model: onnx.ModelProto, analysis: Analysis, means: ChannelMeans, scheme: QuantScheme, originals: dict[str, np.ndarray]
-) -> None:
+) -> dict[str, np.ndarray]:
     """Subtract E[(W_q - W) x] from each corrected layer's bias, in ``analysis.consts`` and, when
-    the scheme keeps biases float, in the model's initializer."""
+    the scheme keeps biases float, in the model's initializer; returns the biases it replaced, by
+    name (``restore_biases`` puts them back)."""
     inits = {t.name: t for t in model.graph.initializer}
+    replaced: dict[str, np.ndarray] = {}
     for node, r in _corrected(model, analysis):
         mu = means.get(node.input[r.activations[0]])
         w_name, b_name = node.input[r.weight], node.input[r.bias]
@@ -136,6 +138,18 @@ def correct_biases(
         if shift.shape != b.shape:
             continue
         fixed = (b.astype(np.float64) - shift).astype(b.dtype)
+        replaced[b_name] = b
         analysis.consts[b_name] = fixed
         if not scheme.quantize_bias:
             inits[b_name].CopyFrom(numpy_helper.from_array(fixed, b_name))
+    return replaced
+
+
+def restore_biases(model: onnx.ModelProto, analysis: Analysis, biases: dict[str, np.ndarray], scheme: QuantScheme) -> None:
+    """Undo ``correct_biases``: ``biases`` (what it returned) back in ``analysis.consts`` and,
+    when the scheme keeps biases float, in the model's initializers."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for name, b in biases.items():
+        analysis.consts[name] = b
+        if not scheme.quantize_bias:
+            inits[name].CopyFrom(numpy_helper.from_array(b, name))
