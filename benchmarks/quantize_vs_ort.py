@@ -388,6 +388,11 @@ def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _missing() -> dict:
+    """A column a --from-json document did not run."""
+    return {"error": "not run", "setting": None, "metric": None, "meets_goal": False, "quantize_s": None, "size_bytes": None, "latency_p50_ms": None}
+
+
 def markdown(results: list[dict], columns: list[str]) -> str:
     head = ["model (family)", "metric (goal)", "fp32 ms"]
     for c in columns:
@@ -463,7 +468,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--with-max-drop", action="store_true", help="add the column 'edgekit --max-drop' at each model's task goal")
     ap.add_argument("--repeats", type=int, default=1, help="quantize N times per column, interleaved; s is the median (default 1)")
     ap.add_argument("--edgekit-method", default=DEFAULT_METHOD, help=f"edgekit's --method (default {DEFAULT_METHOD})")
+    ap.add_argument("--from-json", nargs="+", metavar="FILE", help="print the table of earlier --json runs (their models in order; nothing is run)")
     args = ap.parse_args(argv)
+    if args.from_json:
+        docs = [json.loads(Path(f).read_text()) for f in args.from_json]
+        columns = list(dict.fromkeys(c for d in docs for c in d["columns"]))
+        results = [{**r, "columns": {c: r["columns"].get(c) or _missing() for c in columns}} for d in docs for r in d["models"]]
+        for d, f in zip(docs, args.from_json):
+            e = d["environment"]
+            print(f"{f}: edgekit {e['edgekit']} vs onnxruntime {e['onnxruntime']}, {e['machine']}; {e['calibration_samples']} calibration / "
+                  f"{e['heldout_samples']} held-out samples")
+        print()
+        print(markdown(results, columns))
+        for line in notes(results):
+            print("note: " + line)
+        return 0
     global EDGEKIT_METHOD, REPEATS
     EDGEKIT_METHOD, REPEATS = args.edgekit_method, args.repeats
     names = [m.strip() for m in args.models.split(",") if m.strip()]
