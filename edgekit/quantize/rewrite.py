@@ -151,6 +151,8 @@ def analyze(model: onnx.ModelProto, scheme: QuantScheme, exclude: Sequence[str] 
             continue
         if node.op_type in scheme.passthrough:
             src = node.input[0] if node.input else ""
+            if scheme.int8_tables and node.op_type == "Gather" and src not in tensors and _float_table(ctx, src):
+                tensors[src] = ("const",)  # an embedding table: int8 (its own scale), and the rows it gives keep it
             if src in tensors and all(ctx.is_float(o) for o in node.output if o):
                 r = passthrough_rule(node, ctx)
                 if isinstance(r, NodeRule):
@@ -192,6 +194,15 @@ def analyze(model: onnx.ModelProto, scheme: QuantScheme, exclude: Sequence[str] 
         decisions[node.name] = NodeDecision(node.name, node.op_type, "int8")
     ordered = [decisions[n.name] for n in model.graph.node]
     return Analysis(ordered, rules, tensors, consts)
+
+
+def _float_table(ctx: RuleContext, name: str) -> bool:
+    """Is ``name`` a constant float matrix (or larger) a Gather could read as int8?"""
+    v = ctx.consts.get(name)
+    return v is not None and v.dtype == np.float32 and v.ndim >= 2 and v.size >= TABLE_MIN
+
+
+TABLE_MIN = 4096  # elements: a smaller constant table is not worth a Q/DQ pair
 
 
 @dataclass(frozen=True)
@@ -321,9 +332,18 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
     done: dict[tuple, str] = {}
     for node in g.node:
         r = analysis.rules.get(node.name)
-        if r is None or r.output == "same":
+        if r is None:
             continue
         orig_inputs = [original.get(i, i) for i in node.input]
+        if r.output == "same":  # a pass-through: its input is int8 already, unless it is a constant (an int8 table)
+            name = orig_inputs[0] if orig_inputs else ""
+            if analysis.tensors.get(name, ("",))[0] == "const":
+                key = ("c", name)
+                if key not in done:
+                    p = params[name]
+                    done[key] = dequantized(f"{name}__c", qmath.quantize(analysis.consts[name], p.scale, p.zero_point, scheme.activation_dtype), *p.scalars())
+                node.input[0] = done[key]
+            continue
         w_scale = None
         if r.weight is not None:
             w_name = orig_inputs[r.weight]

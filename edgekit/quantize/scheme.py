@@ -32,6 +32,10 @@ class QuantScheme:
     # for runtimes that fold the bias themselves and reject an int32 DequantizeLinear (TensorRT).
     quantize_bias: bool = True
     weight_qmax: int = 127  # 63: 7-bit weights, for x86 int8 kernels without VNNI (narrow_weights)
+    # A Gather from a constant float table (a word-embedding matrix) as int8: the table stored int8
+    # (one scale), the rows it selects keep that scale (DQ -> Gather -> Q, which the runtime runs
+    # as an int8 Gather). For runtimes whose QDQ passes do that (ONNX Runtime, OpenVINO).
+    int8_tables: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict:
@@ -46,6 +50,7 @@ class QuantScheme:
 # what ORT recommends on x86-64 and ARM (U8S8 can saturate in VNNI-less AVX2 paths).
 ONNXRUNTIME = QuantScheme(
     name="onnxruntime",
+    int8_tables=True,
     notes=("int8 asymmetric activations, per-channel symmetric int8 weights, int32 bias",),
 )
 # TensorRT explicit quantization: symmetric int8, zero point 0 everywhere.
@@ -67,6 +72,7 @@ TENSORRT = QuantScheme(
 OPENVINO = QuantScheme(
     name="openvino",
     activation_dtype="uint8",
+    int8_tables=True,
     notes=("uint8 asymmetric activations (as NNCF and OpenVINO's own int8 models), per-channel symmetric int8 weights",),
 )
 # edgekit's own runtime: same as ORT, so ORT on the same QDQ model is its oracle.
