@@ -244,3 +244,24 @@ def test_layers_reading_the_same_patches_share_one_hessian():
     rounding.collect(model, [own], feeds)
     np.testing.assert_array_equal(own.hessian, found["a"].hessian)
     assert np.array_equal(rounding.round_layers([own], SCHEME)["wb"], rounding.round_layers(list(found.values()), SCHEME)["wb"])
+
+
+@pytest.mark.parametrize("method", ["minmax+gptq", "minmax+bias+gptq"])
+def test_a_dynamic_batch_model_keeps_the_gptq_integers_and_corrected_biases(tmp_path, method):
+    """The int8 model rebuilt on the float model's dynamic inputs (quantize.with_dynamic_inputs)
+    carries the very integers and biases of the fixed-shape one: a fresh analysis knows neither
+    GPTQ's rounding nor +bias's correction (a fresh-clone CI found the digits example's dynamic
+    batch dropped once auto kept GPTQ)."""
+    from edgekit.quantize import with_dynamic_inputs
+
+    model, shape = _conv_net()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx", {"x": shape})
+    r = quantize_model(loaded, SCHEME, FeedSet(_feeds(shape, 8), "c"), FeedSet(_feeds(shape, 2, seed=2), "h"), method=method)
+    dyn = with_dynamic_inputs(r.model, loaded, SCHEME)
+    assert dyn is not None, "the dynamic rebuild was refused"
+    fixed = {t.name: numpy_helper.to_array(t) for t in r.model.graph.initializer if t.name.endswith("__q")}
+    rebuilt = {t.name: numpy_helper.to_array(t) for t in dyn.graph.initializer if t.name.endswith("__q")}
+    assert fixed.keys() == rebuilt.keys() and all(np.array_equal(fixed[k], rebuilt[k]) for k in fixed)

@@ -382,6 +382,12 @@ def with_dynamic_inputs(qmodel: onnx.ModelProto, loaded: LoadedModel, scheme: Qu
         known[t] = QParams(onnx.numpy_helper.to_array(inits[f"{t}__scale"]), onnx.numpy_helper.to_array(inits[f"{t}__zp"]))
     params = tensor_params(analysis, {}, scheme, known)
     model = rewrite(prepared, analysis, params, scheme)
+    # The int8 constants exactly as qmodel has them: its weights may be GPTQ's integers and its
+    # biases corrected (+bias), neither of which this fresh analysis knows.
+    for init in model.graph.initializer:
+        same = inits.get(init.name)
+        if same is not None and init.name.endswith(("__q", "__scale", "__zp")) and list(same.dims) == list(init.dims):
+            init.CopyFrom(same)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError:
