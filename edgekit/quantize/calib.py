@@ -503,7 +503,8 @@ def collect_ranges(
     for tap in taps:
         for t in tap.tensors:
             wanted.setdefault(t, []).append(tap)
-    extra = [t for t in wanted if t not in set(tensors)]
+    calibrated = set(tensors)
+    extra = [t for t in wanted if t not in calibrated]
     session, names = _observer_session(model, [*tensors, *extra])
     lo = {n: np.inf for n in names}
     hi = {n: -np.inf for n in names}

@@ -335,14 +335,18 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
         if r is None:
             continue
         orig_inputs = [original.get(i, i) for i in node.input]
-        if r.output == "same":  # a pass-through: its input is int8 already, unless it is a constant (an int8 table)
-            name = orig_inputs[0] if orig_inputs else ""
-            if analysis.tensors.get(name, ("",))[0] == "const":
-                key = ("c", name)
-                if key not in done:
-                    p = params[name]
-                    done[key] = dequantized(f"{name}__c", qmath.quantize(analysis.consts[name], p.scale, p.zero_point, scheme.activation_dtype), *p.scalars())
-                node.input[0] = done[key]
+        # constant operands as int8; a pass-through's input is int8 already unless it is a constant (an int8 table)
+        for idx in (0,) if r.output == "same" else r.activations:
+            name = orig_inputs[idx] if idx < len(orig_inputs) else ""
+            if analysis.tensors.get(name, ("",))[0] != "const":
+                continue
+            key = ("c", name)
+            if key not in done:
+                p = params[name]
+                q = qmath.quantize(analysis.consts[name], p.scale, p.zero_point, scheme.activation_dtype)
+                done[key] = dequantized(f"{name}__c", q, *p.scalars())
+            node.input[idx] = done[key]
+        if r.output == "same":
             continue
         w_scale = None
         if r.weight is not None:
@@ -359,16 +363,6 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
                 else:
                     done[key] = dequantized(base, q, s, z, axis=r.weight_axis)
             node.input[r.weight] = done[key]
-        for idx in r.activations:
-            name = orig_inputs[idx]
-            if analysis.tensors.get(name, ("",))[0] != "const":
-                continue
-            key = ("c", name)
-            if key not in done:
-                p = params[name]
-                q = qmath.quantize(analysis.consts[name], p.scale, p.zero_point, scheme.activation_dtype)
-                done[key] = dequantized(f"{name}__c", q, *p.scalars())
-            node.input[idx] = done[key]
         if r.bias is not None and w_scale is not None and r.activations and scheme.quantize_bias:
             act = orig_inputs[r.activations[0]]
             x_scale = float(np.asarray(params[act].scale).reshape(()))

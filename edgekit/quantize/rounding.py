@@ -216,13 +216,3 @@ class Hessians:
     def add(self, name: str, value: np.ndarray) -> None:
         for layer in self.by_input.get(name, ()):
             layer.add(value)
-
-
-def collect(model: onnx.ModelProto, found: Sequence[Layer], feeds) -> None:
-    """Each layer's Hessian over ``feeds`` (the float model's inputs to it): one pass of the model."""
-    from edgekit.quantize.calib import observe
-
-    taps = Hessians(found)
-    for values in observe(model, taps.tensors, feeds):
-        for name, value in values.items():
-            taps.add(name, value)
