@@ -1230,8 +1230,8 @@ def test_sources_description_per_arch_and_fallbacks():
     # a compiler that takes no ISA flag: those files are left out, their defines are set
     bare = sources.c_sources("x86_64", "runner", supported=lambda isa, flags: False)
     assert {s.isa for s in bare.sources} == {None, "scalar"}
-    assert set(bare.defines) == {"EK_NO_AVX2", "EK_NO_AVX512VNNI", "EK_NO_AVX512VBMI"}
-    assert set(bare.skipped) == {"avx2", "avx512vnni", "avx512vbmi"}
+    assert set(bare.defines) == {"EK_NO_AVX2", "EK_NO_AVX512VNNI", "EK_NO_AVX512VBMI", "EK_NO_AMX"}
+    assert set(bare.skipped) == {"avx2", "avx512vnni", "avx512vbmi", "amx"}
     assert sources.isa_of("qs8-vadd-avx2-u16.c", {"avx2": {}, "scalar": {}}) == "avx2"
     with pytest.raises(ValueError, match="must be one of"):
         sources.c_sources("x86_64", "wheel")

@@ -159,6 +159,9 @@ def host_isas() -> set[str]:
             isas.add("avx512vnni")
         if {"avx2", "avx512f", "avx512bw", "avx512vbmi"} <= f:
             isas.add("avx512vbmi")
+        # AMX also needs the kernel's grant (Linux 5.16+, which lists amx_* only when it can)
+        if "avx512vnni" in isas and {"amx_tile", "amx_int8"} <= f:
+            isas.add("amx")
     elif HOST == "aarch64":
         if "asimd" in f:
             isas.add("neon")

@@ -464,10 +464,11 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
       }
     }
   } else {
-    s->gemm = kern->gemm.fn;
-    s->mr = kern->gemm.mr;
-    s->nr = kern->gemm.nr;
-    s->kr = kern->gemm.kr;
+    const struct ek_gemm_choice* gk = s->k < EK_AMX_MIN_K ? &kern->gemm_small : &kern->gemm;
+    s->gemm = gk->fn;
+    s->mr = gk->mr;
+    s->nr = gk->nr;
+    s->kr = gk->kr;
     s->block_bytes = ek_qs8_gemm_packed_size(s->nr, s->k, s->nr, s->kr);
     s->group_bytes = ek_qs8_gemm_packed_size(s->mg, s->k, s->nr, s->kr);
     s->packed = aligned_alloc64(s->groups * s->group_bytes);
@@ -475,7 +476,7 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
       rc = EKRT_ENOMEM;
     } else {
       for (size_t g = 0; g < s->groups; g++)
-        ek_qs8_gemm_pack(kern->gemm.isa, s->nr, s->kr, s->mg, s->k, wd + g * s->mg * s->k, bias + g * s->mg, s->zx,
+        ek_qs8_gemm_pack(gk->isa, s->nr, s->kr, s->mg, s->k, wd + g * s->mg * s->k, bias + g * s->mg, s->zx,
                          (uint8_t*)s->packed + g * s->group_bytes);
       m->weights_bytes += s->groups * s->group_bytes;
     }

@@ -1,6 +1,6 @@
 /* Kernel dispatch: once per process (CPU features from edgekit/cpu.h), the last kernel of each family's list
  * (csrc/kernels/<family>/<family>.inc) whose ISA bits the CPU has. EKRT_ISA=<isa> caps the
- * features at that ISA (scalar, neon, neondot, avx2, avx512vnni, avx512vbmi). */
+ * features at that ISA (scalar, neon, neondot, avx2, avx512vnni, avx512vbmi, amx). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdlib.h>
@@ -20,6 +20,8 @@ static const struct {
     {"avx512vnni", EKRT_CPU_AVX2 | EKRT_CPU_AVX512VNNI},
     /* every x86 level: VBMI has no GEMM of its own, only the x8-lut kernel */
     {"avx512vbmi", EKRT_CPU_AVX2 | EKRT_CPU_AVX512VNNI | EKRT_CPU_AVX512VBMI},
+    /* every x86 level: AMX has a GEMM only, the other families stay AVX-512's */
+    {"amx", EKRT_CPU_AVX2 | EKRT_CPU_AVX512VNNI | EKRT_CPU_AVX512VBMI | EKRT_CPU_AMX},
 };
 
 /* Each family's list (.inc) read as a table: EK_KERNEL(isa, fn, mr, nr, kr) -> one entry. */
@@ -85,12 +87,10 @@ static void init(void) {
   PICK_FROM(VMUL, feats, mu);
   PICK_FROM(LUT, feats, lu);
   PICK_FROM(CVT, feats, cv);
-  chosen.gemm.fn = GEMM[g].fn;
-  chosen.gemm.name = GEMM[g].name;
-  chosen.gemm.isa = GEMM[g].isa;
-  chosen.gemm.mr = GEMM[g].mr;
-  chosen.gemm.nr = GEMM[g].nr;
-  chosen.gemm.kr = GEMM[g].kr;
+  size_t gs;
+  PICK_FROM(GEMM, feats & ~(uint64_t)EK_ISA_AMX, gs);
+  chosen.gemm = (struct ek_gemm_choice){GEMM[g].fn, GEMM[g].name, GEMM[g].isa, GEMM[g].mr, GEMM[g].nr, GEMM[g].kr};
+  chosen.gemm_small = (struct ek_gemm_choice){GEMM[gs].fn, GEMM[gs].name, GEMM[gs].isa, GEMM[gs].mr, GEMM[gs].nr, GEMM[gs].kr};
   chosen.dwconv.fn = DWCONV[d].fn;
   chosen.dwconv.name = DWCONV[d].name;
   chosen.dwconv.isa = DWCONV[d].isa;
@@ -113,7 +113,7 @@ static void init(void) {
   for (size_t i = 0; i < sizeof VMUL / sizeof VMUL[0]; i++) seen |= VMUL[i].isa;
   for (size_t i = 0; i < sizeof LUT / sizeof LUT[0]; i++) seen |= LUT[i].isa;
   for (size_t i = 0; i < sizeof CVT / sizeof CVT[0]; i++) seen |= CVT[i].isa;
-  static const uint32_t order[] = {0x80000000u, EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI, EK_ISA_AVX512VBMI};
+  static const uint32_t order[] = {0x80000000u, EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI, EK_ISA_AVX512VBMI, EK_ISA_AMX};
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
     if (!(seen & order[i])) continue;
     const char* nm = ek_isa_name(order[i] == 0x80000000u ? 0 : order[i]);

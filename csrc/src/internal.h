@@ -104,8 +104,14 @@ struct ek_dwconv_choice {
   const char* name;
   uint32_t isa, cr;
 };
+/* AMX's GEMM takes convolutions whose k (kh * kw * c / group) is at least this; below, its
+ * one 64-byte chunk is mostly padding and AVX-512 VNNI's kernel was faster (bench_kernels on a
+ * Sapphire Rapids VM, docs/kernels.md: k = 8 0.75-0.96x, k = 16 0.95-1.17x, k = 24-32
+ * 1.06-1.7x, k >= 64 1.7-9x) */
+#define EK_AMX_MIN_K 16
 struct ek_kernels {
   struct ek_gemm_choice gemm;
+  struct ek_gemm_choice gemm_small; /* for k < EK_AMX_MIN_K: the best kernel that is not AMX's */
   struct ek_dwconv_choice dwconv;
   ek_qs8_vadd_fn vadd;
   const char* vadd_name;

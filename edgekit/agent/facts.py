@@ -21,7 +21,7 @@ from .backends.tensorrt.probe import _command, find_trtexec, tensorrt_version
 # ("asimddp" is the ARM dot product; "neondot" is only the suffix of the C kernels using it).
 # Profiles, plans and the host's probe read these tables; the agent defines them (stdlib only).
 ARM_ISA = ("neon", "asimddp", "i8mm", "fp16")
-X86_ISA = ("sse4_2", "avx2", "avx512f", "avx512_vnni", "avx_vnni")
+X86_ISA = ("sse4_2", "avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 ISA_ORDER = ARM_ISA + X86_ISA
 # /proc/cpuinfo flag -> feature name
 ARM_FLAGS = {"asimd": "neon", "neon": "neon", "asimddp": "asimddp", "i8mm": "i8mm", "asimdhp": "fp16"}

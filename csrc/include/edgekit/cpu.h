@@ -6,8 +6,9 @@
  * set. Its printed name is the word edgekit/profiles/model.py uses for the CPU feature that
  * level needs (Linux /proc/cpuinfo's where it has one): "neon", "asimddp", "avx2",
  * "avx512_vnni" (which here also implies AVX-512 F/BW/VL and the OS saving ZMM state),
- * "avx512vbmi" (F/BW too). Kernel ISA names (EKRT_ISA, built ISAs, function suffixes) stay:
- * scalar, neon, neondot, avx2, avx512vnni, avx512vbmi. Header-only (static inline), so each of the three builds takes it as is. */
+ * "avx512vbmi" (F/BW too), "amx_int8" (AMX-TILE and AMX-INT8 with AVX-512 VNNI, the OS saving
+ * tile state and granting this process its use). Kernel ISA names (EKRT_ISA, built ISAs,
+ * function suffixes) stay: scalar, neon, neondot, avx2, avx512vnni, avx512vbmi, amx. Header-only (static inline), so each of the three builds takes it as is. */
 #ifndef EDGEKIT_CPU_H
 #define EDGEKIT_CPU_H
 
@@ -23,9 +24,9 @@
 #endif
 
 /* the bits, in the order they are printed */
-#define EK_CPU_N_FEATURES 5
+#define EK_CPU_N_FEATURES 6
 static inline uint32_t ek_cpu_feature_bit(int i) {
-  static const uint32_t bits[EK_CPU_N_FEATURES] = {EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI, EK_ISA_AVX512VBMI};
+  static const uint32_t bits[EK_CPU_N_FEATURES] = {EK_ISA_NEON, EK_ISA_NEONDOT, EK_ISA_AVX2, EK_ISA_AVX512VNNI, EK_ISA_AVX512VBMI, EK_ISA_AMX};
   return i >= 0 && i < EK_CPU_N_FEATURES ? bits[i] : 0;
 }
 
@@ -36,6 +37,7 @@ static inline const char* ek_cpu_feature_name(uint32_t bit) {
     case EK_ISA_AVX2: return "avx2";
     case EK_ISA_AVX512VNNI: return "avx512_vnni";
     case EK_ISA_AVX512VBMI: return "avx512vbmi";
+    case EK_ISA_AMX: return "amx_int8";
     default: return "?";
   }
 }
@@ -49,12 +51,27 @@ static inline const char* ek_isa_name(uint32_t isa) {
     case EK_ISA_AVX2: return "avx2";
     case EK_ISA_AVX512VNNI: return "avx512vnni";
     case EK_ISA_AVX512VBMI: return "avx512vbmi";
+    case EK_ISA_AMX: return "amx";
     default: return "?";
   }
 }
 
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+/* arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux (5.16+) lets a process use AMX's
+ * tile data only once it asks; the grant is the process's, for every thread. A raw syscall, so
+ * the header needs no feature-test macros (glibc declares syscall() only under _DEFAULT_SOURCE). */
+static inline int ek_amx_granted(void) {
+  long ret;
+  __asm__ __volatile__("syscall" : "=a"(ret) : "a"(158L /* SYS_arch_prctl */), "D"(0x1023L), "S"(18L) : "rcx", "r11", "memory");
+  return ret == 0;
+}
+#else
+static inline int ek_amx_granted(void) { return 0; }
+#endif
+
 /* getauxval(AT_HWCAP) on aarch64; cpuid + xgetbv on x86 (AVX2 needs the OS to save YMM state,
- * AVX-512 VNNI needs F, BW, VL, VNNI and ZMM state; VBMI needs F, BW, VBMI and ZMM state) */
+ * AVX-512 VNNI needs F, BW, VL, VNNI and ZMM state; VBMI needs F, BW, VBMI and ZMM state; AMX
+ * needs AVX-512 VNNI, tile state and the OS's grant, which detecting it asks for) */
 static inline uint32_t ek_cpu_detect(void) {
   uint32_t f = 0;
 #if defined(__aarch64__)
@@ -79,6 +96,9 @@ static inline uint32_t ek_cpu_detect(void) {
     f |= EK_ISA_AVX512VNNI;
   if ((xlo & 0xE6u) == 0xE6u && ((b >> 16) & 1) && ((b >> 30) & 1) && ((c >> 1) & 1) && (f & EK_ISA_AVX2))
     f |= EK_ISA_AVX512VBMI;
+  /* AMX-TILE (edx 24), AMX-INT8 (edx 25), XTILECFG + XTILEDATA state (XCR0 bits 17, 18) */
+  if ((f & EK_ISA_AVX512VNNI) && ((d >> 24) & 1) && ((d >> 25) & 1) && (xlo & 0x60000u) == 0x60000u && ek_amx_granted())
+    f |= EK_ISA_AMX;
 #endif
   return f;
 }

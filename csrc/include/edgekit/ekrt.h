@@ -30,6 +30,7 @@ enum ekrt_status {
 #define EKRT_CPU_AVX2 (1u << 8)       /* x86 AVX2 (+ OS saves YMM) */
 #define EKRT_CPU_AVX512VNNI (1u << 9) /* x86 AVX-512 F/BW/VL/VNNI (+ OS saves ZMM) */
 #define EKRT_CPU_AVX512VBMI (1u << 10) /* x86 AVX-512 F/BW/VBMI (+ OS saves ZMM) */
+#define EKRT_CPU_AMX (1u << 11)        /* x86 AMX-TILE/INT8 + AVX-512 VNNI (+ OS saves tile data, granted) */
 
 typedef struct ekrt_model ekrt_model;
 

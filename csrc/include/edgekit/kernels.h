@@ -32,6 +32,7 @@ extern "C" {
 #define EK_ISA_AVX2 (1u << 8)       /* x86-64 AVX2; -mavx2 */
 #define EK_ISA_AVX512VNNI (1u << 9) /* AVX-512 F/BW/VL/VNNI; -mavx512f -mavx512bw -mavx512vl -mavx512vnni */
 #define EK_ISA_AVX512VBMI (1u << 10) /* AVX-512 F/BW/VBMI (byte permutes; not implied by VNNI: Cascade Lake has VNNI only) */
+#define EK_ISA_AMX (1u << 11)        /* AMX-TILE + AMX-INT8 (TDPBSSD) with AVX-512 VNNI, the OS granting tile data; -mamx-tile -mamx-int8 */
 
 /* Which ISAs this translation unit may name. A build whose compiler cannot take a kernel
  * file's flags skips the file and compiles everything else with -DEK_NO_<ISA>. */
@@ -60,6 +61,11 @@ extern "C" {
 #else
 #define EK_ENABLE_AVX512VBMI 0
 #endif
+#if defined(__x86_64__) && !defined(EK_NO_AMX) && !defined(EK_NO_AVX512VNNI)
+#define EK_ENABLE_AMX 1
+#else
+#define EK_ENABLE_AMX 0
+#endif
 
 /* Per-output-channel requantization (requant.h's ek_requant): channel j of a call uses
  * multiplier[j], shift[j]; zp_out and [qmin, qmax] (within [-128, 127]) are per tensor. */
@@ -85,7 +91,8 @@ typedef void (*ek_qs8_gemm_fn)(size_t m, size_t n, size_t k, const int8_t* a, si
  *     nr x int32 bias'  then  (k_pad / kr) groups of nr x kr int8 (group g, column j, element
  *     r = W[block*nr + j][g*kr + r], 0 beyond n or k),      k_pad = k rounded up to kr,
  * bias'[j] = bias[j] - (zx + a_offset) * sum_k W[j][k], a_offset = ek_qs8_gemm_a_offset(isa)
- * (128 for kernels that multiply unsigned activations: VPDPBUSD takes x + 128). */
+ * (128 for kernels that multiply unsigned activations: VPDPBUSD takes x + 128; 0 for AMX's
+ * TDPBSSD, signed by signed). */
 size_t ek_qs8_gemm_packed_size(size_t n, size_t k, size_t nr, size_t kr);
 int32_t ek_qs8_gemm_a_offset(uint32_t isa);
 /* w: int8 [n][k] row-major; bias: int32 [n] or NULL (zeros); zx: the activations' zero

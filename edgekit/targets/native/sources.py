@@ -27,7 +27,7 @@ ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "armv8":
 TARGETS = ("extension", "runner", "fuzz")
 # kernel ISA -> the CPU feature it needs, in edgekit/profiles/model.py's words (what
 # `ekrt info`, _ekrt.features() and the kernel tests print; csrc/include/edgekit/cpu.h)
-ISA_FEATURE = {"neon": "neon", "neondot": "asimddp", "avx2": "avx2", "avx512vnni": "avx512_vnni", "avx512vbmi": "avx512vbmi"}
+ISA_FEATURE = {"neon": "neon", "neondot": "asimddp", "avx2": "avx2", "avx512vnni": "avx512_vnni", "avx512vbmi": "avx512vbmi", "amx": "amx_int8"}
 
 
 def normalize_arch(arch: str) -> str:
