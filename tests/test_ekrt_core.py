@@ -540,6 +540,18 @@ def big_and_tiny_model() -> Builder:
     return b
 
 
+def test_the_split_cost_model_has_a_row_for_every_gemm_isa():
+    # ekrt_isa_name() is the GEMM kernel's ISA; one missing from the table fell to the scalar
+    # row (8 K of work per thread) and split every small op: AMX did, and LUT, TRANSPOSE and
+    # CONCAT ran slower at 2 threads than at 1 on nudenet-320n
+    import re
+
+    table = (CSRC / "src" / "internal.h").read_text()
+    rows = dict(re.findall(r'\{"(\w+)", (\d+)\}', table.split("#define EK_WORK_PER_THREAD_TABLE", 1)[1].splitlines()[0]))
+    gemm_isas = {f.stem.rsplit("-", 1)[1] for f in (CSRC / "kernels" / "qs8-gemm").glob("qs8-gemm-*x*-*.c")}
+    assert gemm_isas and gemm_isas <= set(rows), (sorted(gemm_isas - set(rows)), rows)
+
+
 @pytest.mark.parametrize("work_per_thread", [None, "0"], ids=["cost-model", "split-everything"])
 def test_threads_1_2_4_are_bit_identical_on_big_and_tiny_ops(work_per_thread, monkeypatch):
     if work_per_thread is not None:

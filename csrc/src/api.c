@@ -171,7 +171,7 @@ static uint64_t op_macs(const ekrt_model* m, const struct ek_op* op) {
 
 uint64_t ek_op_work(const struct ekrt_model* m, const struct ek_op* op) {
   uint64_t macs = op_macs(m, op);
-  return op->type == EKM_CONV2D || op->type == EKM_FULLY_CONNECTED ? macs : macs * EK_ELEM_WORK;
+  return op->type == EKM_CONV2D || op->type == EKM_FULLY_CONNECTED ? macs >> ek_conv_work_shift(op) : macs * EK_ELEM_WORK;
 }
 
 uint64_t ekrt_macs(const ekrt_model* m) {

@@ -90,6 +90,7 @@ struct conv_state {
   /* gemm */
   ek_qs8_gemm_fn gemm;
   size_t mr, nr, kr, block_bytes, group_bytes, rows_per_task;
+  int work_shift; /* ek_conv_work_shift: 2 on AMX's GEMM */
   /* dwconv */
   ek_qs8_dwconv_fn dwconv;
   int8_t* zero_row; /* c bytes of zx, for padding taps */
@@ -355,6 +356,11 @@ void ek_run_conv(struct ekrt_model* m, struct ek_op* op) {
     ek_parallel_for(m, op, n, s->kind == CONV_IM2COL ? task_im2col : task_direct, work_gemm, &j);
 }
 
+int ek_conv_work_shift(const struct ek_op* op) {
+  const struct conv_state* s = op->state;
+  return s ? s->work_shift : 0;
+}
+
 void ek_conv_partition(const struct ekrt_model* m, const struct ek_op* op, int threads, uint64_t* per_thread) {
   const struct conv_state* s = op->state;
   struct conv_job j = {(struct ekrt_model*)m, s, NULL, NULL, 0, 0, 0, 0, 0, 0};
@@ -466,6 +472,7 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
   } else {
     const struct ek_gemm_choice* gk = s->k < EK_AMX_MIN_K ? &kern->gemm_small : &kern->gemm;
     s->gemm = gk->fn;
+    s->work_shift = gk->isa == EK_ISA_AMX ? 2 : 0;
     s->mr = gk->mr;
     s->nr = gk->nr;
     s->kr = gk->kr;

@@ -234,8 +234,9 @@ void ek_parallel_for(struct ekrt_model* m, const struct ek_op* op, size_t n, ek_
  * VM on 2026-11-28 in its quieter minutes (load average 2-3, one run each; it was too loaded
  * before): scalar ~5-16 K MACs per op pays, avx2 ~70-150 K, avx512vnni ~150-300 K. neon and
  * neondot are ESTIMATES (qemu's timing means nothing): the A72's NEON kernels at ~2x the
- * scalar break-even, the A76's SDOT ones at avx2's. Rerun --calibrate on a quiet machine. */
-#define EK_WORK_PER_THREAD_TABLE {"scalar", 8192}, {"avx2", 65536}, {"avx512vnni", 131072}, {"neon", 16384}, {"neondot", 65536}
+ * scalar break-even, the A76's SDOT ones at avx2's. amx: avx512vnni's (its elementwise kernels are
+ * those), its GEMM's MACs counted a quarter (ek_conv_work_shift). Rerun --calibrate on a quiet machine. */
+#define EK_WORK_PER_THREAD_TABLE {"scalar", 8192}, {"avx2", 65536}, {"avx512vnni", 131072}, {"amx", 131072}, {"neon", 16384}, {"neondot", 65536}
 uint64_t ek_work_per_thread(const char* isa);
 uint64_t ek_op_work(const struct ekrt_model* m, const struct ek_op* op);
 int ek_threads_for(const struct ekrt_model* m, uint64_t work); /* 1..m->threads */
@@ -244,6 +245,10 @@ int ek_op_threads(const struct ekrt_model* m, const struct ek_op* op);
 /* conv.c: the MACs each of `threads` threads runs of a CONV2D / FULLY_CONNECTED op under the
  * executor's partition (per_thread[threads], added to) */
 void ek_conv_partition(const struct ekrt_model* m, const struct ek_op* op, int threads, uint64_t* per_thread);
+/* conv.c: log2 of how many multiply-accumulates of this CONV2D / FULLY_CONNECTED count as one
+ * unit of work: 2 where it runs on AMX's GEMM (a split paid from ~1.3 M MACs per op there, 4x
+ * the avx512vnni kernels' break-even: benchmarks/ekrt_threads.py --calibrate), else 0 */
+int ek_conv_work_shift(const struct ek_op* op);
 
 uint32_t ek_crc32(const uint8_t* p, size_t n);
 uint64_t ek_now_ns(void);
