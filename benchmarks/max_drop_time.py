@@ -2,7 +2,7 @@
 ppocr-det-class models), runs interleaved (plain, max-drop, plain, ...) so a busy machine slows
 both alike; the ratio of the medians is the figure.
 
-    python benchmarks/max_drop_time.py --size 320 --calib 8 --heldout 4 --max-drop 5 --rounds 2
+    python benchmarks/max_drop_time.py --size 320 --calib 8 --heldout 4 --max-drop 5 --rounds 2 [--fresh-cache]
 
 PP-OCRv4 det (DBNet) from the rapidocr-onnxruntime wheel (tests/realmodels.py), the onnxruntime
 scheme (it runs every node in float, so all int8 nodes are candidates), metric mask IoU.
@@ -11,7 +11,9 @@ scheme (it runs every node in float, so all int8 nodes are candidates), metric m
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=4)
     ap.add_argument("--max-drop", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--fresh-cache", action="store_true", help="an empty cache for every --max-drop run: each ranks anew")
     args = ap.parse_args()
     size = (args.size, args.size)
     loaded = load_model(rapidocr_model("det"), {"x": (1, 3, *size)})
@@ -40,6 +43,8 @@ def main() -> None:
     last = None
     for r in range(args.rounds):
         for kind in ("plain", "max_drop"):
+            if args.fresh_cache:
+                os.environ["EDGEKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="edgekit-max-drop-")
             t = time.perf_counter()
             result = quantize_model(loaded, SCHEMES["onnxruntime"], cal, held, **({"max_drop": args.max_drop, "metric": "iou"} if kind == "max_drop" else {}))
             times[kind].append(time.perf_counter() - t)
@@ -53,7 +58,8 @@ def main() -> None:
     mp = last
     nodes = len(mp["sensitivity"]["layers"]) if mp.get("sensitivity") else None
     print(f"  searched on {mp['samples']} ({mp.get('searched_on')}): all int8 {mp['before']}, after {mp['after']} (goal {mp['goal']}), "
-          f"{len(mp['float_layers'])} float, holds {mp['holds']}, {mp['evaluations']} evaluations, ranked {nodes or 'n/a'} nodes")
+          f"{len(mp['float_layers'])} float ({mp.get('found_by') or 'none found'}; int8 MAC share {mp.get('int8_mac_share')}), holds {mp['holds']}, "
+          f"{mp['evaluations']} evaluations, ranked {nodes or 'n/a'} nodes")
     if mp.get("judged"):
         j = mp["judged"]
         print(f"  judged on {j['samples']} held-out: all int8 {j['before']}, after {j['after']} (goal {j['goal']})")

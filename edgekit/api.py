@@ -237,7 +237,7 @@ def quantize(
             why = f"all int8 scores {v(mp['before'])} (needs >= {v(mp['goal'])}), and no int8 node can stay float on this backend ({'; '.join(mp['not_candidates']['why'])})"
         else:
             why = (f"all int8 scores {v(mp['before'])}, and with the {mp['tried_float_layers']} most harmful int8 nodes in float still {v(mp['after'])} "
-                   f"(needs >= {v(mp['goal'])})")  # fmt: skip
+                   f"(needs >= {v(mp['goal'])}; nor did the first or last {mp['tried_float_layers']} in graph order)")  # fmt: skip
         err = GateError(
             f"--max-drop {mp['max_drop']:g} ({mp['metric']}) cannot hold: {why}; no model written",
             "allow a larger --max-drop, calibrate on more or better data (--calib, --method percentile), or deploy float (--no-quantize)",

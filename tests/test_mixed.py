@@ -82,6 +82,25 @@ def test_search_gives_up_at_the_bound():
     assert mixed.search(["a", "b", "c", "d"], lambda keep: {"a", "c"} <= set(keep), bound=3) == ["a", "c"]
 
 
+def test_when_no_ranked_prefix_holds_the_graph_order_is_bisected_from_the_input_then_the_outputs():
+    graph = [f"n{i}" for i in range(10)]
+    asked = []
+
+    def early(keep):  # only the first four together matter (no one of them alone, so no ranking finds them)
+        asked.append(list(keep))
+        return {"n0", "n1", "n2", "n3"} <= set(keep)
+
+    assert mixed.search(["n9", "n3", "n8", "n2", "n7"], early, bound=5) is None  # the ranking's prefixes miss
+    asked.clear()
+    assert mixed.search_graph(graph, early, bound=5) == (["n0", "n1", "n2", "n3"], "input")
+    assert asked[0] == graph[:5] and len(asked) <= 1 + 3  # the bound first, then a bisection of 5
+    # errors that only the last nodes carry: the input side fails at its bound, the outputs' side holds
+    assert mixed.search_graph(graph, lambda keep: {"n8", "n9"} <= set(keep), bound=5) == (["n9", "n8"], "outputs")
+    asked.clear()
+    assert mixed.search_graph(graph, lambda keep: asked.append(keep) or "n5" in keep, bound=4) == (None, None)
+    assert asked == [graph[:4], graph[::-1][:4]]  # a refusal costs one evaluation per end
+
+
 # -- metrics -------------------------------------------------------------------------------------
 
 

@@ -158,7 +158,9 @@ def _print_mixed(o, mp: dict) -> None:
     o.table(
         ["kept float", "op", "gain kept float dB", "MACs"],
         [[x["name"], x["op"], _db(x["gain_db"]), render.fmt_pct(x["macs_share"])] for x in mp["float_layers"]],
-        title=f"{len(mp['float_layers'])} layer(s) kept in float: {mp['metric']} {v(mp['before'])} -> {v(mp['after'])}, "
+        title=f"{len(mp['float_layers'])} layer(s) kept in float"
+        + (f" (found in {mp['found_by']})" if mp.get("found_by", "ranking") != "ranking" else "")
+        + f": {mp['metric']} {v(mp['before'])} -> {v(mp['after'])}, "
         f"{render.fmt_pct(mp['int8_mac_share'])} of the MACs still int8 (decided in {mp['seconds']:.1f} s)",
     )
     lat = mp.get("latency")

@@ -264,6 +264,11 @@ def decide(
         order = [x["name"] for x in sens.layers if x["name"] not in cannot]
         bound = max(1, int(len(order) * MAX_FLOAT_SHARE)) if order else 0
         keep = search(order, lambda keep: value(keep) >= goal, bound) if order else None
+        doc["found_by"] = "ranking" if keep is not None else None
+        if keep is None and order:
+            allowed = set(order)
+            keep, end = search_graph([u.name for u in found if u.name in allowed], lambda keep: value(keep) >= goal, bound)
+            doc["found_by"] = f"graph order, from the {end}" if keep is not None else None
         doc.update(holds=keep is not None, tried_float_layers=bound, rank_samples=sens.samples)
     else:
         doc["holds"] = True
@@ -416,6 +421,27 @@ def search(order: Sequence[str], holds: Callable[[list[str]], bool], bound: int)
         if trial and holds(trial):
             keep = trial
     return keep
+
+
+def search_graph(graph: Sequence[str], holds: Callable[[list[str]], bool], bound: int) -> tuple[list[str] | None, str | None]:
+    """When no prefix of the ranking holds: the shortest run of candidates in graph order that
+    holds, from the input (an early layer's error grows through everything after it) and then
+    from the outputs, each asked at the bound first and then bisected (as ``polygraphy debug
+    precision`` does); no pruning, so the float part stays one contiguous run. Returns the nodes
+    and which end they start from ("input", "outputs"), or (None, None).
+
+    Why: a ranking measures each block's gain alone, and errors that only matter together (the
+    first 40 of PP-OCRv4 det's 250 units float reach the IoU goal, the ranking's first 125 do
+    not) are invisible to it."""
+    for end, seq in (("input", list(graph)), ("outputs", list(reversed(graph)))):
+        if not seq or not holds(seq[:bound]):
+            continue
+        lo, hi = 0, min(bound, len(seq))
+        while hi - lo > 1:  # the first lo fail, the first hi hold
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if holds(seq[:mid]) else (mid, hi)
+        return seq[:hi], end
+    return None, None
 
 
 def _r(x: float) -> float | None:
