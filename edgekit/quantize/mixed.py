@@ -464,4 +464,4 @@ def host_latency(models: dict[str, bytes], feed: dict[str, np.ndarray]) -> dict:
     return {**out, "rounds": LATENCY_ROUNDS, "measured_on": "host estimate: ONNX Runtime CPU, 1 thread (not the target's backend)"}
 
 
-__all__ = ["METRICS", "Metric", "check_dynamic", "check_metric", "ctc_greedy", "decide", "edit_distance", "host_latency", "metric_for", "search"]
+__all__ = ["METRICS", "Metric", "check_dynamic", "check_metric", "ctc_greedy", "decide", "edit_distance", "host_latency", "metric_for", "search", "search_graph"]
