@@ -263,11 +263,14 @@ def decide(
         sens = rank(float_model, qmodel, found, candidates, board, feeds, local, events=events)
         order = [x["name"] for x in sens.layers if x["name"] not in cannot]
         bound = max(1, int(len(order) * MAX_FLOAT_SHARE)) if order else 0
-        keep = search(order, lambda keep: value(keep) >= goal, bound) if order else None
+
+        def holds(keep: list[str]) -> bool:
+            return value(keep) >= goal
+
+        keep = search(order, holds, bound) if order else None
         doc["found_by"] = "ranking" if keep is not None else None
-        if keep is None and order:
-            allowed = set(order)
-            keep, end = search_graph([u.name for u in found if u.name in allowed], lambda keep: value(keep) >= goal, bound)
+        if keep is None and order:  # candidates are in graph order
+            keep, end = search_graph([u.name for u in candidates], holds, bound)
             doc["found_by"] = f"graph order, from the {end}" if keep is not None else None
         doc.update(holds=keep is not None, tried_float_layers=bound, rank_samples=sens.samples)
     else:
