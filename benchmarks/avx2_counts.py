@@ -9,7 +9,10 @@ one process running ``1 + k`` inferences minus one running 1, over k (both warm 
 so loading, compiling and Python cancel out. The processes use ``_session`` of ekrt_threads.py:
 ekrt through its extension (the runner's kernels), ORT with all graph optimizations, OpenVINO's
 CPU plugin; one thread each; the peers run ``MODEL.int8.onnx`` (QDQ, uint8 activations,
-per-channel int8 weights, what both run best on x86), ekrt ``MODEL.ekm`` of the same model.
+per-channel int8 weights, what both run best on x86), ekrt ``MODEL.avx2.ekm`` of the same model
+where the folder has it (quantized as edgekit does for ekrt on an AVX2 CPU: 7-bit weights on the
+convolutions it runs as GEMMs, which take its VPMADDUBSW kernel; the peers' kernels are VPMADDUBSW
+either way), else ``MODEL.ekm`` (8-bit weights: its exact 16-bit GEMM). The row says which.
 
 An instruction is not a cycle (VPMADDUBSW does 32 multiply-adds, a scalar add one; a JIT that
 unrolls wider retires fewer): a proxy for AVX2 speed on a machine that has AVX-512, until an
@@ -42,6 +45,8 @@ from ekrt_threads import _session
 prep, model, runtime, iters = Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 with np.load(prep / f"{model}.npz") as data:
     feed = {k: data[k] for k in data.files}
+if runtime == "ekrt" and (prep / f"{model}.avx2.ekm").exists():
+    model += ".avx2"
 m, run = _session(runtime, prep, model, 1)
 if m is not None:
     from edgekit import _ekrt
@@ -102,18 +107,19 @@ def main() -> None:
         peers = {rt: v for rt, v in counts.items() if rt != "ekrt" and isinstance(v, int)}
         best = min(peers, key=peers.__getitem__) if peers else None
         ratio = counts["ekrt"] / peers[best] if best and isinstance(counts["ekrt"], int) else None
-        rows.append({"model": model, **counts, "best_peer": best, "ekrt_over_best": ratio})
+        ekm = f"{model}.avx2.ekm" if (prep / f"{model}.avx2.ekm").exists() else f"{model}.ekm"
+        rows.append({"model": model, "ekrt_file": ekm, **counts, "best_peer": best, "ekrt_over_best": ratio})
         print(f"{model}: {counts} ekrt/best {ratio if ratio is None else round(ratio, 2)} ({time.perf_counter() - t0:.0f} s)",
               file=sys.stderr, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     if args.markdown:
-        print("| model | ekrt int8 (AVX2) M instr | ORT int8 M instr | OpenVINO int8 M instr | best int8 peer | ekrt / best |")
-        print("|---|---|---|---|---|---|")
+        print("| model | ekrt int8 (AVX2) M instr | ekrt's file | ORT int8 M instr | OpenVINO int8 M instr | best int8 peer | ekrt / best |")
+        print("|---|---|---|---|---|---|---|")
         for r in rows:
             cell = {rt: f"{r[rt] / 1e6:.1f}" if isinstance(r[rt], int) else "failed" for rt in RUNTIMES}
             ratio = f"{r['ekrt_over_best']:.2f}×" if r["ekrt_over_best"] is not None else "-"
-            print(f"| {r['model']} | {cell['ekrt']} | {cell['ort_int8']} | {cell['ov_int8']} | {r['best_peer'] or '-'} | {ratio} |")
+            print(f"| {r['model']} | {cell['ekrt']} | `{r['ekrt_file']}` | {cell['ort_int8']} | {cell['ov_int8']} | {r['best_peer'] or '-'} | {ratio} |")
     else:
         print(json.dumps(rows, indent=1))
 

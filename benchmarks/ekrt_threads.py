@@ -88,8 +88,21 @@ def competitor(on: bool):
 # ---------------------------------------------------------------- preparing models
 
 
+def native_avx2_scheme():
+    """The scheme edgekit gives ekrt on an x86 CPU without VNNI (7-bit GEMM weights)."""
+    import dataclasses
+
+    from edgekit.profiles import load_profile
+    from edgekit.profiles.model import CpuSpec
+    from edgekit.targets.native import NativeBackend
+
+    avx2 = CpuSpec("x86_64", "x86-64 with AVX2, no VNNI", ("sse4_2", "avx2"), 4)
+    return NativeBackend().quant_scheme(dataclasses.replace(load_profile("linux-cpu"), cpu=avx2, probe=False))
+
+
 def prepare(names: list[str], out: Path) -> list[dict]:
-    """fp32, U8S8 QDQ, .ekm and one real held-out feed per model, into ``out``."""
+    """fp32, U8S8 QDQ, .ekm (and ``.avx2.ekm``: as quantized for an AVX2 CPU) and one real held-out
+    feed per model, into ``out``."""
     import dataclasses
     from collections import Counter
 
@@ -114,6 +127,7 @@ def prepare(names: list[str], out: Path) -> list[dict]:
         native = quantize_model(loaded, SCHEMES["native"], calib, held)
         m, _ = lower(native.model)
         ekm.save(m, out / f"{name}.ekm")
+        ekm.save(lower(quantize_model(loaded, native_avx2_scheme(), calib, held).model)[0], out / f"{name}.avx2.ekm")
         save_model(quantize_model(loaded, u8s8, calib, held).model, out / f"{name}.int8.onnx")
         np.savez_compressed(out / f"{name}.npz", **held.feeds[0])
         listed.append({"model": name, "ekm_ops": dict(Counter(op.type_name for op in m.ops))})

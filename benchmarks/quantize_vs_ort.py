@@ -142,6 +142,36 @@ def edgekit_nearest(case: Case, out: Path) -> Column:
     return Column(out, time.perf_counter() - t0, method)
 
 
+def _native(case: Case, out: Path, avx2: bool) -> Column:
+    from edgekit.quantize import SCHEMES
+
+    loaded = load_model(case.src)
+    calib = FeedSet(case.calib.feeds, f"{case.name} calib")
+    heldout = FeedSet(case.heldout.feeds[:1], f"{case.name} held-out")
+    if avx2:
+        from ekrt_threads import native_avx2_scheme  # benchmarks/ekrt_threads.py
+
+        scheme = native_avx2_scheme()
+    else:
+        scheme = SCHEMES["native"]
+    t0 = time.perf_counter()
+    result = quantize_model(loaded, scheme, calib, heldout, method=EDGEKIT_METHOD)
+    save_model(result.model, out)
+    weights = "7-bit GEMM weights, 8-bit depthwise" if avx2 else "8-bit weights"
+    return Column(out, time.perf_counter() - t0, f"{EDGEKIT_METHOD}, ekrt's scheme: int8 activations, {weights}")
+
+
+def ekrt_scheme(case: Case, out: Path) -> Column:
+    """edgekit's default for ekrt (int8 activations, 8-bit weights: VNNI, AMX, ARM)."""
+    return _native(case, out, avx2=False)
+
+
+def ekrt_avx2_scheme(case: Case, out: Path) -> Column:
+    """edgekit's default for ekrt on an x86 CPU without VNNI: 7-bit weights where ekrt runs a GEMM
+    (its VPMADDUBSW kernel), 8-bit on depthwise convolutions. What the speed of that kernel costs."""
+    return _native(case, out, avx2=True)
+
+
 def edgekit_max_drop(case: Case, out: Path) -> Column:
     """``edgekit quantize --max-drop X --metric M`` at the model's task goal, through the public API
     with the samples written as folders of one .npz per sample (what ``--calib``/``--eval`` read);
@@ -276,7 +306,10 @@ COLUMNS: dict[str, Callable[[Case, Path], Column]] = {
     "edgekit +nearest": edgekit_nearest,
     "ORT default": ort_default,
     "ORT best": ort_best,
+    "ekrt": ekrt_scheme,  # --columns ekrt,"ekrt AVX2": ekrt's schemes (not in the default set)
+    "ekrt AVX2": ekrt_avx2_scheme,
 }
+DEFAULT_COLUMNS = ("edgekit", "edgekit +nearest", "ORT default", "ORT best")
 
 
 # ---------------------------------------------------------------- measuring
@@ -464,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib", type=int, default=16, help="calibration samples (default 16)")
     ap.add_argument("--eval", type=int, default=8, help="held-out samples for the metric (default 8)")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
-    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated, from: {', '.join(COLUMNS)} (default: all)")
+    ap.add_argument("--columns", default=",".join(DEFAULT_COLUMNS),
+                    help=f"comma-separated, from: {', '.join(COLUMNS)} (default: {', '.join(DEFAULT_COLUMNS)})")
     ap.add_argument("--with-max-drop", action="store_true", help="add the column 'edgekit --max-drop' at each model's task goal")
     ap.add_argument("--repeats", type=int, default=1, help="quantize N times per column, interleaved; s is the median (default 1)")
     ap.add_argument("--edgekit-method", default=DEFAULT_METHOD, help=f"edgekit's --method (default {DEFAULT_METHOD})")

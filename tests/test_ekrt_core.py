@@ -548,7 +548,10 @@ def test_the_split_cost_model_has_a_row_for_every_gemm_isa():
 
     table = (CSRC / "src" / "internal.h").read_text()
     rows = dict(re.findall(r'\{"(\w+)", (\d+)\}', table.split("#define EK_WORK_PER_THREAD_TABLE", 1)[1].splitlines()[0]))
-    gemm_isas = {f.stem.rsplit("-", 1)[1] for f in (CSRC / "kernels" / "qs8-gemm").glob("qs8-gemm-*x*-*.c")}
+    from edgekit.targets.native import sources
+
+    isas = sources.load_description()["isa"]
+    gemm_isas = {sources.isa_of(f, isas) for f in (CSRC / "kernels" / "qs8-gemm").glob("qs8-gemm-*x*-*.c")}
     assert gemm_isas and gemm_isas <= set(rows), (sorted(gemm_isas - set(rows)), rows)
 
 

@@ -274,3 +274,69 @@ def test_deploy_digits_to_an_emulated_rpi5_runs_ekrt_on_the_dot_product_path(a76
     assert run["backend_info"]["kernels"]["qs8-gemm"].endswith("__neondot")
     assert doc["summary"]["agreement"]["outputs"][0]["top1"] >= 0.99
 
+
+
+# -- 7-bit weights on AVX2 (ekrt's VPMADDUBSW GEMM) -------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mnv2_w7(tmp_path_factory) -> tuple[Path, list[dict], onnx.ModelProto]:
+    """The MobileNetV2 example quantized with the scheme ekrt gets on an x86 CPU without VNNI."""
+    import dataclasses
+
+    from edgekit.profiles import load_profile
+    from edgekit.profiles.model import CpuSpec
+    from edgekit.targets.native import NativeBackend
+
+    avx2 = CpuSpec("x86_64", "Intel Core (AVX2)", ("sse4_2", "avx2"), 4)
+    scheme = NativeBackend().quant_scheme(dataclasses.replace(load_profile("linux-cpu"), cpu=avx2, probe=False))
+    assert scheme.weight_qmax == 63 and scheme.depthwise_weight_qmax == 127, scheme
+    qdq, held = quantize_native(MNV2, scheme=scheme)
+    path = tmp_path_factory.mktemp("w7") / "mobilenetv2_w7.ekm"
+    ekm.save(lower(qdq)[0], path)
+    return path, held.feeds[:3], qdq
+
+
+def test_the_avx2_scheme_narrows_gemm_weights_and_keeps_depthwise_ones_8_bit(mnv2_w7):
+    from onnx import numpy_helper
+
+    _, _, qdq = mnv2_w7
+    consts = {t.name: numpy_helper.to_array(t) for t in qdq.graph.initializer}
+    made = {o: n for n in qdq.graph.node for o in n.output}
+    widest = {"depthwise": 0, "gemm": 0}
+    for node in qdq.graph.node:
+        if node.op_type not in ("Conv", "Gemm"):
+            continue
+        dq = made[node.input[1]]  # the weight's DequantizeLinear, reading the int8 initializer
+        q = consts[dq.input[0]]
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        kind = "depthwise" if node.op_type == "Conv" and group > 1 and group == q.shape[0] and q.shape[1] == 1 else "gemm"
+        widest[kind] = max(widest[kind], int(np.abs(q.astype(np.int32)).max()))
+    assert widest == {"depthwise": 127, "gemm": 63}, widest
+
+
+@pytest.mark.skipif(sources.normalize_arch(build.host_arch()) != "x86_64", reason="an x86 kernel")
+def test_seven_bit_weights_run_the_avx2_w7_gemm_bit_exact(host_runner, mnv2_w7, models, tmp_path):
+    """Under EKRT_ISA=avx2 every non-depthwise convolution of the 7-bit model runs the VPMADDUBSW
+    kernel, bit for bit the reference; an 8-bit model never does (a weight of 127 would saturate
+    it), and with VNNI the 7-bit model takes the VNNI kernel (better there)."""
+    if "avx2" not in _host_isas(host_runner):
+        pytest.skip("the CPU lacks avx2")
+
+    def kernels(model: Path, isa: str) -> dict[str, int]:
+        doc = json.loads(_run_ekrt([str(host_runner), "bench", str(model), "--json", "--profile", "--iterations", "3"],
+                                   env={"EKRT_ISA": isa}).stdout)
+        counts: dict[str, int] = {}
+        for layer in doc["layers"]:
+            if "kernel" in layer:
+                counts[layer["kernel"]] = counts.get(layer["kernel"], 0) + 1
+        return counts
+
+    path, feeds, _ = mnv2_w7
+    seven = kernels(path, "avx2")
+    assert set(seven) == {"ek_qs8_gemm_ukernel_4x16c4__avx2_w7", "ek_qs8_dwconv_ukernel_c16__avx2"}, seven
+    assert _outputs_equal_reference([str(host_runner)], path, feeds, tmp_path, env={"EKRT_ISA": "avx2"}) == len(feeds)
+    eight = kernels(models["mobilenetv2"][0], "avx2")
+    assert "ek_qs8_gemm_ukernel_4x16c4__avx2_w7" not in eight and "ek_qs8_gemm_ukernel_4x16c2__avx2" in eight, eight
+    if "avx512vnni" in _host_isas(host_runner):
+        assert not any("avx2_w7" in k for k in kernels(path, "avx512vnni")), "VNNI's kernel is the better one there"

@@ -55,7 +55,7 @@ class Agreement:
     ekm_model: ekm.EkmModel
 
 
-def quantize_native(path, calib: FeedSet | None = None, held: FeedSet | None = None, shapes=None, method: str = "minmax"):
+def quantize_native(path, calib: FeedSet | None = None, held: FeedSet | None = None, shapes=None, method: str = "minmax", scheme=None):
     loaded = load_model(path, shapes or {})
     if calib is None:
         sc = loaded.sidecar
@@ -64,7 +64,7 @@ def quantize_native(path, calib: FeedSet | None = None, held: FeedSet | None = N
     # minmax: the exactness figures below were measured with it. Other ranges move which sums land
     # within float error of a .5 tie (auto: digits 1 step on one logit, PP-OCR cls 2 steps on 2 of 80
     # values; test_auto_ranges_agree_within_ties checks that bound).
-    result = quantize_model(loaded, SCHEMES["native"], calib, held, method=method)
+    result = quantize_model(loaded, scheme or SCHEMES["native"], calib, held, method=method)
     return result.model, held
 
 

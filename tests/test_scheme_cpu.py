@@ -47,7 +47,11 @@ def _plan(target: str, cpu: CpuSpec, backend: str):
         ("x86-openvino", "openvino", AVX2, "uint8", 63),  # OpenVINO: uint8 activations on every device
         ("x86-openvino", "openvino", VNNI, "uint8", 127),
         ("intel-npu", "openvino", AVX2, "uint8", 127),  # the NPU plugin has its own int8 path
-        ("local", "native", AVX2, "int8", 127),  # ekrt's AVX2 kernels are 16-bit safe (DESIGN §3)
+        # ekrt: 7-bit weights take its VPMADDUBSW GEMM on AVX2 (exact: it runs only where all of an
+        # op's weights fit, tests/test_ekrt_w7.py); with VNNI and on ARM the full range
+        ("local", "native", AVX2, "int8", 63),
+        ("local", "native", VNNI, "int8", 127),
+        ("local", "native", ARM, "int8", 127),
     ],
 )
 def test_plan_picks_the_scheme_for_the_cpu(target, backend, cpu, activations, qmax):

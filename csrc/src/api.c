@@ -150,6 +150,12 @@ int ekrt_op_times(const ekrt_model* m, int op, const char** name, uint64_t* ns) 
   return 0;
 }
 
+const char* ekrt_op_kernel(const ekrt_model* m, int op) {
+  if (!m || op < 0 || (uint32_t)op >= m->n_ops) return NULL;
+  const struct ek_op* o = &m->ops[op];
+  return o->type == EKM_CONV2D || o->type == EKM_FULLY_CONNECTED ? ek_conv_kernel(o) : NULL;
+}
+
 size_t ekrt_memory_bytes(const ekrt_model* m) {
   if (!m) return 0;
   return m->arena_size + m->weights_bytes + (size_t)m->threads * m->scratch_per_thread;

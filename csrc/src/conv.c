@@ -91,6 +91,7 @@ struct conv_state {
   ek_qs8_gemm_fn gemm;
   size_t mr, nr, kr, block_bytes, group_bytes, rows_per_task;
   int work_shift; /* ek_conv_work_shift: 2 on AMX's GEMM */
+  const char* kernel; /* the gemm or dwconv kernel's name (ek_conv_kernel) */
   /* dwconv */
   ek_qs8_dwconv_fn dwconv;
   int8_t* zero_row; /* c bytes of zx, for padding taps */
@@ -361,6 +362,11 @@ int ek_conv_work_shift(const struct ek_op* op) {
   return s ? s->work_shift : 0;
 }
 
+const char* ek_conv_kernel(const struct ek_op* op) {
+  const struct conv_state* s = op->state;
+  return s ? s->kernel : NULL;
+}
+
 void ek_conv_partition(const struct ekrt_model* m, const struct ek_op* op, int threads, uint64_t* per_thread) {
   const struct conv_state* s = op->state;
   struct conv_job j = {(struct ekrt_model*)m, s, NULL, NULL, 0, 0, 0, 0, 0, 0};
@@ -388,6 +394,13 @@ static int32_t* copy_i32(const uint8_t* data, const struct ek_tensor* t) {
   int32_t* v = aligned_alloc64(t->bytes);
   if (v) memcpy(v, data + t->offset, t->bytes);
   return v;
+}
+
+/* all weights in [-64, 64]: a 7-bit-weight kernel (EK_ISA_W7) is exact on them */
+static int weights_fit_w7(const int8_t* w, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (w[i] < -64 || w[i] > 64) return 0;
+  return 1;
 }
 
 int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
@@ -439,6 +452,7 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
   if (s->kind == CONV_DEPTHWISE) {
     size_t ks = s->geo.kh * s->geo.kw, cr = kern->dwconv.cr;
     s->dwconv = kern->dwconv.fn;
+    s->kernel = kern->dwconv.name;
     s->zero_row = aligned_alloc64(s->geo.c);
     s->shared_columns = s->geo.dw == 1;
     int8_t* taps = malloc(ks * s->geo.c); /* [M][KH][KW][1] -> tap-major [KH*KW][C] ([KW][KH] if shared) */
@@ -471,7 +485,9 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
     }
   } else {
     const struct ek_gemm_choice* gk = s->k < EK_AMX_MIN_K ? &kern->gemm_small : &kern->gemm;
+    if (kern->gemm_w7.fn && weights_fit_w7(wd, w->elems)) gk = &kern->gemm_w7;
     s->gemm = gk->fn;
+    s->kernel = gk->name;
     s->work_shift = gk->isa == EK_ISA_AMX ? 2 : 0;
     s->mr = gk->mr;
     s->nr = gk->nr;

@@ -112,6 +112,9 @@ struct ek_dwconv_choice {
 struct ek_kernels {
   struct ek_gemm_choice gemm;
   struct ek_gemm_choice gemm_small; /* for k < EK_AMX_MIN_K: the best kernel that is not AMX's */
+  /* for an op whose weights all lie in [-64, 64], where that is better than `gemm` (an EK_ISA_W7
+   * kernel: AVX2 without VNNI); fn NULL where no such kernel beats the CPU's best */
+  struct ek_gemm_choice gemm_w7;
   struct ek_dwconv_choice dwconv;
   ek_qs8_vadd_fn vadd;
   const char* vadd_name;
@@ -249,6 +252,7 @@ void ek_conv_partition(const struct ekrt_model* m, const struct ek_op* op, int t
  * unit of work: 2 where it runs on AMX's GEMM (a split paid from ~1.3 M MACs per op there, 4x
  * the avx512vnni kernels' break-even: benchmarks/ekrt_threads.py --calibrate), else 0 */
 int ek_conv_work_shift(const struct ek_op* op);
+const char* ek_conv_kernel(const struct ek_op* op); /* its kernel's name; NULL before it is prepared */
 
 uint32_t ek_crc32(const uint8_t* p, size_t n);
 uint64_t ek_now_ns(void);

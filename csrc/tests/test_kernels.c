@@ -124,7 +124,8 @@ static void count_interior(int8_t v, int32_t qmin, int32_t qmax) {
 static void report(const char* family, const char* name, uint32_t isa, const char* tile, uint32_t features, int ok,
                    size_t ran, const char* why) {
   if ((features & isa) != isa)
-    printf("SKIP %s %s isa=%s: the CPU lacks %s\n", family, name, ek_isa_name(isa), ek_cpu_feature_name(isa));
+    printf("SKIP %s %s isa=%s: the CPU lacks %s\n", family, name, ek_isa_name(isa),
+           ek_cpu_feature_name(isa & ~EK_ISA_W7));
   else if (ok)
     printf("PASS %s %s isa=%s %scases=%zu\n", family, name, ek_isa_name(isa), tile, ran);
   else {
@@ -146,7 +147,8 @@ struct gemm_case {
   struct ek_requant_params rq;
 };
 
-static void gemm_case_make(struct gemm_case* g, size_t m, size_t n, size_t k) {
+/* narrow: weights in [-64, 64] (both ends reached), for the EK_ISA_W7 kernels as well as the others */
+static void gemm_case_make(struct gemm_case* g, size_t m, size_t n, size_t k, int narrow) {
   g->m = m;
   g->n = n;
   g->k = k;
@@ -157,6 +159,8 @@ static void gemm_case_make(struct gemm_case* g, size_t m, size_t n, size_t k) {
   fill_i8(g->a, (m - 1) * g->a_stride + k, mode);
   g->w = xmalloc(n * k);
   fill_i8(g->w, n * k, mode);
+  if (narrow)
+    for (size_t i = 0; i < n * k; i++) g->w[i] = g->w[i] == 127 ? 64 : (int8_t)(g->w[i] / 2);
   g->bias = xmalloc(n * sizeof(int32_t));
   g->mult = xmalloc(n * sizeof(int32_t));
   g->shift = xmalloc(n * sizeof(int32_t));
@@ -263,9 +267,10 @@ static void test_gemm(uint32_t features, int quick) {
       k = big[c - n_small][2];
     }
     struct gemm_case g;
-    gemm_case_make(&g, m, n, k);
+    const uint32_t narrow = rnd() % 2 ? EK_ISA_W7 : 0; /* half the cases also run the 7-bit-weight kernels */
+    gemm_case_make(&g, m, n, k, narrow != 0);
     for (size_t e = 0; e < COUNT(gemm_list); e++) {
-      if ((features & gemm_list[e].isa) != gemm_list[e].isa || !ok[e]) continue;
+      if (((features | narrow) & gemm_list[e].isa) != gemm_list[e].isa || !ok[e]) continue;
       ok[e] = gemm_check(&gemm_list[e], &g, why[e], sizeof why[e]);
       ran[e]++;
     }
@@ -275,7 +280,7 @@ static void test_gemm(uint32_t features, int quick) {
     const struct gemm_entry* en = &gemm_list[e];
     char tile[64];
     snprintf(tile, sizeof tile, "tile=%zux%zuc%zu ", en->mr, en->nr, en->kr);
-    report("qs8-gemm", en->name, en->isa, tile, features, ok[e], ran[e], why[e]);
+    report("qs8-gemm", en->name, en->isa, tile, features | EK_ISA_W7, ok[e], ran[e], why[e]);
   }
 }
 

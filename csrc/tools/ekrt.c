@@ -399,8 +399,11 @@ static int cmd_bench(const struct opts* o) {
         ekrt_op_times(l.m, j, &name, &total);
         uint64_t* runs = per_run + (size_t)j * profiled;
         unsigned long long p25 = quantile_u64(runs, profiled, 0.25), p50 = quantile_u64(runs, profiled, 0.5), p75 = quantile_u64(runs, profiled, 0.75);
-        printf("%s{\"name\": \"%s#%d\", \"op\": \"%s\", \"ns\": %llu, \"ns_p25\": %llu, \"ns_p75\": %llu, \"calls\": %zu}", j ? ", " : "", name, j,
+        const char* kernel = ekrt_op_kernel(l.m, j);
+        printf("%s{\"name\": \"%s#%d\", \"op\": \"%s\", \"ns\": %llu, \"ns_p25\": %llu, \"ns_p75\": %llu, \"calls\": %zu", j ? ", " : "", name, j,
                name, p50, p25, p75, profiled);
+        if (kernel) printf(", \"kernel\": \"%s\"", kernel);
+        putchar('}');
       }
       putchar(']');
     } else {
@@ -424,7 +427,9 @@ static int cmd_bench(const struct opts* o) {
         const char* name;
         uint64_t total;
         ekrt_op_times(l.m, j, &name, &total);
-        printf("  %4d %-16s %10.1f us (median of %zu runs)\n", j, name, quantile_u64(per_run + (size_t)j * profiled, profiled, 0.5) / 1e3, profiled);
+        const char* kernel = ekrt_op_kernel(l.m, j);
+        printf("  %4d %-16s %10.1f us (median of %zu runs)%s%s\n", j, name, quantile_u64(per_run + (size_t)j * profiled, profiled, 0.5) / 1e3, profiled,
+               kernel ? "  " : "", kernel ? kernel : "");
       }
   }
   free(per_run);

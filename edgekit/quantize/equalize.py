@@ -21,7 +21,7 @@ from edgekit.quantize import qmath
 from edgekit.quantize.calib import ChannelMeans
 from edgekit.quantize.rewrite import Analysis, consumers
 from edgekit.quantize.rules import attr
-from edgekit.quantize.scheme import QuantScheme
+from edgekit.quantize.scheme import QuantScheme, weight_qmax_of
 
 ROUNDS = 4  # passes over the pairs: a chain (conv -> dw -> pw) shares a layer between two pairs
 
@@ -87,7 +87,7 @@ def clip_weights(model: onnx.ModelProto, analysis: Analysis, scheme: QuantScheme
             continue
         name = node.input[r.weight]
         originals[name] = analysis.consts[name]
-        analysis.consts[name] = qmath.clip_weight(originals[name], r.weight_axis, scheme.weight_qmax)
+        analysis.consts[name] = qmath.clip_weight(originals[name], r.weight_axis, weight_qmax_of(scheme, node, originals[name].shape))
     return originals
 
 
@@ -121,7 +121,7 @@ def correct_biases(
             continue
         w = originals.get(w_name, analysis.consts[w_name]).astype(np.float64)
         used = analysis.consts[w_name]
-        s, z = qmath.weight_params(used, r.weight_axis, scheme.weight_qmax)
+        s, z = qmath.weight_params(used, r.weight_axis, weight_qmax_of(scheme, node, used.shape))
         error = qmath.dequantize(analysis.weight_q(w_name, s, z, r.weight_axis), s, z, r.weight_axis) - w
         if node.op_type == "Conv":
             out, per_group = error.shape[0], error.shape[1]

@@ -16,7 +16,7 @@ from edgekit.errors import UsageError
 from edgekit.quantize import qmath
 from edgekit.quantize.prepare import reads
 from edgekit.quantize.rules import RULES, NodeRule, RuleContext, passthrough_rule
-from edgekit.quantize.scheme import FUSED_ACTIVATIONS, QuantScheme
+from edgekit.quantize.scheme import FUSED_ACTIVATIONS, QuantScheme, weight_qmax_of
 
 
 @dataclass(frozen=True)
@@ -353,7 +353,7 @@ def rewrite(model: onnx.ModelProto, analysis: Analysis, params: dict[str, QParam
             w_name = orig_inputs[r.weight]
             key = ("w", w_name, r.weight_axis)
             w = analysis.consts[w_name]
-            s, z = qmath.weight_params(w, r.weight_axis, scheme.weight_qmax)
+            s, z = qmath.weight_params(w, r.weight_axis, weight_qmax_of(scheme, node, w.shape))
             w_scale = s
             if key not in done:
                 base = f"{w_name}__w{'' if r.weight_axis is None else r.weight_axis}"

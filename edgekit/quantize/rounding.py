@@ -29,7 +29,7 @@ import onnx
 from edgekit.quantize import qmath
 from edgekit.quantize.rewrite import Analysis
 from edgekit.quantize.rules import attr
-from edgekit.quantize.scheme import QuantScheme
+from edgekit.quantize.scheme import QuantScheme, weight_qmax_of
 
 COLUMNS = 1024  # input positions per sample and layer that enter its Hessian
 DAMP = 0.01  # of the Hessian's mean diagonal, added to its diagonal (GPTQ's dampening)
@@ -183,7 +183,8 @@ def round_layers(found: Sequence[Layer], scheme: QuantScheme, weights: Mapping[s
         if not src.samples or layer.weight in out:
             continue
         w, n = (weights or {}).get(layer.weight, layer.w), layer.node
-        s, _ = qmath.weight_params(w, layer.axis, scheme.weight_qmax)
+        qmax = weight_qmax_of(scheme, n, w.shape)
+        s, _ = qmath.weight_params(w, layer.axis, qmax)
         if n.op_type == "Conv":
             W = w.reshape(w.shape[0], -1)
         elif n.op_type == "Gemm" and attr(n, "transB", 0):
@@ -191,7 +192,7 @@ def round_layers(found: Sequence[Layer], scheme: QuantScheme, weights: Mapping[s
         else:  # Gemm without transB, MatMul: (K, N), outputs on the columns
             W = w.T
         scale = np.broadcast_to(np.asarray(s, dtype=np.float64).reshape(-1), (W.shape[0],))
-        Q = solve(W, src.hessian, scale, scheme.weight_qmax)
+        Q = solve(W, src.hessian, scale, qmax)
         Q = Q.reshape(w.shape) if n.op_type == "Conv" else (Q if W is w else Q.T)
         out[layer.weight] = Q.astype(np.int8)
     return out

@@ -32,6 +32,9 @@ class QuantScheme:
     # for runtimes that fold the bias themselves and reject an int32 DequantizeLinear (TensorRT).
     quantize_bias: bool = True
     weight_qmax: int = 127  # 63: 7-bit weights, for x86 int8 kernels without VNNI (narrow_weights)
+    # a depthwise Conv's weights, where they differ (weight_qmax_of): ekrt's depthwise kernels sum
+    # int16 pairs on every ISA, so narrowing them would cost accuracy for no speed
+    depthwise_weight_qmax: int | None = None
     # A Gather from a constant float table (a word-embedding matrix) as int8: the table stored int8
     # (one scale), the rows it selects keep that scale (DQ -> Gather -> Q, which the runtime runs
     # as an int8 Gather). For runtimes whose QDQ passes do that (ONNX Runtime, OpenVINO).
@@ -93,10 +96,26 @@ def saturates_int16(arch: str | None, isa: tuple[str, ...] | list[str]) -> bool:
     return (arch or "").lower() in X86_ARCHS and not any(f in isa for f in VNNI)
 
 
-def narrow_weights(scheme: QuantScheme) -> QuantScheme:
-    """``scheme`` with 7-bit weights, so a VPMADDUBSW kernel cannot saturate."""
-    note = "7-bit weights (|q| <= 63): this x86 CPU has no VNNI, and its int8 kernels sum pairs in a saturating int16"
-    return replace(scheme, weight_qmax=63, notes=(*scheme.notes, note))
+def narrow_weights(scheme: QuantScheme, depthwise: bool = True) -> QuantScheme:
+    """``scheme`` with 7-bit weights, so a VPMADDUBSW kernel cannot saturate; ``depthwise=False``
+    keeps depthwise convolutions' weights 8-bit (for a runtime whose depthwise kernel is exact on
+    them at the same speed: ekrt)."""
+    if depthwise:
+        note = "7-bit weights (|q| <= 63): this x86 CPU has no VNNI, and its int8 kernels sum pairs in a saturating int16"
+        return replace(scheme, weight_qmax=63, notes=(*scheme.notes, note))
+    note = ("7-bit weights (|q| <= 63) on convolutions and matrix products, 8-bit on depthwise ones: this x86 CPU has "
+            "no VNNI, and ekrt's AVX2 kernel for 7-bit weights (VPMADDUBSW) is ~1.2-1.9x its exact 8-bit one")
+    return replace(scheme, weight_qmax=63, depthwise_weight_qmax=scheme.weight_qmax, notes=(*scheme.notes, note))
+
+
+def weight_qmax_of(scheme: QuantScheme, node, shape: tuple[int, ...]) -> int:
+    """The largest |q| of ``node``'s weight (of ``shape``): ``depthwise_weight_qmax`` for a
+    depthwise Conv (one input channel per group, a group per output channel), where it is set."""
+    if scheme.depthwise_weight_qmax is not None and node.op_type == "Conv" and len(shape) >= 2 and shape[1] == 1:
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        if group > 1 and group == shape[0]:
+            return scheme.depthwise_weight_qmax
+    return scheme.weight_qmax
 
 
 SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (ONNXRUNTIME, TENSORRT, OPENVINO, NATIVE)}

@@ -9,8 +9,11 @@ size_t ek_qs8_gemm_packed_size(size_t n, size_t k, size_t nr, size_t kr) {
   return blocks * (nr * sizeof(int32_t) + k_pad * nr);
 }
 
-/* VPDPBUSD (avx512vnni) takes unsigned activations, x + 128; AMX's TDPBSSD and the others signed */
-int32_t ek_qs8_gemm_a_offset(uint32_t isa) { return isa == EK_ISA_AVX512VNNI ? 128 : 0; }
+/* VPDPBUSD (avx512vnni) and VPMADDUBSW (avx2 with 7-bit weights) take unsigned activations, x + 128;
+ * AMX's TDPBSSD and the others signed */
+int32_t ek_qs8_gemm_a_offset(uint32_t isa) {
+  return isa == EK_ISA_AVX512VNNI || isa == (EK_ISA_AVX2 | EK_ISA_W7) ? 128 : 0;
+}
 
 void ek_qs8_gemm_pack(uint32_t isa, size_t nr, size_t kr, size_t n, size_t k, const int8_t* w,
                       const int32_t* bias, int32_t zx, void* packed) {

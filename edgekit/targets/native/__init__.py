@@ -15,7 +15,7 @@ from pathlib import Path
 from edgekit.events import Events
 from edgekit.modelio import LoadedModel
 from edgekit.profiles import BackendSpec, Profile
-from edgekit.quantize.scheme import NATIVE
+from edgekit.quantize.scheme import NATIVE, QuantScheme, narrow_weights, saturates_int16
 from edgekit.targets.base import Backend, Verdict, runtime_version
 
 EKM_FILE = "model.ekm"
@@ -29,6 +29,14 @@ class NativeBackend(Backend):
     no_dynamic = "ekrt has no run-time-quantized int8; onnxruntime runs it"
     archs = ("x86_64", "aarch64")
     runtimes = ()  # the runner is static and travels in the bundle
+
+    def quant_scheme(self, profile: Profile) -> QuantScheme:
+        """On x86 without VNNI, 7-bit weights for the convolutions ekrt runs as GEMMs: its AVX2
+        kernel for them (VPMADDUBSW, exact for |w| <= 64, picked per op at load) is 1.2-1.9x its
+        exact 8-bit one (docs/kernels.md), as ONNX Runtime's and OpenVINO's kernels there need the
+        same. Depthwise convolutions keep 8 bits: their kernel is the same on both."""
+        cpu = profile.cpu
+        return narrow_weights(self.scheme, depthwise=False) if saturates_int16(cpu.arch, cpu.isa) else self.scheme
 
     def supports(self, model: LoadedModel, profile: Profile, facts: dict | None = None) -> Verdict:
         verdict = super().supports(model, profile, facts)
