@@ -544,10 +544,15 @@ def _quantize_or_reuse(w: _Walk, step: Quantize, k: str, calibration: FeedSet, h
         model, report, agreement = hit
         w.events.info(f"int8 model of {job.model.path.name} unchanged: reusing the cached quantization ({k[:12]})")
         method = report.get("method", step.method)  # a --max-drop search may have fallen back to dynamic
-        _, analysis = analyze_model(job.model, step.scheme, job.request.exclude, method)
+        scheme = step.scheme
+        kept = report.get("scheme") or {}
+        if scheme.seven_bit_for_speed and kept.get("weight_qmax") == 127:  # quantize_model fell back to 8-bit weights
+            scheme = dataclasses.replace(scheme, weight_qmax=127, depthwise_weight_qmax=None, seven_bit_for_speed=False,
+                                         notes=tuple(kept.get("notes") or scheme.notes))
+        _, analysis = analyze_model(job.model, scheme, job.request.exclude, method)
         cal = report["calibration"]
         result = QuantizeResult(
-            model, step.scheme, method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True,
+            model, scheme, method, analysis, cal["source"], cal["samples"], cal["random"], agreement, report["seconds"], cached=True,
             layers=report.get("layers") or [], mixed_precision=report.get("mixed_precision"),
             smoothing=Smoothing.from_dict(report["smoothed"]) if report.get("smoothed") else None,
             check=Check.from_dict(report["check"]) if report.get("check") else None, int8_mac_share=report.get("int8_mac_share"),

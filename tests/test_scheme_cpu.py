@@ -123,3 +123,38 @@ def test_ort_fused_kernels_match_reference_semantics(x86_int8):
     cos = float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
     assert cos > 0.9999, cos
     assert (a.argmax(1) == b.argmax(1)).mean() == 1.0
+
+
+def test_ekrt_seven_bit_weights_fall_back_to_eight_when_they_miss_the_held_out_check():
+    """For ekrt the 7-bit weights only buy speed (its 16-bit GEMM is exact on 8-bit ones), so a
+    7-bit model that misses its held-out check is quantized again with 8-bit weights, and the
+    better one is kept, its scheme's note saying so; one that passes is not tried again."""
+    from edgekit.quantize import _quantize_model, load_feeds, quantize_model
+    from edgekit.quantize.scheme import NATIVE, narrow_weights
+
+    loaded = load_model(MOBILENET / "mobilenetv2.onnx")
+    sc = loaded.sidecar
+    calib, held = load_feeds(sc.calibration, loaded.inputs), load_feeds(sc.evaluation, loaded.inputs)
+    calib = dataclasses.replace(calib, feeds=calib.feeds[:8])
+    held = dataclasses.replace(held, feeds=held.feeds[:8])
+    seven = narrow_weights(NATIVE, depthwise=False)
+    assert seven.seven_bit_for_speed and not narrow_weights(NATIVE).seven_bit_for_speed  # ORT/OpenVINO need theirs
+    kw = {"method": "minmax", "metric": "cosine"}
+    cos7 = _quantize_model(loaded, seven, calib, held, **kw, goal=0.0).check.value
+    cos8 = _quantize_model(loaded, NATIVE, calib, held, **kw, goal=0.0).check.value
+    assert cos7 != cos8  # the weights differ
+
+    passed = quantize_model(loaded, seven, calib, held, **kw, goal=min(cos7, cos8) - 1e-6)
+    assert passed.scheme == seven and passed.check.passed and "evaluate" in passed.seconds
+
+    missed = quantize_model(loaded, seven, calib, held, **kw, goal=1.0)  # neither can hold: the better is kept
+    assert not missed.check.passed and missed.check.value == max(cos7, cos8)
+    if cos8 > cos7:
+        assert missed.scheme.weight_qmax == 127 and not missed.scheme.seven_bit_for_speed
+        assert missed.scheme.notes[-1].startswith("8-bit weights: with 7-bit ones"), missed.scheme.notes
+        consts = {t.name: onnx.numpy_helper.to_array(t) for t in missed.model.graph.initializer}
+        made = {o: n for n in missed.model.graph.node for o in n.output}
+        conv_w = [consts[made[n.input[1]].input[0]] for n in missed.model.graph.node if n.op_type == "Conv"]
+        assert max(int(np.abs(w.astype(np.int32)).max()) for w in conv_w) == 127
+    else:
+        assert missed.scheme.weight_qmax == 63 and "did no better" in missed.scheme.notes[-1], missed.scheme.notes

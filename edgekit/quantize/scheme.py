@@ -35,6 +35,9 @@ class QuantScheme:
     # a depthwise Conv's weights, where they differ (weight_qmax_of): ekrt's depthwise kernels sum
     # int16 pairs on every ISA, so narrowing them would cost accuracy for no speed
     depthwise_weight_qmax: int | None = None
+    # the 7-bit weights only buy speed (a runtime exact on 8-bit ones too: ekrt): quantize_model
+    # tries 8-bit weights when the 7-bit model misses its held-out check
+    seven_bit_for_speed: bool = False
     # A Gather from a constant float table (a word-embedding matrix) as int8: the table stored int8
     # (one scale), the rows it selects keep that scale (DQ -> Gather -> Q, which the runtime runs
     # as an int8 Gather). For runtimes whose QDQ passes do that (ONNX Runtime, OpenVINO).
@@ -105,7 +108,7 @@ def narrow_weights(scheme: QuantScheme, depthwise: bool = True) -> QuantScheme:
         return replace(scheme, weight_qmax=63, notes=(*scheme.notes, note))
     note = ("7-bit weights (|q| <= 63) on convolutions and matrix products, 8-bit on depthwise ones: this x86 CPU has "
             "no VNNI, and ekrt's AVX2 kernel for 7-bit weights (VPMADDUBSW) is ~1.2-1.9x its exact 8-bit one")
-    return replace(scheme, weight_qmax=63, depthwise_weight_qmax=scheme.weight_qmax, notes=(*scheme.notes, note))
+    return replace(scheme, weight_qmax=63, depthwise_weight_qmax=scheme.weight_qmax, seven_bit_for_speed=True, notes=(*scheme.notes, note))
 
 
 def weight_qmax_of(scheme: QuantScheme, node, shape: tuple[int, ...]) -> int:
