@@ -48,11 +48,11 @@ RUN_TIMEOUT_S = 300
 
 def kernel_lists() -> dict[str, tuple[str, str]]:
     """Every kernel named in the family lists: function -> (family, isa). (An ISA word's
-    ``| EK_ISA_W7``, a weight-range precondition and no CPU feature, is not part of its ISA.)"""
+    ``| EK_ISA_W7`` / ``| EK_ISA_WN``, a bound on the weights and no CPU feature, is not part of its ISA.)"""
     out: dict[str, tuple[str, str]] = {}
     for inc in sorted((CSRC / "kernels").glob("*/*.inc")):
         for isa, fn in re.findall(
-            r"^EK_KERNEL\(\s*EK_ISA_(\w+)\s*(?:\|\s*EK_ISA_W7\s*)?,\s*(\w+)", inc.read_text(), re.M
+            r"^EK_KERNEL\(\s*EK_ISA_(\w+)\s*(?:\|\s*EK_ISA_W[7N]\s*)?,\s*(\w+)", inc.read_text(), re.M
         ):
             out[fn] = (inc.stem, isa.lower())
     return out

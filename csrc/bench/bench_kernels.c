@@ -44,7 +44,7 @@ static void report(const char* family, const char* name, uint32_t isa, const cha
 }
 
 static void report_skip(const char* family, const char* name, uint32_t isa) {
-  if (!json) printf("%-10s %-44s %-10s skipped: the CPU lacks %s\n", family, name, ek_isa_name(isa), ek_cpu_feature_name(isa & ~EK_ISA_W7));
+  if (!json) printf("%-10s %-44s %-10s skipped: the CPU lacks %s\n", family, name, ek_isa_name(isa), ek_cpu_feature_name(isa & ~EK_ISA_WEIGHT_BOUNDS));
 }
 
 /* Runs body once to warm up, then repeatedly for >= min_time (and >= min_iters times); best = the
@@ -93,7 +93,7 @@ static void bench_gemm(uint32_t f) {
     snprintf(shape, sizeof shape, "%zux%zux%zu", m, n, k);
     for (size_t e = 0; e < COUNT(gemm_list); e++) {
       const struct gemm_entry* en = &gemm_list[e];
-      if (((f | EK_ISA_W7) & en->isa) != en->isa) {
+      if (((f | EK_ISA_WEIGHT_BOUNDS) & en->isa) != en->isa) {
         if (s == 0) report_skip("qs8-gemm", en->name, en->isa);
         continue;
       }

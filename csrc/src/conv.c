@@ -396,11 +396,16 @@ static int32_t* copy_i32(const uint8_t* data, const struct ek_tensor* t) {
   return v;
 }
 
-/* all weights in [-64, 64]: a 7-bit-weight kernel (EK_ISA_W7) is exact on them */
-static int weights_fit_w7(const int8_t* w, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (w[i] < -64 || w[i] > 64) return 0;
-  return 1;
+/* the tightest bound all n weights meet (EK_WEIGHTS_*): a kernel whose ISA word needs that
+ * bound (EK_ISA_W7, EK_ISA_WN) is exact on them */
+static int weight_bound(const int8_t* w, size_t n) {
+  int lo = 0, hi = 0;
+  for (size_t i = 0; i < n; i++) {
+    lo = w[i] < lo ? w[i] : lo;
+    hi = w[i] > hi ? w[i] : hi;
+  }
+  if (lo >= -64 && hi <= 64) return EK_WEIGHTS_7BIT;
+  return lo > -128 ? EK_WEIGHTS_NARROW : EK_WEIGHTS_ANY;
 }
 
 int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len) {
@@ -484,8 +489,8 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
       }
     }
   } else {
-    const struct ek_gemm_choice* gk = s->k < EK_AMX_MIN_K ? &kern->gemm_small : &kern->gemm;
-    if (kern->gemm_w7.fn && weights_fit_w7(wd, w->elems)) gk = &kern->gemm_w7;
+    const int bound = weight_bound(wd, w->elems);
+    const struct ek_gemm_choice* gk = s->k < EK_AMX_MIN_K ? &kern->gemm_small_for[bound] : &kern->gemm_for[bound];
     s->gemm = gk->fn;
     s->kernel = gk->name;
     s->work_shift = gk->isa == EK_ISA_AMX ? 2 : 0;

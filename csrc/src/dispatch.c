@@ -91,10 +91,16 @@ static void init(void) {
   PICK_FROM(GEMM, feats & ~(uint64_t)EK_ISA_AMX, gs);
   chosen.gemm = (struct ek_gemm_choice){GEMM[g].fn, GEMM[g].name, GEMM[g].isa, GEMM[g].mr, GEMM[g].nr, GEMM[g].kr};
   chosen.gemm_small = (struct ek_gemm_choice){GEMM[gs].fn, GEMM[gs].name, GEMM[gs].isa, GEMM[gs].mr, GEMM[gs].nr, GEMM[gs].kr};
-  size_t g7; /* the W7 bit is no CPU feature: it says the op's weights fit (conv.c checks) */
-  PICK_FROM(GEMM, feats | EK_ISA_W7, g7);
-  if (GEMM[g7].isa & EK_ISA_W7)
-    chosen.gemm_w7 = (struct ek_gemm_choice){GEMM[g7].fn, GEMM[g7].name, GEMM[g7].isa, GEMM[g7].mr, GEMM[g7].nr, GEMM[g7].kr};
+  /* the weight-bound bits are no CPU feature: they say an op's weights meet them (conv.c checks) */
+  static const uint32_t bounds[EK_WEIGHT_KINDS] = {0, EK_ISA_WN, EK_ISA_W7 | EK_ISA_WN};
+  for (int b = 0; b < EK_WEIGHT_KINDS; b++) {
+    size_t gb, gsb;
+    PICK_FROM(GEMM, feats | bounds[b], gb);
+    PICK_FROM(GEMM, (feats & ~(uint64_t)EK_ISA_AMX) | bounds[b], gsb);
+    chosen.gemm_for[b] = (struct ek_gemm_choice){GEMM[gb].fn, GEMM[gb].name, GEMM[gb].isa, GEMM[gb].mr, GEMM[gb].nr, GEMM[gb].kr};
+    chosen.gemm_small_for[b] =
+        (struct ek_gemm_choice){GEMM[gsb].fn, GEMM[gsb].name, GEMM[gsb].isa, GEMM[gsb].mr, GEMM[gsb].nr, GEMM[gsb].kr};
+  }
   chosen.dwconv.fn = DWCONV[d].fn;
   chosen.dwconv.name = DWCONV[d].name;
   chosen.dwconv.isa = DWCONV[d].isa;

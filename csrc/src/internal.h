@@ -109,12 +109,13 @@ struct ek_dwconv_choice {
  * Sapphire Rapids VM, docs/kernels.md: k = 8 0.75-0.96x, k = 16 0.95-1.17x, k = 24-32
  * 1.06-1.7x, k >= 64 1.7-9x) */
 #define EK_AMX_MIN_K 16
+/* what an op's weights allow (conv.c checks them at load): an index into the gemm choices */
+enum { EK_WEIGHTS_ANY, EK_WEIGHTS_NARROW /* EK_ISA_WN */, EK_WEIGHTS_7BIT /* EK_ISA_W7 | EK_ISA_WN */, EK_WEIGHT_KINDS };
 struct ek_kernels {
-  struct ek_gemm_choice gemm;
+  struct ek_gemm_choice gemm;       /* = gemm_for[EK_WEIGHTS_ANY] (reported as the family's kernel) */
   struct ek_gemm_choice gemm_small; /* for k < EK_AMX_MIN_K: the best kernel that is not AMX's */
-  /* for an op whose weights all lie in [-64, 64], where that is better than `gemm` (an EK_ISA_W7
-   * kernel: AVX2 without VNNI); fn NULL where no such kernel beats the CPU's best */
-  struct ek_gemm_choice gemm_w7;
+  /* the same two picks for weights that meet a bound (a kernel exact only on them may win) */
+  struct ek_gemm_choice gemm_for[EK_WEIGHT_KINDS], gemm_small_for[EK_WEIGHT_KINDS];
   struct ek_dwconv_choice dwconv;
   ek_qs8_vadd_fn vadd;
   const char* vadd_name;

@@ -125,7 +125,7 @@ static void report(const char* family, const char* name, uint32_t isa, const cha
                    size_t ran, const char* why) {
   if ((features & isa) != isa)
     printf("SKIP %s %s isa=%s: the CPU lacks %s\n", family, name, ek_isa_name(isa),
-           ek_cpu_feature_name(isa & ~EK_ISA_W7));
+           ek_cpu_feature_name(isa & ~EK_ISA_WEIGHT_BOUNDS));
   else if (ok)
     printf("PASS %s %s isa=%s %scases=%zu\n", family, name, ek_isa_name(isa), tile, ran);
   else {
@@ -147,8 +147,9 @@ struct gemm_case {
   struct ek_requant_params rq;
 };
 
-/* narrow: weights in [-64, 64] (both ends reached), for the EK_ISA_W7 kernels as well as the others */
-static void gemm_case_make(struct gemm_case* g, size_t m, size_t n, size_t k, int narrow) {
+/* bounds: 0, EK_ISA_WN (weights in [-127, 127]) or EK_ISA_W7 | EK_ISA_WN (in [-64, 64]), both ends
+ * reached where the case draws extremes; every kernel runs such weights, the bounded ones only them */
+static void gemm_case_make(struct gemm_case* g, size_t m, size_t n, size_t k, uint32_t bounds) {
   g->m = m;
   g->n = n;
   g->k = k;
@@ -159,8 +160,10 @@ static void gemm_case_make(struct gemm_case* g, size_t m, size_t n, size_t k, in
   fill_i8(g->a, (m - 1) * g->a_stride + k, mode);
   g->w = xmalloc(n * k);
   fill_i8(g->w, n * k, mode);
-  if (narrow)
+  if (bounds & EK_ISA_W7)
     for (size_t i = 0; i < n * k; i++) g->w[i] = g->w[i] == 127 ? 64 : (int8_t)(g->w[i] / 2);
+  else if (bounds & EK_ISA_WN)
+    for (size_t i = 0; i < n * k; i++) g->w[i] = g->w[i] == -128 ? -127 : g->w[i];
   g->bias = xmalloc(n * sizeof(int32_t));
   g->mult = xmalloc(n * sizeof(int32_t));
   g->shift = xmalloc(n * sizeof(int32_t));
@@ -267,10 +270,12 @@ static void test_gemm(uint32_t features, int quick) {
       k = big[c - n_small][2];
     }
     struct gemm_case g;
-    const uint32_t narrow = rnd() % 2 ? EK_ISA_W7 : 0; /* half the cases also run the 7-bit-weight kernels */
-    gemm_case_make(&g, m, n, k, narrow != 0);
+    /* a third of the cases each: any weights, none -128 (the WN kernels run them too), 7-bit (W7 and WN) */
+    static const uint32_t kinds[3] = {0, EK_ISA_WN, EK_ISA_W7 | EK_ISA_WN};
+    const uint32_t bounds = kinds[rnd() % 3];
+    gemm_case_make(&g, m, n, k, bounds);
     for (size_t e = 0; e < COUNT(gemm_list); e++) {
-      if (((features | narrow) & gemm_list[e].isa) != gemm_list[e].isa || !ok[e]) continue;
+      if (((features | bounds) & gemm_list[e].isa) != gemm_list[e].isa || !ok[e]) continue;
       ok[e] = gemm_check(&gemm_list[e], &g, why[e], sizeof why[e]);
       ran[e]++;
     }
@@ -280,7 +285,7 @@ static void test_gemm(uint32_t features, int quick) {
     const struct gemm_entry* en = &gemm_list[e];
     char tile[64];
     snprintf(tile, sizeof tile, "tile=%zux%zuc%zu ", en->mr, en->nr, en->kr);
-    report("qs8-gemm", en->name, en->isa, tile, features | EK_ISA_W7, ok[e], ran[e], why[e]);
+    report("qs8-gemm", en->name, en->isa, tile, features | EK_ISA_WEIGHT_BOUNDS, ok[e], ran[e], why[e]);
   }
 }
 

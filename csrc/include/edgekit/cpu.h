@@ -53,6 +53,7 @@ static inline const char* ek_isa_name(uint32_t isa) {
     case EK_ISA_AVX512VBMI: return "avx512vbmi";
     case EK_ISA_AMX: return "amx";
     case EK_ISA_AVX2 | EK_ISA_W7: return "avx2"; /* with 7-bit weights */
+    case EK_ISA_NEON | EK_ISA_WN: return "neon";  /* with no weight of -128 */
     default: return "?";
   }
 }

@@ -33,10 +33,14 @@ extern "C" {
 #define EK_ISA_AVX512VNNI (1u << 9) /* AVX-512 F/BW/VL/VNNI; -mavx512f -mavx512bw -mavx512vl -mavx512vnni */
 #define EK_ISA_AVX512VBMI (1u << 10) /* AVX-512 F/BW/VBMI (byte permutes; not implied by VNNI: Cascade Lake has VNNI only) */
 #define EK_ISA_AMX (1u << 11)        /* AMX-TILE + AMX-INT8 (TDPBSSD) with AVX-512 VNNI, the OS granting tile data; -mamx-tile -mamx-int8 */
-/* Not a CPU feature: a kernel whose ISA word has this bit is exact only for weights in [-64, 64]
- * (7-bit, what x86 runtimes quantize to without VNNI). The CPU never reports it; the runtime
- * adds it for an op whose weights all fit, and the tests draw such kernels' weights from there. */
+/* Not CPU features: bounds on an op's weights that a kernel whose ISA word has the bit needs to
+ * be exact. The CPU never reports them; the runtime adds them for an op whose weights all meet
+ * them (checked at load), and the tests draw such kernels' weights from there.
+ * W7: all in [-64, 64] (7-bit, what x86 runtimes quantize to without VNNI; implies WN).
+ * WN: none is -128 ([-127, 127], edgekit's symmetric weights). */
 #define EK_ISA_W7 (1u << 16)
+#define EK_ISA_WN (1u << 17)
+#define EK_ISA_WEIGHT_BOUNDS (EK_ISA_W7 | EK_ISA_WN)
 
 /* Which ISAs this translation unit may name. A build whose compiler cannot take a kernel
  * file's flags skips the file and compiles everything else with -DEK_NO_<ISA>. */

@@ -12,7 +12,8 @@ size_t ek_qs8_gemm_packed_size(size_t n, size_t k, size_t nr, size_t kr) {
 /* VPDPBUSD (avx512vnni) and VPMADDUBSW (avx2 with 7-bit weights) take unsigned activations, x + 128;
  * AMX's TDPBSSD and the others signed */
 int32_t ek_qs8_gemm_a_offset(uint32_t isa) {
-  return isa == EK_ISA_AVX512VNNI || isa == (EK_ISA_AVX2 | EK_ISA_W7) ? 128 : 0;
+  const uint32_t level = isa & ~(uint32_t)EK_ISA_WEIGHT_BOUNDS;
+  return level == EK_ISA_AVX512VNNI || isa == (EK_ISA_AVX2 | EK_ISA_W7) ? 128 : 0;
 }
 
 void ek_qs8_gemm_pack(uint32_t isa, size_t nr, size_t kr, size_t n, size_t k, const int8_t* w,
