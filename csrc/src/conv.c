@@ -491,6 +491,9 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
   } else {
     const int bound = weight_bound(wd, w->elems);
     const struct ek_gemm_choice* gk = s->k < EK_AMX_MIN_K ? &kern->gemm_small_for[bound] : &kern->gemm_for[bound];
+    /* a kernel the bound allows, whose k group is wider than the op's whole k, would multiply
+     * mostly padding (NEON's SMLAL kernel takes k by 16; a 1x1 conv of 8 channels has k = 8) */
+    if (gk->kr > s->k) gk = s->k < EK_AMX_MIN_K ? &kern->gemm_small : &kern->gemm;
     s->gemm = gk->fn;
     s->kernel = gk->name;
     s->work_shift = gk->isa == EK_ISA_AMX ? 2 : 0;
