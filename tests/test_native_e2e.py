@@ -185,6 +185,8 @@ def test_cross_built_runner_equals_the_reference_under_qemu(arm_runner, models, 
     doc = json.loads(_run_ekrt([QEMU, "-cpu", cpu, str(arm_runner), "bench", str(model), "--json", "--profile",
                                 "--iterations", "1", "--warmup", "0"]).stdout)
     gemms = {x["kernel"] for x in doc["layers"] if "gemm" in x.get("kernel", "")}
+    dw = {x["kernel"] for x in doc["layers"] if "dwconv" in x.get("kernel", "")}
+    assert dw <= {"ek_qs8_dwconv_ukernel_c16__neon_mlal"}, dw  # the depthwise taps pair up too, on both CPUs
     if cpu == "cortex-a72":
         assert "ek_qs8_gemm_ukernel_2x8c16__neon_mlal" in gemms and gemms <= {"ek_qs8_gemm_ukernel_2x8c16__neon_mlal", "ek_qs8_gemm_ukernel_2x8c8__neon"}, gemms
     else:

@@ -455,9 +455,10 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
     }
   }
   if (s->kind == CONV_DEPTHWISE) {
-    size_t ks = s->geo.kh * s->geo.kw, cr = kern->dwconv.cr;
-    s->dwconv = kern->dwconv.fn;
-    s->kernel = kern->dwconv.name;
+    const struct ek_dwconv_choice* dk = &kern->dwconv_for[weight_bound(wd, w->elems)];
+    size_t ks = s->geo.kh * s->geo.kw, cr = dk->cr;
+    s->dwconv = dk->fn;
+    s->kernel = dk->name;
     s->zero_row = aligned_alloc64(s->geo.c);
     s->shared_columns = s->geo.dw == 1;
     int8_t* taps = malloc(ks * s->geo.c); /* [M][KH][KW][1] -> tap-major [KH*KW][C] ([KW][KH] if shared) */
@@ -474,7 +475,7 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
             size_t t = s->shared_columns ? kx * s->geo.kh + ky : ky * s->geo.kw + kx;
             taps[t * s->geo.c + ch] = wd[ch * ks + ky * s->geo.kw + kx];
           }
-      ek_qs8_dwconv_pack(kern->dwconv.isa, cr, s->geo.c, ks, taps, bias, s->zx, s->packed);
+      ek_qs8_dwconv_pack(dk->isa, cr, s->geo.c, ks, taps, bias, s->zx, s->packed);
       free(taps);
       m->weights_bytes += bytes;
       s->row_pointers = ((s->geo.ow - 1) * s->geo.sw + s->geo.kw) * s->geo.kh;

@@ -100,6 +100,9 @@ static void init(void) {
     chosen.gemm_for[b] = (struct ek_gemm_choice){GEMM[gb].fn, GEMM[gb].name, GEMM[gb].isa, GEMM[gb].mr, GEMM[gb].nr, GEMM[gb].kr};
     chosen.gemm_small_for[b] =
         (struct ek_gemm_choice){GEMM[gsb].fn, GEMM[gsb].name, GEMM[gsb].isa, GEMM[gsb].mr, GEMM[gsb].nr, GEMM[gsb].kr};
+    size_t db;
+    PICK_FROM(DWCONV, feats | bounds[b], db);
+    chosen.dwconv_for[b] = (struct ek_dwconv_choice){DWCONV[db].fn, DWCONV[db].name, DWCONV[db].isa, DWCONV[db].nr};
   }
   chosen.dwconv.fn = DWCONV[d].fn;
   chosen.dwconv.name = DWCONV[d].name;

@@ -116,6 +116,7 @@ struct ek_kernels {
   struct ek_gemm_choice gemm_small; /* for k < EK_AMX_MIN_K: the best kernel that is not AMX's */
   /* the same two picks for weights that meet a bound (a kernel exact only on them may win) */
   struct ek_gemm_choice gemm_for[EK_WEIGHT_KINDS], gemm_small_for[EK_WEIGHT_KINDS];
+  struct ek_dwconv_choice dwconv_for[EK_WEIGHT_KINDS];
   struct ek_dwconv_choice dwconv;
   ek_qs8_vadd_fn vadd;
   const char* vadd_name;
