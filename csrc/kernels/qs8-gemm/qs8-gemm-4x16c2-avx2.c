@@ -13,8 +13,7 @@
 #if EK_ENABLE_AVX2
 #include <immintrin.h>
 
-#include "../common/requant-avx2.h"
-#include "../common/tail-avx2.h"
+#include "../common/gemm-4x16-avx2.h"
 
 /* 8 activations as int16, in both 128-bit lanes */
 static inline __m256i ek_a8(const int8_t* p) {
@@ -47,32 +46,12 @@ static inline __m256i ek_w8(const int8_t* p) { return _mm256_cvtepi8_epi16(_mm_l
     if (two) acc31 = _mm256_add_epi32(acc31, _mm256_madd_epi16(x, w1));     \
   } while (0)
 
-static inline void ek_store16(int8_t* dst, __m128i v, size_t nj) {
-  if (nj == 16) {
-    _mm_storeu_si128((__m128i*)dst, v);
-    return;
-  }
-  ek_avx2_store_tail16(dst, v, nj);
-}
-
-/* the first nj <= 8 columns of a row */
-static inline void ek_store_row8(int8_t* dst, __m256i acc, const struct ek_rq_avx2* r0, __m128i vzp, __m128i vqmin,
-                                 __m128i vqmax, size_t nj) {
-  const __m128i v = ek_avx2_narrow8(ek_avx2_mul_by_multiplier(acc, r0), vzp, vqmin, vqmax);
-  if (nj == 8)
-    _mm_storel_epi64((__m128i*)dst, v);
-  else
-    ek_store_tail64(dst, (uint64_t)_mm_cvtsi128_si64(v), nj);
-}
-
-/* all rows of one column block; `two`: 16 columns (else the block's first 8) */
 static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, const int8_t* a, size_t a_stride,
                                                           const int8_t* w0, __m256i bias0, __m256i bias1, int8_t* c,
                                                           size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,
                                                           const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin,
                                                           __m128i vqmax, const int two) {
   const size_t k_main = k & ~(size_t)7;
-  const __m256i vqmin256 = _mm256_broadcastsi128_si256(vqmin), vqmax256 = _mm256_broadcastsi128_si256(vqmax);
   for (size_t i = 0; i < m; i += 4) {
     const size_t rows = m - i;
     /* rows past m repeat the last row: same values, stored to the same place */
@@ -104,55 +83,27 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
     int8_t* c1 = rows > 1 ? c0 + c_stride : c0;
     int8_t* c2 = rows > 2 ? c1 + c_stride : c1;
     int8_t* c3 = rows > 3 ? c2 + c_stride : c2;
-    if (two) { /* two rows per byte pack and clamp */
-      const __m256i v32 = ek_avx2_narrow16x2(ek_avx2_mul_by_multiplier(acc30, r0), ek_avx2_mul_by_multiplier(acc31, r1),
-                                             ek_avx2_mul_by_multiplier(acc20, r0), ek_avx2_mul_by_multiplier(acc21, r1),
-                                             vzp, vqmin256, vqmax256);
-      ek_store16(c3, _mm256_castsi256_si128(v32), nj);
-      ek_store16(c2, _mm256_extracti128_si256(v32, 1), nj);
-      const __m256i v10 = ek_avx2_narrow16x2(ek_avx2_mul_by_multiplier(acc10, r0), ek_avx2_mul_by_multiplier(acc11, r1),
-                                             ek_avx2_mul_by_multiplier(acc00, r0), ek_avx2_mul_by_multiplier(acc01, r1),
-                                             vzp, vqmin256, vqmax256);
-      ek_store16(c1, _mm256_castsi256_si128(v10), nj);
-      ek_store16(c0, _mm256_extracti128_si256(v10, 1), nj);
-    } else {
-      const __m128i vzp8 = _mm256_castsi256_si128(vzp);
-      ek_store_row8(c3, acc30, r0, vzp8, vqmin, vqmax, nj);
-      ek_store_row8(c2, acc20, r0, vzp8, vqmin, vqmax, nj);
-      ek_store_row8(c1, acc10, r0, vzp8, vqmin, vqmax, nj);
-      ek_store_row8(c0, acc00, r0, vzp8, vqmin, vqmax, nj);
-    }
+    ek_avx2_4x16_store(c0, c1, c2, c3, acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31, r0, r1, vzp, vqmin, vqmax, nj,
+                       two);
   }
+}
+
+static void ek_rows_full(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0, __m256i bias1,
+                         int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0, const struct ek_rq_avx2* r1,
+                         __m256i vzp, __m128i vqmin, __m128i vqmax) {
+  ek_rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 1);
+}
+
+/* the last 1..8 columns: half the multiplies */
+static void ek_rows_half(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0, __m256i bias1,
+                         int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0, const struct ek_rq_avx2* r1,
+                         __m256i vzp, __m128i vqmin, __m128i vqmax) {
+  ek_rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 0);
 }
 
 void ek_qs8_gemm_ukernel_4x16c2__avx2(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride,
                                       const void* packed_w, int8_t* c, size_t c_stride,
                                       const struct ek_requant_params* rq) {
-  const size_t k_pad = (k + 1) & ~(size_t)1;
-  const size_t block_bytes = 16 * sizeof(int32_t) + k_pad * 16;
-  const __m256i vzp = _mm256_set1_epi16((int16_t)rq->zp_out);
-  const __m128i vqmin = _mm_set1_epi8((int8_t)rq->qmin), vqmax = _mm_set1_epi8((int8_t)rq->qmax);
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-
-  const uint8_t* wb = (const uint8_t*)packed_w;
-  for (size_t j0 = 0; j0 < n; j0 += 16, wb += block_bytes) {
-    const size_t nj = n - j0 < 16 ? n - j0 : 16;
-    /* per-channel constants of this block; lanes past n are never read */
-    const __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)nj), lanes);
-    const __m256i mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)nj - 8), lanes);
-    const struct ek_rq_avx2 r0 = ek_rq_avx2_init(_mm256_maskload_epi32((const int*)(rq->multiplier + j0), mask0),
-                                                 _mm256_maskload_epi32((const int*)(rq->shift + j0), mask0));
-    const struct ek_rq_avx2 r1 =
-        ek_rq_avx2_init(_mm256_maskload_epi32((const int*)(rq->multiplier + j0 + 8), mask1),
-                        _mm256_maskload_epi32((const int*)(rq->shift + j0 + 8), mask1));
-    const __m256i bias0 = _mm256_loadu_si256((const __m256i*)wb);
-    const __m256i bias1 = _mm256_loadu_si256((const __m256i*)(wb + 32));
-    const int8_t* w0 = (const int8_t*)(wb + 64);
-
-    if (nj > 8)
-      ek_rows(m, k, a, a_stride, w0, bias0, bias1, c + j0, c_stride, nj, &r0, &r1, vzp, vqmin, vqmax, 1);
-    else /* the last 1..8 columns: half the multiplies */
-      ek_rows(m, k, a, a_stride, w0, bias0, bias1, c + j0, c_stride, nj, &r0, &r1, vzp, vqmin, vqmax, 0);
-  }
+  ek_avx2_4x16_gemm(m, n, k, 2, a, a_stride, packed_w, c, c_stride, rq, ek_rows_full, ek_rows_half);
 }
 #endif

@@ -1,0 +1,169 @@
+/* qs8-gemm, 2 rows x 8 columns, AArch64 baseline NEON, two kernels on one body:
+ *
+ * 2x8c8__neon, k in groups of 8: SMULL (int8 x int8 -> int16, exact) then SADALP (pairwise
+ * add-accumulate into int32). No SMLAL pairing, so weights of -128 are fine.
+ *
+ * 2x8c16__neon_mlal, k in groups of 16, for weights in [-127, 127] only (EK_ISA_WN: no weight is
+ * -128, which edgekit's symmetric weights never are): SMULL of the low 8 bytes, SMLAL2 adds the
+ * high 8 products onto them, SADALP: 3 instructions per 16 multiply-adds against 4. Two products
+ * share an int16 lane, exact only while |a*w + a'*w'| <= 32767: with |w| <= 127 at most
+ * 2 * 128 * 127 = 32512, with w = a = -128 twice 32768. The runtime takes it only for an op none
+ * of whose weights is -128 (checked at load); the bound is part of its ISA word. */
+#include "edgekit/kernels.h"
+
+#if EK_ENABLE_NEON
+#include <arm_neon.h>
+#include <string.h>
+
+#include "../common/load-tail.h"
+#include "../common/requant-neon.h"
+
+static inline int8x8_t ek_load_tail8(const int8_t* p, size_t len) {
+  return vreinterpret_s8_s64(vdup_n_s64(ek_load_tail64(p, len)));
+}
+
+static inline int8x16_t ek_load_tail16(const int8_t* p, size_t len) {
+  int64_t lo, hi;
+  ek_load_tail128(p, len, &lo, &hi);
+  return vcombine_s8(vreinterpret_s8_s64(vdup_n_s64(lo)), vreinterpret_s8_s64(vdup_n_s64(hi)));
+}
+
+#define EK_ROW_GROUP(r, va)                                                         \
+  acc##r##0 = vpadalq_s16(acc##r##0, vmull_s8(vget_low_s8(vw01), va));            \
+  acc##r##1 = vpadalq_s16(acc##r##1, vmull_s8(vget_high_s8(vw01), va));           \
+  acc##r##2 = vpadalq_s16(acc##r##2, vmull_s8(vget_low_s8(vw23), va));            \
+  acc##r##3 = vpadalq_s16(acc##r##3, vmull_s8(vget_high_s8(vw23), va));           \
+  acc##r##4 = vpadalq_s16(acc##r##4, vmull_s8(vget_low_s8(vw45), va));            \
+  acc##r##5 = vpadalq_s16(acc##r##5, vmull_s8(vget_high_s8(vw45), va));           \
+  acc##r##6 = vpadalq_s16(acc##r##6, vmull_s8(vget_low_s8(vw67), va));            \
+  acc##r##7 = vpadalq_s16(acc##r##7, vmull_s8(vget_high_s8(vw67), va));
+
+#define EK_MLAL(r, j, va, vw) \
+  acc##r##j = vpadalq_s16(acc##r##j, vmlal_high_s8(vmull_s8(vget_low_s8(va), vget_low_s8(vw)), va, vw))
+
+/* one group of 16 k: column j's 16 weights at wk + 16 j */
+#define EK_GROUP16(va0, va1, wk)                                                                        \
+  do {                                                                                                  \
+    const int8x16_t vw0 = vld1q_s8(wk), vw1 = vld1q_s8(wk + 16);                                       \
+    const int8x16_t vw2 = vld1q_s8(wk + 32), vw3 = vld1q_s8(wk + 48);                                  \
+    const int8x16_t vw4 = vld1q_s8(wk + 64), vw5 = vld1q_s8(wk + 80);                                  \
+    const int8x16_t vw6 = vld1q_s8(wk + 96), vw7 = vld1q_s8(wk + 112);                                 \
+    EK_MLAL(0, 0, va0, vw0); EK_MLAL(0, 1, va0, vw1); EK_MLAL(0, 2, va0, vw2); EK_MLAL(0, 3, va0, vw3); \
+    EK_MLAL(0, 4, va0, vw4); EK_MLAL(0, 5, va0, vw5); EK_MLAL(0, 6, va0, vw6); EK_MLAL(0, 7, va0, vw7); \
+    EK_MLAL(1, 0, va1, vw0); EK_MLAL(1, 1, va1, vw1); EK_MLAL(1, 2, va1, vw2); EK_MLAL(1, 3, va1, vw3); \
+    EK_MLAL(1, 4, va1, vw4); EK_MLAL(1, 5, va1, vw5); EK_MLAL(1, 6, va1, vw6); EK_MLAL(1, 7, va1, vw7); \
+  } while (0)
+
+static inline void ek_store8(int8_t* dst, int8x8_t v, size_t nj) {
+  if (nj == 8) {
+    vst1_s8(dst, v);
+  } else {
+    int8_t tmp[8];
+    vst1_s8(tmp, v);
+    memcpy(dst, tmp, nj);
+  }
+}
+
+/* kr: 8 (SMULL + SADALP) or 16 (SMULL + SMLAL2 + SADALP), a constant after inlining */
+static inline __attribute__((always_inline)) void ek_gemm_2x8(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride,
+                                                              const void* packed_w, int8_t* c, size_t c_stride,
+                                                              const struct ek_requant_params* rq, const size_t kr) {
+  const size_t k_main = k / kr * kr;
+  const size_t k_pad = (k + kr - 1) / kr * kr;
+  const size_t block_bytes = 8 * sizeof(int32_t) + k_pad * 8;
+  const int16x8_t vzp = vdupq_n_s16((int16_t)rq->zp_out);
+  const int8x8_t vqmin = vdup_n_s8((int8_t)rq->qmin), vqmax = vdup_n_s8((int8_t)rq->qmax);
+  const int32x4_t vzero = vdupq_n_s32(0);
+
+  /* column blocks outside, rows inside: a block's weights stay in L1, its requantization
+   * constants are set up once per call */
+  const uint8_t* w = (const uint8_t*)packed_w;
+  for (size_t j0 = 0; j0 < n; j0 += 8, w += block_bytes) {
+    const size_t nj = n - j0 < 8 ? n - j0 : 8;
+    int32x4_t vm_a, vm_b, vs_a, vs_b;
+    if (nj == 8) {
+      vm_a = vld1q_s32(rq->multiplier + j0);
+      vm_b = vld1q_s32(rq->multiplier + j0 + 4);
+      vs_a = vld1q_s32(rq->shift + j0);
+      vs_b = vld1q_s32(rq->shift + j0 + 4);
+    } else {
+      int32_t mult[8] = {0, 0, 0, 0, 0, 0, 0, 0}, shift[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      memcpy(mult, rq->multiplier + j0, nj * sizeof(int32_t));
+      memcpy(shift, rq->shift + j0, nj * sizeof(int32_t));
+      vm_a = vld1q_s32(mult);
+      vm_b = vld1q_s32(mult + 4);
+      vs_a = vld1q_s32(shift);
+      vs_b = vld1q_s32(shift + 4);
+    }
+    int64x2_t n0, n1, n2, n3;
+    ek_neon_neg_n(vs_a, &n0, &n1);
+    ek_neon_neg_n(vs_b, &n2, &n3);
+    const int32x4_t vb0123 = vld1q_s32((const int32_t*)w);
+    const int32x4_t vb4567 = vld1q_s32((const int32_t*)w + 4);
+
+    for (size_t i = 0; i < m; i += 2) {
+      /* a row past m aliases the last real row (computed twice, stored twice, same values) */
+      const int8_t* a0 = a + i * a_stride;
+      const int8_t* a1 = m - i > 1 ? a0 + a_stride : a0;
+      int8_t* c0 = c + i * c_stride;
+      int8_t* c1 = m - i > 1 ? c0 + c_stride : c0;
+      int32x4_t acc00 = vzero, acc01 = vzero, acc02 = vzero, acc03 = vzero;
+      int32x4_t acc04 = vzero, acc05 = vzero, acc06 = vzero, acc07 = vzero;
+      int32x4_t acc10 = vzero, acc11 = vzero, acc12 = vzero, acc13 = vzero;
+      int32x4_t acc14 = vzero, acc15 = vzero, acc16 = vzero, acc17 = vzero;
+      const int8_t* wk = (const int8_t*)(w + 32);
+      size_t kk = 0;
+      if (kr == 16) {
+        for (; kk < k_main; kk += 16, wk += 128) {
+          const int8x16_t va0 = vld1q_s8(a0 + kk), va1 = vld1q_s8(a1 + kk);
+          EK_GROUP16(va0, va1, wk);
+        }
+        if (kk < k) { /* 1..15 left, zero-filled against zero-padded weights */
+          const int8x16_t va0 = ek_load_tail16(a0 + kk, k - kk), va1 = ek_load_tail16(a1 + kk, k - kk);
+          EK_GROUP16(va0, va1, wk);
+        }
+      } else {
+        for (; kk < k_main; kk += 8) {
+          const int8x8_t va0 = vld1_s8(a0 + kk), va1 = vld1_s8(a1 + kk);
+          const int8x16_t vw01 = vld1q_s8(wk);
+          const int8x16_t vw23 = vld1q_s8(wk + 16);
+          const int8x16_t vw45 = vld1q_s8(wk + 32);
+          const int8x16_t vw67 = vld1q_s8(wk + 48);
+          EK_ROW_GROUP(0, va0)
+          EK_ROW_GROUP(1, va1)
+          wk += 64;
+        }
+        if (kk < k) { /* 1..7 left, zero-filled against zero-padded weights */
+          const int8x8_t va0 = ek_load_tail8(a0 + kk, k - kk), va1 = ek_load_tail8(a1 + kk, k - kk);
+          const int8x16_t vw01 = vld1q_s8(wk);
+          const int8x16_t vw23 = vld1q_s8(wk + 16);
+          const int8x16_t vw45 = vld1q_s8(wk + 32);
+          const int8x16_t vw67 = vld1q_s8(wk + 48);
+          EK_ROW_GROUP(0, va0)
+          EK_ROW_GROUP(1, va1)
+        }
+      }
+      int32x4_t s0a = vaddq_s32(vpaddq_s32(vpaddq_s32(acc00, acc01), vpaddq_s32(acc02, acc03)), vb0123);
+      int32x4_t s0b = vaddq_s32(vpaddq_s32(vpaddq_s32(acc04, acc05), vpaddq_s32(acc06, acc07)), vb4567);
+      int32x4_t s1a = vaddq_s32(vpaddq_s32(vpaddq_s32(acc10, acc11), vpaddq_s32(acc12, acc13)), vb0123);
+      int32x4_t s1b = vaddq_s32(vpaddq_s32(vpaddq_s32(acc14, acc15), vpaddq_s32(acc16, acc17)), vb4567);
+      s0a = ek_neon_mul_by_multiplier(s0a, vm_a, n0, n1);
+      s0b = ek_neon_mul_by_multiplier(s0b, vm_b, n2, n3);
+      s1a = ek_neon_mul_by_multiplier(s1a, vm_a, n0, n1);
+      s1b = ek_neon_mul_by_multiplier(s1b, vm_b, n2, n3);
+      ek_store8(c1 + j0, ek_neon_narrow8(s1a, s1b, vzp, vqmin, vqmax), nj);
+      ek_store8(c0 + j0, ek_neon_narrow8(s0a, s0b, vzp, vqmin, vqmax), nj);
+    }
+  }
+}
+void ek_qs8_gemm_ukernel_2x8c8__neon(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride, const void* packed_w,
+                                     int8_t* c, size_t c_stride, const struct ek_requant_params* rq) {
+  ek_gemm_2x8(m, n, k, a, a_stride, packed_w, c, c_stride, rq, 8);
+}
+
+void ek_qs8_gemm_ukernel_2x8c16__neon_mlal(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride,
+                                           const void* packed_w, int8_t* c, size_t c_stride,
+                                           const struct ek_requant_params* rq) {
+  ek_gemm_2x8(m, n, k, a, a_stride, packed_w, c, c_stride, rq, 16);
+}
+#endif
