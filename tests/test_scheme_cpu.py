@@ -158,3 +158,21 @@ def test_ekrt_seven_bit_weights_fall_back_to_eight_when_they_miss_the_held_out_c
         assert max(int(np.abs(w.astype(np.int32)).max()) for w in conv_w) == 127
     else:
         assert missed.scheme.weight_qmax == 63 and "did no better" in missed.scheme.notes[-1], missed.scheme.notes
+
+
+def test_quantize_says_when_ekrt_gets_seven_bit_weights(cli, tmp_path):
+    """`edgekit quantize` for ekrt on a profile whose x86 CPU has no VNNI prints a `weights:` line
+    saying 7-bit (depthwise 8-bit) and why; on a VNNI CPU there is no such line."""
+    def profile(isa: list[str]) -> Path:
+        p = tmp_path / f"box-{len(isa)}.toml"
+        p.write_text(f'schema = 1\nname = "box-{len(isa)}"\ndescription = "x86"\n[cpu]\narch = "x86_64"\nisa = {isa!r}\ncores = 2\n'
+                     '[[backends]]\nname = "native"\nprecisions = ["int8"]\n'.replace("'", '"'))
+        return p
+
+    r = cli("quantize", MOBILENET / "mobilenetv2.onnx", "-o", tmp_path / "a.onnx", "--target", profile(["sse4_2", "avx2"]), "--method", "minmax")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("weights: "))
+    assert "7-bit weights (|q| <= 63) on convolutions" in line and "8-bit on depthwise" in line, line
+    r = cli("quantize", MOBILENET / "mobilenetv2.onnx", "-o", tmp_path / "b.onnx", "--target", profile(["sse4_2", "avx2", "avx512_vnni"]),
+            "--method", "minmax")
+    assert r.returncode == 0 and not any(ln.startswith("weights: ") for ln in r.stdout.splitlines()), r.stdout

@@ -44,6 +44,8 @@ def print_plan(o: Output, doc: dict) -> None:
             f"{'symmetric' if s['activation_symmetric'] else 'asymmetric'}, weights int8 symmetric "
             f"{'per-channel' if s['per_channel'] else 'per-tensor'}; {_ranges(doc['method'], doc['calibration'])}"
         )
+        if _weights_line(s):
+            o.line(f"weights   {_weights_line(s)}")
         n = doc["nodes"]
         o.line(
             f"nodes     {n.get('int8', 0)} int8, {n.get('fused', 0)} fused, {n.get('passthrough', 0)} pass-through, {n.get('float', 0)} float"
@@ -230,6 +232,19 @@ def _ranges(method: str, calibration: str) -> str:
     return "activations quantized at run time (--method dynamic: nothing calibrated)" if is_dynamic(method) else f"{method} calibration on {calibration}"
 
 
+def _weights_line(scheme: dict) -> str | None:
+    """What a scheme does to the weights beyond 8-bit symmetric, and why (its last note); None
+    for plain 8-bit weights."""
+    notes = scheme.get("notes") or []
+    if scheme.get("weight_qmax", 127) < 127:
+        depthwise = scheme.get("depthwise_weight_qmax")
+        head = f"7-bit (|q| <= {scheme['weight_qmax']})" + (", depthwise 8-bit" if depthwise and depthwise > scheme["weight_qmax"] else "")
+        return notes[-1] if notes and "7-bit" in notes[-1] else head
+    if notes and notes[-1].startswith("8-bit weights: "):  # quantize_model fell back from 7-bit ones
+        return notes[-1]
+    return None
+
+
 def print_quantize_report(o: Output, doc: dict) -> None:
     from edgekit.quantize.calib import is_dynamic
 
@@ -238,6 +253,8 @@ def print_quantize_report(o: Output, doc: dict) -> None:
         f"scheme {doc['scheme']['name']}, " + _ranges(doc["method"], f"{cal['samples']} samples from {cal['source']}")
         + (" (RANDOM: not representative)" if cal["random"] and not is_dynamic(doc["method"]) else "")
     )
+    if _weights_line(doc["scheme"]):
+        o.line(f"weights: {_weights_line(doc['scheme'])}")
     if doc.get("smoothed"):
         sm = doc["smoothed"]
         o.line(f"smoothed {sm['inputs']} MatMul/Gemm inputs (alpha {sm['alpha']}; {len(sm['skipped'])} candidate inputs left alone)")
