@@ -117,7 +117,7 @@ def main() -> None:
                 counts[rt] = f"failed: {exc}"
         peers = {rt: v for rt, v in counts.items() if rt != "ekrt" and isinstance(v, int)}
         best = min(peers, key=peers.__getitem__) if peers else None
-        ratio = counts["ekrt"] / peers[best] if best and isinstance(counts["ekrt"], int) else None
+        ratio = counts["ekrt"] / peers[best] if best and isinstance(counts.get("ekrt"), int) else None
         ekm = f"{model}.avx2.ekm" if (prep / f"{model}.avx2.ekm").exists() else f"{model}.ekm"
         rows.append({"model": model, "ekrt_file": ekm, **counts, "noise": noise, "best_peer": best, "ekrt_over_best": ratio})
         print(f"{model}: {counts} ekrt/best {ratio if ratio is None else round(ratio, 2)} ({time.perf_counter() - t0:.0f} s)",
