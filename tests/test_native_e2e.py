@@ -342,6 +342,8 @@ def test_seven_bit_weights_run_the_avx2_w7_gemm_bit_exact(host_runner, mnv2_w7, 
         for layer in doc["layers"]:
             if "kernel" in layer:
                 counts[layer["kernel"]] = counts.get(layer["kernel"], 0) + 1
+        # the record says which kernels ran, beside the CPU's per-family pick for any weights
+        assert doc["backend_info"]["kernels_used"] == list(counts), (doc["backend_info"], counts)
         return counts
 
     path, feeds, _ = mnv2_w7

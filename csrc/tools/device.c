@@ -73,6 +73,24 @@ void print_kernels(void) {
   putchar('}');
 }
 
+void print_model_kernels(const ekrt_model* m) {
+  /* the distinct GEMM / depthwise kernels the model's ops run, in op order (a per-family
+   * `kernels` entry is the CPU's pick for any weights; an op's weights may allow a better one) */
+  enum { MAX_SEEN = 16 };
+  const char* seen[MAX_SEEN];
+  int n_seen = 0;
+  putchar('[');
+  for (int j = 0; j < ekrt_num_ops(m); j++) {
+    const char* k = ekrt_op_kernel(m, j);
+    int dup = 0;
+    for (int i = 0; i < n_seen && !dup; i++) dup = strcmp(seen[i], k ? k : "") == 0;
+    if (!k || dup || n_seen == MAX_SEEN) continue;
+    printf("%s\"%s\"", n_seen ? ", " : "", k);
+    seen[n_seen++] = k;
+  }
+  putchar(']');
+}
+
 void print_built(void) {
   const char* b = ekrt_built_isas();
   putchar('[');

@@ -139,8 +139,10 @@ static int cmd_info(const struct opts* o) {
     if (l.m) {
       fputs(", \"model\": {\"path\": ", stdout);
       json_cstr(o->model);
-      printf(", \"ops\": %d, \"threads\": %d, \"memory_bytes\": %zu, \"inputs\": ", ekrt_num_ops(l.m),
+      printf(", \"ops\": %d, \"threads\": %d, \"memory_bytes\": %zu, \"kernels_used\": ", ekrt_num_ops(l.m),
              ekrt_get_threads(l.m), ekrt_memory_bytes(l.m));
+      print_model_kernels(l.m);
+      fputs(", \"inputs\": ", stdout);
       print_io(l.m, 0);
       fputs(", \"outputs\": ", stdout);
       print_io(l.m, 1);
@@ -411,6 +413,8 @@ static int cmd_bench(const struct opts* o) {
     }
     printf(", \"backend_info\": {\"runner\": \"ekrt %s\", \"isa\": \"%s\", \"kernels\": ", EKRT_VERSION_STRING, ekrt_isa_name());
     print_kernels();
+    fputs(", \"kernels_used\": ", stdout);
+    print_model_kernels(l.m);
     fputs(", \"features\": ", stdout);
     print_features();
     printf(", \"threads\": %d, \"memory_bytes\": %zu}", ekrt_get_threads(l.m), ekrt_memory_bytes(l.m));

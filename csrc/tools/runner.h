@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "edgekit/ekrt.h"
+
 #define MAX_IO 64
 #define MAX_SAMPLES 1000000
 
@@ -73,6 +75,7 @@ void write_npy(const char* path, const float* data, int rank, const uint32_t* di
 void print_features(void);
 void print_device(void);
 void print_kernels(void);
+void print_model_kernels(const ekrt_model* m); /* JSON list: the conv kernels its ops run */
 void print_built(void);
 
 #endif /* EKRT_RUNNER_H */
