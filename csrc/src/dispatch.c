@@ -80,17 +80,11 @@ static void init(void) {
     for (size_t i = 0; i < sizeof ISA_CAPS / sizeof ISA_CAPS[0]; i++)
       if (strcmp(want, ISA_CAPS[i].name) == 0) feats &= ISA_CAPS[i].mask;
   }
-  size_t g, d, a, mu, lu, cv;
-  PICK_FROM(GEMM, feats, g);
-  PICK_FROM(DWCONV, feats, d);
+  size_t a, mu, lu, cv;
   PICK_FROM(VADD, feats, a);
   PICK_FROM(VMUL, feats, mu);
   PICK_FROM(LUT, feats, lu);
   PICK_FROM(CVT, feats, cv);
-  size_t gs;
-  PICK_FROM(GEMM, feats & ~(uint64_t)EK_ISA_AMX, gs);
-  chosen.gemm = (struct ek_gemm_choice){GEMM[g].fn, GEMM[g].name, GEMM[g].isa, GEMM[g].mr, GEMM[g].nr, GEMM[g].kr};
-  chosen.gemm_small = (struct ek_gemm_choice){GEMM[gs].fn, GEMM[gs].name, GEMM[gs].isa, GEMM[gs].mr, GEMM[gs].nr, GEMM[gs].kr};
   /* the weight-bound bits are no CPU feature: they say an op's weights meet them (conv.c checks) */
   static const uint32_t bounds[EK_WEIGHT_KINDS] = {0, EK_ISA_WN, EK_ISA_W7 | EK_ISA_WN};
   for (int b = 0; b < EK_WEIGHT_KINDS; b++) {
@@ -104,10 +98,10 @@ static void init(void) {
     PICK_FROM(DWCONV, feats | bounds[b], db);
     chosen.dwconv_for[b] = (struct ek_dwconv_choice){DWCONV[db].fn, DWCONV[db].name, DWCONV[db].isa, DWCONV[db].nr};
   }
-  chosen.dwconv.fn = DWCONV[d].fn;
-  chosen.dwconv.name = DWCONV[d].name;
-  chosen.dwconv.isa = DWCONV[d].isa;
-  chosen.dwconv.cr = DWCONV[d].nr;
+  /* the picks for any weights: what ekrt_kernel_choice reports and where a bounded kernel gives way */
+  chosen.gemm = chosen.gemm_for[EK_WEIGHTS_ANY];
+  chosen.gemm_small = chosen.gemm_small_for[EK_WEIGHTS_ANY];
+  chosen.dwconv = chosen.dwconv_for[EK_WEIGHTS_ANY];
   chosen.vadd = VADD[a].fn;
   chosen.vadd_name = VADD[a].name;
   chosen.vmul = VMUL[mu].fn;
@@ -116,7 +110,7 @@ static void init(void) {
   chosen.lut_name = LUT[lu].name;
   chosen.cvt = CVT[cv].fn;
   chosen.cvt_name = CVT[cv].name;
-  chosen.isa = ek_isa_name(GEMM[g].isa);
+  chosen.isa = ek_isa_name(chosen.gemm.isa);
   /* the ISAs this build has kernels for */
   uint32_t seen = 0;
   size_t at = 0;

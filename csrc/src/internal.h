@@ -113,11 +113,11 @@ struct ek_dwconv_choice {
 enum { EK_WEIGHTS_ANY, EK_WEIGHTS_NARROW /* EK_ISA_WN */, EK_WEIGHTS_7BIT /* EK_ISA_W7 | EK_ISA_WN */, EK_WEIGHT_KINDS };
 struct ek_kernels {
   struct ek_gemm_choice gemm;       /* = gemm_for[EK_WEIGHTS_ANY] (reported as the family's kernel) */
-  struct ek_gemm_choice gemm_small; /* for k < EK_AMX_MIN_K: the best kernel that is not AMX's */
+  struct ek_gemm_choice gemm_small; /* = gemm_small_for[EK_WEIGHTS_ANY]: for k < EK_AMX_MIN_K, the best that is not AMX's */
   /* the same two picks for weights that meet a bound (a kernel exact only on them may win) */
   struct ek_gemm_choice gemm_for[EK_WEIGHT_KINDS], gemm_small_for[EK_WEIGHT_KINDS];
   struct ek_dwconv_choice dwconv_for[EK_WEIGHT_KINDS];
-  struct ek_dwconv_choice dwconv;
+  struct ek_dwconv_choice dwconv; /* = dwconv_for[EK_WEIGHTS_ANY] */
   ek_qs8_vadd_fn vadd;
   const char* vadd_name;
   ek_qs8_vmul_fn vmul;
