@@ -49,15 +49,27 @@ static void fill_i8(int8_t* p, size_t n, int mode) {
 
 /* One (multiplier, shift) per channel: realistic for an accumulator of typical size `scale`,
  * a rounding-tie case, a random one, or one with a left shift. */
-/* set per case: only the realistic multipliers (a whole block of shift <= -1 takes the AVX2
- * requantization's high-half path, which a single odd channel in the block would turn off) */
+/* set per case: 0 any kind of multiplier per channel; 1 only the realistic ones (a whole block
+ * of shift <= -2 takes the AVX2 requantization's cheapest high-half path, which a single odd
+ * channel in the block would turn off); 2 one shift for every channel, case_shift in [-31, -1],
+ * with random multipliers: each boundary of those paths (n = 32, 33, 62) met by whole blocks */
 static int realistic_only;
+static int32_t case_shift;
+static void draw_multiplier_mode(void) {
+  realistic_only = (int)(rnd() % 3);
+  case_shift = rnd_range(-31, -1);
+}
 
 static void make_multiplier(double acc_scale, int allow_left, int32_t* mult, int32_t* shift) {
   int32_t rm, rs; /* realistic: maps a typical accumulator to about +-40 */
   if (ek_quantize_multiplier(40.0 / acc_scale * (0.25 + 1.5 * rnd_unit()), &rm, &rs) != 0 || rs > 0) {
     rm = 1 << 30;
     rs = 0;
+  }
+  if (realistic_only == 2) {
+    *mult = rnd_range(1 << 30, INT32_MAX);
+    *shift = case_shift;
+    return;
   }
   const int kind = realistic_only ? 0 : (int)(rnd() % 8);
   *mult = rm;
@@ -169,7 +181,7 @@ static void gemm_case_make(struct gemm_case* g, size_t m, size_t n, size_t k, ui
   g->shift = xmalloc(n * sizeof(int32_t));
   g->zx = mode ? (rnd() & 1 ? -128 : 127) : rnd_range(-128, 127);
   const double acc_scale = 7400.0 * sqrt((double)k); /* std of sum (x - zx) * w, roughly */
-  realistic_only = (int)(rnd() % 2);
+  draw_multiplier_mode();
   for (size_t j = 0; j < n; j++) {
     const int32_t bmax = rnd() % 8 ? (int32_t)acc_scale : 1 << 20;
     g->bias[j] = rnd_range(-bmax, bmax);
@@ -208,7 +220,14 @@ static int gemm_run(const struct gemm_entry* e, const struct gemm_case* g, const
   const size_t c_size = (g->m - 1) * g->c_stride + g->n;
   int8_t* c = xmalloc(c_size);
   memset(c, CANARY, c_size);
-  e->fn(g->m, n_run, g->k, g->a, g->a_stride, packed, c, g->c_stride, &g->rq);
+  const size_t a_size = (g->m - 1) * g->a_stride + g->k;
+  int8_t* a = g->a;
+  if (ek_qs8_gemm_a_offset(e->isa) == 128) { /* such a kernel takes x ^ 0x80 (kernels.h); padding bytes too */
+    a = xmalloc(a_size);
+    for (size_t i = 0; i < a_size; i++) a[i] = (int8_t)((uint8_t)g->a[i] ^ 0x80u);
+  }
+  e->fn(g->m, n_run, g->k, a, g->a_stride, packed, c, g->c_stride, &g->rq);
+  if (a != g->a) free(a);
   int ok = 1;
   for (size_t i = 0; i < g->m && ok; i++) {
     for (size_t j = 0; j < n_run; j++) {
@@ -325,7 +344,7 @@ static void test_dwconv(uint32_t features, int quick) {
         int32_t* bias = xmalloc(C * sizeof(int32_t));
         int32_t* mult = xmalloc(C * sizeof(int32_t));
         int32_t* shift = xmalloc(C * sizeof(int32_t));
-        realistic_only = (int)(rnd() % 2);
+        draw_multiplier_mode();
         for (size_t c = 0; c < C; c++) {
           const double acc_scale = 7400.0 * sqrt((double)KS);
           const int32_t bmax = rnd() % 8 ? (int32_t)acc_scale : 1 << 20;

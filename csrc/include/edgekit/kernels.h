@@ -87,7 +87,10 @@ struct ek_requant_params {
 
 /* ---- qs8-gemm ----------------------------------------------------------------------------
  * C[i][j] = requant_j(bias'[j] + sum_k A[i][k] * W[j][k]) for i < m, j < n.
- * A: int8 rows of k elements, a_stride bytes apart (a_stride >= k). C: c_stride bytes apart.
+ * A: int8 rows of k elements, a_stride bytes apart (a_stride >= k); for a kernel whose
+ * ek_qs8_gemm_a_offset is 128 (it multiplies unsigned bytes: VPDPBUSD, VPMADDUBSW) the caller
+ * passes every byte as x ^ 0x80 = x + 128 (uint8), once per op rather than once per broadcast
+ * in every tile (ek_qs8_flip). C: c_stride bytes apart.
  * packed_w: ek_qs8_gemm_pack output for this kernel's (isa, nr, kr); a call with n < the
  * packed width uses the first n columns. rq->multiplier/shift have >= n entries.
  * m, n, k >= 1. */
@@ -103,6 +106,9 @@ typedef void (*ek_qs8_gemm_fn)(size_t m, size_t n, size_t k, const int8_t* a, si
  * TDPBSSD, signed by signed). */
 size_t ek_qs8_gemm_packed_size(size_t n, size_t k, size_t nr, size_t kr);
 int32_t ek_qs8_gemm_a_offset(uint32_t isa);
+/* dst[i][j] = src[i][j] ^ 0x80 for rows of k bytes (src rows src_stride apart, dst rows k apart):
+ * the activations of an a_offset-128 kernel. dst may equal src when src_stride == k. */
+void ek_qs8_flip(size_t rows, size_t k, const int8_t* src, size_t src_stride, int8_t* dst);
 /* w: int8 [n][k] row-major; bias: int32 [n] or NULL (zeros); zx: the activations' zero
  * point. packed: ek_qs8_gemm_packed_size bytes, 4-byte aligned (64 is best). */
 void ek_qs8_gemm_pack(uint32_t isa, size_t nr, size_t kr, size_t n, size_t k, const int8_t* w,

@@ -9,8 +9,12 @@
  * cheaper exact path: P = x * multiplier + 2^(n-1) needs no bias (|P| < 2^63), its high 32 bits
  * are floor(P / 2^32) and fit int32, and an arithmetic 32-bit shift by n - 32 of them is
  * floor(P / 2^n), the reference's value (which fits int32 there, so nothing saturates).
- * 8 vector ops per 8 lanes instead of 10. Private to the kernels; include only from files built
- * with -mavx2. */
+ * 8 vector ops per 8 lanes instead of 10. When every shift <= -2 (n >= 33, `high33`), the rounding
+ * term 2^(n-1) is a multiple of 2^32 and can be added to the high halves instead: with
+ * P = H * 2^32 + L (0 <= L < 2^32), floor((P + 2^(n-1)) / 2^n) = floor((H + 2^(n-33)) / 2^(n-32))
+ * because L / 2^32 < 1 cannot carry past a multiple of 2^(n-32); |H| < 2^30 and 2^(n-33) <= 2^29,
+ * so the sum fits int32: 7 ops. Private to the kernels; include only from files built with
+ * -mavx2. */
 #ifndef EK_KERNELS_REQUANT_AVX2_H
 #define EK_KERNELS_REQUANT_AVX2_H
 
@@ -27,7 +31,9 @@ struct ek_rq_avx2 {
   __m256i off32;             /* 2^(62-n) mod 2^32, per 32-bit lane */
   int has_left;              /* some shift > 0: results may need saturating */
   int high;                  /* every shift <= -1: the high-half path below */
-  __m256i n_high;            /* n - 32 per 32-bit lane (high path) */
+  int high33;                /* every shift <= -2: the cheaper high-half path */
+  __m256i n_high;            /* n - 32 per 32-bit lane (high paths) */
+  __m256i hrnd32;            /* 2^(n-33) per 32-bit lane (high33 path) */
   __m256i hrnd_even, hrnd_odd; /* 2^(n-1), 64-bit (high path) */
 };
 
@@ -47,7 +53,10 @@ static inline struct ek_rq_avx2 ek_rq_avx2_init(__m256i mult, __m256i shift) {
   r.off32 = _mm256_blend_epi32(r.off_even, _mm256_slli_epi64(r.off_odd, 32), 0xAA);
   r.has_left = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(shift, _mm256_setzero_si256()))) != 0;
   r.high = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(shift, _mm256_set1_epi32(-1)))) == 0;
+  r.high33 = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(shift, _mm256_set1_epi32(-2)))) == 0;
   r.n_high = _mm256_sub_epi32(n, _mm256_set1_epi32(32));
+  /* lanes with n < 33 (only read when high33 holds for all) get a count the shift ignores */
+  r.hrnd32 = _mm256_sllv_epi32(_mm256_set1_epi32(1), _mm256_sub_epi32(n, _mm256_set1_epi32(33)));
   r.hrnd_even = _mm256_sub_epi64(r.rnd_even, bias62);
   r.hrnd_odd = _mm256_sub_epi64(r.rnd_odd, bias62);
   return r;
@@ -57,6 +66,14 @@ static inline __m256i ek_avx2_sat32_epi64(__m256i v) {
   const __m256i hi = _mm256_set1_epi64x(INT32_MAX), lo = _mm256_set1_epi64x(INT32_MIN);
   v = _mm256_blendv_epi8(v, hi, _mm256_cmpgt_epi64(v, hi));
   return _mm256_blendv_epi8(v, lo, _mm256_cmpgt_epi64(lo, v));
+}
+
+/* ek_mul_by_multiplier per lane where r->high33 is known to hold */
+static inline __m256i ek_avx2_mul_high33(__m256i x, const struct ek_rq_avx2* r) {
+  const __m256i pe = _mm256_mul_epi32(x, r->mult);
+  const __m256i po = _mm256_mul_epi32(_mm256_srli_epi64(x, 32), r->mult_odd);
+  const __m256i hi = _mm256_blend_epi32(_mm256_srli_epi64(pe, 32), po, 0xAA); /* the high halves H */
+  return _mm256_srav_epi32(_mm256_add_epi32(hi, r->hrnd32), r->n_high);
 }
 
 /* ek_mul_by_multiplier per lane. */
@@ -75,6 +92,13 @@ static inline __m256i ek_avx2_mul_by_multiplier(__m256i x, const struct ek_rq_av
   pe = ek_avx2_sat32_epi64(_mm256_sub_epi64(pe, r->off_even));
   po = ek_avx2_sat32_epi64(_mm256_sub_epi64(po, r->off_odd));
   return _mm256_blend_epi32(pe, _mm256_slli_epi64(po, 32), 0xAA);
+}
+
+/* the same, with `high` a constant after inlining: 1 when the caller has checked r->high33 once
+ * for a whole loop (the per-vector tests left the tile's epilogue) */
+static inline __attribute__((always_inline)) __m256i ek_avx2_requant32(__m256i x, const struct ek_rq_avx2* r,
+                                                                       const int high) {
+  return high ? ek_avx2_mul_high33(x, r) : ek_avx2_mul_by_multiplier(x, r);
 }
 
 /* 16 int32 (lo = elements 0..7, hi = 8..15) -> clamp(zp + v, qmin, qmax) as int8. Saturating

@@ -89,14 +89,16 @@ static inline __attribute__((always_inline)) void ek_dwconv_c8x2(size_t nc, size
   }
 }
 
-/* the output pixels of one 16-channel block (nc > 8 channels from c0); `full`: nc == 16, a
- * constant after inlining */
+/* the output pixels of one 16-channel block (nc > 8 channels from c0); constants after
+ * inlining: `full` (nc == 16), `high` (both halves take the high33 requantization path) and, for
+ * 3x3 and 5x5, the kernel size (the tap loop unrolls whole) */
 static inline __attribute__((always_inline)) void ek_dw_pixels(size_t c0, size_t nc, size_t output_width,
                                                                size_t kernel_size, const int8_t* const* input,
                                                                size_t input_step, const uint8_t* w, int8_t* output,
                                                                size_t output_stride, const struct ek_rq_avx2* r_lo,
                                                                const struct ek_rq_avx2* r_hi, __m256i vzp,
-                                                               __m128i vqmin, __m128i vqmax, const int full) {
+                                                               __m128i vqmin, __m128i vqmax, const int full,
+                                                               const int high) {
   const __m256i bias_lo = _mm256_loadu_si256((const __m256i*)w);
   const __m256i bias_hi = _mm256_loadu_si256((const __m256i*)(w + 32));
   for (size_t p = 0; p < output_width; p++) {
@@ -104,6 +106,7 @@ static inline __attribute__((always_inline)) void ek_dw_pixels(size_t c0, size_t
     __m256i acc_lo = bias_lo, acc_hi = bias_hi;
     const uint8_t* wt = w + 64;
     size_t t = 0;
+#pragma GCC unroll 16
     for (; t + 1 < kernel_size; t += 2) {
       const __m256i x0 = ek_load16(in[t] + c0, full ? 16 : nc), x1 = ek_load16(in[t + 1] + c0, full ? 16 : nc);
       acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1),
@@ -119,7 +122,7 @@ static inline __attribute__((always_inline)) void ek_dw_pixels(size_t c0, size_t
       acc_hi = _mm256_add_epi32(acc_hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, x1),
                                                           _mm256_loadu_si256((const __m256i*)(wt + 32))));
     }
-    const __m256i y_lo = ek_avx2_mul_by_multiplier(acc_lo, r_lo), y_hi = ek_avx2_mul_by_multiplier(acc_hi, r_hi);
+    const __m256i y_lo = ek_avx2_requant32(acc_lo, r_lo, high), y_hi = ek_avx2_requant32(acc_hi, r_hi, high);
     /* per lane: lo (ch 8L+0..3), hi (ch 8L+4..7) -> natural order */
     __m256i v = _mm256_adds_epi16(_mm256_packs_epi32(y_lo, y_hi), vzp);
     __m128i y = _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -155,12 +158,23 @@ void ek_qs8_dwconv_ukernel_c16__avx2(size_t channels, size_t output_width, size_
     ek_split_order(mult, &m_lo, &m_hi);
     ek_split_order(shift, &s_lo, &s_hi);
     const struct ek_rq_avx2 r_lo = ek_rq_avx2_init(m_lo, s_lo), r_hi = ek_rq_avx2_init(m_hi, s_hi);
-    if (nc == 16) /* the partial-load tests out of the tap loop, whatever the compiler */
+    if (nc == 16 && r_lo.high33 && r_hi.high33) { /* the common case, its tests out of the loops */
+      if (kernel_size == 9)
+        ek_dw_pixels(c0, 16, output_width, 9, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp, vqmin, vqmax,
+                     1, 1);
+      else if (kernel_size == 25)
+        ek_dw_pixels(c0, 16, output_width, 25, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp, vqmin,
+                     vqmax, 1, 1);
+      else
+        ek_dw_pixels(c0, 16, output_width, kernel_size, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp,
+                     vqmin, vqmax, 1, 1);
+    } else if (nc == 16) { /* the partial-load tests out of the tap loop, whatever the compiler */
       ek_dw_pixels(c0, 16, output_width, kernel_size, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp,
-                   vqmin, vqmax, 1);
-    else
+                   vqmin, vqmax, 1, 0);
+    } else {
       ek_dw_pixels(c0, nc, output_width, kernel_size, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp,
-                   vqmin, vqmax, 0);
+                   vqmin, vqmax, 0, 0);
+    }
   }
 }
 #endif

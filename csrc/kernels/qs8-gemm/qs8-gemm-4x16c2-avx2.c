@@ -50,7 +50,7 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
                                                           const int8_t* w0, __m256i bias0, __m256i bias1, int8_t* c,
                                                           size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,
                                                           const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin,
-                                                          __m128i vqmax, const int two) {
+                                                          __m128i vqmax, const int two, const int high) {
   const size_t k_main = k & ~(size_t)7;
   for (size_t i = 0; i < m; i += 4) {
     const size_t rows = m - i;
@@ -84,26 +84,15 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
     int8_t* c2 = rows > 2 ? c1 + c_stride : c1;
     int8_t* c3 = rows > 3 ? c2 + c_stride : c2;
     ek_avx2_4x16_store(c0, c1, c2, c3, acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31, r0, r1, vzp, vqmin, vqmax, nj,
-                       two);
+                       two, high);
   }
 }
 
-static void ek_rows_full(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0, __m256i bias1,
-                         int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0, const struct ek_rq_avx2* r1,
-                         __m256i vzp, __m128i vqmin, __m128i vqmax) {
-  ek_rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 1);
-}
-
-/* the last 1..8 columns: half the multiplies */
-static void ek_rows_half(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0, __m256i bias1,
-                         int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0, const struct ek_rq_avx2* r1,
-                         __m256i vzp, __m128i vqmin, __m128i vqmax) {
-  ek_rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 0);
-}
+EK_AVX2_4X16_ROWS_FNS(ek_rows)
 
 void ek_qs8_gemm_ukernel_4x16c2__avx2(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride,
                                       const void* packed_w, int8_t* c, size_t c_stride,
                                       const struct ek_requant_params* rq) {
-  ek_avx2_4x16_gemm(m, n, k, 2, a, a_stride, packed_w, c, c_stride, rq, ek_rows_full, ek_rows_half);
+  ek_avx2_4x16_gemm(m, n, k, 2, a, a_stride, packed_w, c, c_stride, rq, ek_rows_fns);
 }
 #endif

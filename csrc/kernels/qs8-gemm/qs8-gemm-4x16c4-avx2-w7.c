@@ -2,16 +2,17 @@
  * [-64, 64] only (EK_ISA_W7: 7-bit weights, what x86 runtimes quantize to on CPUs without VNNI).
  *
  * VPMADDUBSW multiplies unsigned by signed bytes and adds each pair into a *saturating* int16.
- * Activations enter as x ^ 0x80 = x + 128 in [0, 255] (the packed bias carries -128 * sum(w),
- * as for VPDPBUSD); with |w| <= 64 a pair is at most 2 * 255 * 64 = 32640 < 32767 in magnitude,
- * so nothing saturates and the kernel is exact. VPMADDWD by ones then adds the two pairs of a
- * column's k-quad into its int32. Per k-quad and 4x16 tile: 4 broadcasts, 4 XORs, 8 VPMADDUBSW,
- * 8 VPMADDWD, 8 VPADDD for 256 multiply-adds, against the 16-bit kernel's (4x16c2) ~5 per
- * instruction. The packing is the VNNI kernels' c4 one (a column's 4 bytes of a k-quad side by
- * side), so the accumulators hold columns in natural order, as in 4x16c2, and share its
- * requantization. The runtime takes this kernel only for an op whose packed weights all lie in
- * [-64, 64] (checked at load); weights outside would saturate silently, so the precondition is
- * part of the kernel's ISA word, not a hope. */
+ * The caller passes activations as x ^ 0x80 = x + 128 in [0, 255] (kernels.h, a_offset 128; the
+ * packed bias carries -128 * sum(w), as for VPDPBUSD); with |w| <= 64 a pair is at most
+ * 2 * 255 * 64 = 32640 < 32767 in magnitude, so nothing saturates and the kernel is exact.
+ * VPMADDWD by ones then adds the two pairs of a column's k-quad into its int32. Per k-quad and
+ * 4x16 tile: 4 broadcasts, 8 VPMADDUBSW, 8 VPMADDWD, 8 VPADDD for 256 multiply-adds, against the
+ * 16-bit kernel's (4x16c2) ~5 per instruction; the k loop takes two quads per turn. The packing
+ * is the VNNI kernels' c4 one (a column's 4 bytes of a k-quad side by side), so the accumulators
+ * hold columns in natural order, as in 4x16c2, and share its requantization. The runtime takes
+ * this kernel only for an op whose packed weights all lie in [-64, 64] (checked at load);
+ * weights outside would saturate silently, so the precondition is part of the kernel's ISA
+ * word, not a hope. */
 #include "edgekit/kernels.h"
 
 #if EK_ENABLE_AVX2
@@ -22,9 +23,20 @@
 /* rows past m repeat the last row, as in every gemm kernel */
 #define EK_QUAD(xa, acc0, acc1)                                                              \
   do {                                                                                       \
-    const __m256i x = _mm256_xor_si256(xa, vflip);                                           \
+    const __m256i x = (xa);                                                                  \
     acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w0), vones));     \
     if (two) acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w1), vones)); \
+  } while (0)
+
+/* one k-quad of the 4 rows at byte kk, weights at w */
+#define EK_QUAD4(kk, w)                                                       \
+  do {                                                                        \
+    const __m256i w0 = _mm256_loadu_si256((const __m256i*)(w));               \
+    const __m256i w1 = two ? _mm256_loadu_si256((const __m256i*)((w) + 32)) : w0; \
+    EK_QUAD(ek_bcast4(a0 + (kk)), acc00, acc01);                              \
+    EK_QUAD(ek_bcast4(a1 + (kk)), acc10, acc11);                              \
+    EK_QUAD(ek_bcast4(a2 + (kk)), acc20, acc21);                              \
+    EK_QUAD(ek_bcast4(a3 + (kk)), acc30, acc31);                              \
   } while (0)
 
 static inline __m256i ek_bcast4(const int8_t* p) {
@@ -37,9 +49,9 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
                                                           const int8_t* wq, __m256i bias0, __m256i bias1, int8_t* c,
                                                           size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,
                                                           const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin,
-                                                          __m128i vqmax, const int two) {
-  const size_t k_main = k & ~(size_t)3;
-  const __m256i vflip = _mm256_set1_epi8((char)0x80), vones = _mm256_set1_epi16(1);
+                                                          __m128i vqmax, const int two, const int high) {
+  const size_t k_main = k & ~(size_t)3, k_two = k & ~(size_t)7;
+  const __m256i vones = _mm256_set1_epi16(1);
   for (size_t i = 0; i < m; i += 4) {
     const size_t rows = m - i;
     const int8_t* a0 = a + i * a_stride;
@@ -50,15 +62,16 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
     __m256i acc20 = bias0, acc21 = bias1, acc30 = bias0, acc31 = bias1;
     const int8_t* w = wq;
     size_t kk = 0;
-    for (; kk < k_main; kk += 4, w += 64) {
-      const __m256i w0 = _mm256_loadu_si256((const __m256i*)w);
-      const __m256i w1 = two ? _mm256_loadu_si256((const __m256i*)(w + 32)) : w0;
-      EK_QUAD(ek_bcast4(a0 + kk), acc00, acc01);
-      EK_QUAD(ek_bcast4(a1 + kk), acc10, acc11);
-      EK_QUAD(ek_bcast4(a2 + kk), acc20, acc21);
-      EK_QUAD(ek_bcast4(a3 + kk), acc30, acc31);
+    for (; kk < k_two; kk += 8, w += 128) {
+      EK_QUAD4(kk, w);
+      EK_QUAD4(kk + 4, w + 64);
     }
-    if (kk < k) { /* 1..3 left: zero activations (x + 128 = 128) meet the packing's zero weights */
+    if (kk < k_main) {
+      EK_QUAD4(kk, w);
+      kk += 4;
+      w += 64;
+    }
+    if (kk < k) { /* 1..3 left: the zero bytes past k meet the packing's zero weights */
       const size_t len = k - kk;
       const __m256i w0 = _mm256_loadu_si256((const __m256i*)w);
       const __m256i w1 = two ? _mm256_loadu_si256((const __m256i*)(w + 32)) : w0;
@@ -72,26 +85,15 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
     int8_t* c2 = rows > 2 ? c1 + c_stride : c1;
     int8_t* c3 = rows > 3 ? c2 + c_stride : c2;
     ek_avx2_4x16_store(c0, c1, c2, c3, acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31, r0, r1, vzp, vqmin, vqmax, nj,
-                       two);
+                       two, high);
   }
 }
 
-static void ek_rows_full(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0, __m256i bias1,
-                         int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0, const struct ek_rq_avx2* r1,
-                         __m256i vzp, __m128i vqmin, __m128i vqmax) {
-  ek_rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 1);
-}
-
-/* the last 1..8 columns: half the multiplies */
-static void ek_rows_half(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0, __m256i bias1,
-                         int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0, const struct ek_rq_avx2* r1,
-                         __m256i vzp, __m128i vqmin, __m128i vqmax) {
-  ek_rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 0);
-}
+EK_AVX2_4X16_ROWS_FNS(ek_rows)
 
 void ek_qs8_gemm_ukernel_4x16c4__avx2_w7(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride,
                                         const void* packed_w, int8_t* c, size_t c_stride,
                                         const struct ek_requant_params* rq) {
-  ek_avx2_4x16_gemm(m, n, k, 4, a, a_stride, packed_w, c, c_stride, rq, ek_rows_full, ek_rows_half);
+  ek_avx2_4x16_gemm(m, n, k, 4, a, a_stride, packed_w, c, c_stride, rq, ek_rows_fns);
 }
 #endif

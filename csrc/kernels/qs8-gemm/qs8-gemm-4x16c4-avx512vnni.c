@@ -1,7 +1,7 @@
 /* qs8-gemm, 4 rows x 16 columns, k in groups of 4, AVX-512 VNNI (VPDPBUSD).
  *
- * VPDPBUSD multiplies unsigned by signed bytes: activations enter as x ^ 0x80 = x + 128 (as
- * uint8), and the packed bias carries -128 * sum(w) (ek_qs8_gemm_a_offset), so every
+ * VPDPBUSD multiplies unsigned by signed bytes: the caller passes activations as x ^ 0x80 =
+ * x + 128 (uint8; kernels.h, a_offset 128), and the packed bias carries -128 * sum(w), so every
  * accumulator equals the scalar reference's exactly (mod 2^32, and the true value fits). */
 #include "edgekit/kernels.h"
 
@@ -12,15 +12,14 @@
 #include "../common/load-tail.h"
 #include "../common/requant-avx512.h"
 
-static inline __m512i ek_bcast4(const int8_t* p, __m512i vsign) {
+static inline __m512i ek_bcast4(const int8_t* p) {
   int32_t v;
   memcpy(&v, p, sizeof v);
-  return _mm512_xor_si512(_mm512_set1_epi32(v), vsign);
+  return _mm512_set1_epi32(v);
 }
 
-static inline __m512i ek_bcast_tail(const int8_t* p, size_t len, __m512i vsign) {
-  return _mm512_xor_si512(_mm512_set1_epi32(ek_load_tail32(p, len)), vsign);
-}
+/* 1..3 bytes left: the zero bytes past k meet the packing's zero weights */
+static inline __m512i ek_bcast_tail(const int8_t* p, size_t len) { return _mm512_set1_epi32(ek_load_tail32(p, len)); }
 
 void ek_qs8_gemm_ukernel_4x16c4__avx512vnni(size_t m, size_t n, size_t k, const int8_t* a, size_t a_stride,
                                             const void* packed_w, int8_t* c, size_t c_stride,
@@ -28,7 +27,6 @@ void ek_qs8_gemm_ukernel_4x16c4__avx512vnni(size_t m, size_t n, size_t k, const 
   const size_t k_main = k & ~(size_t)3;
   const size_t k_pad = (k + 3) & ~(size_t)3;
   const size_t block_bytes = 16 * sizeof(int32_t) + k_pad * 16;
-  const __m512i vsign = _mm512_set1_epi32((int32_t)0x80808080u);
   const __m256i vzp = _mm256_set1_epi16((int16_t)rq->zp_out);
   const __m128i vqmin = _mm_set1_epi8((int8_t)rq->qmin), vqmax = _mm_set1_epi8((int8_t)rq->qmax);
 
@@ -52,19 +50,19 @@ void ek_qs8_gemm_ukernel_4x16c4__avx512vnni(size_t m, size_t n, size_t k, const 
       size_t kk = 0;
       for (; kk < k_main; kk += 4) {
         const __m512i vw = _mm512_loadu_si512(wk);
-        acc0 = _mm512_dpbusd_epi32(acc0, ek_bcast4(a0 + kk, vsign), vw);
-        acc1 = _mm512_dpbusd_epi32(acc1, ek_bcast4(a1 + kk, vsign), vw);
-        acc2 = _mm512_dpbusd_epi32(acc2, ek_bcast4(a2 + kk, vsign), vw);
-        acc3 = _mm512_dpbusd_epi32(acc3, ek_bcast4(a3 + kk, vsign), vw);
+        acc0 = _mm512_dpbusd_epi32(acc0, ek_bcast4(a0 + kk), vw);
+        acc1 = _mm512_dpbusd_epi32(acc1, ek_bcast4(a1 + kk), vw);
+        acc2 = _mm512_dpbusd_epi32(acc2, ek_bcast4(a2 + kk), vw);
+        acc3 = _mm512_dpbusd_epi32(acc3, ek_bcast4(a3 + kk), vw);
         wk += 64;
       }
       if (kk < k) { /* 1..3 left: zero-filled bytes meet zero-padded weights */
         const size_t len = k - kk;
         const __m512i vw = _mm512_loadu_si512(wk);
-        acc0 = _mm512_dpbusd_epi32(acc0, ek_bcast_tail(a0 + kk, len, vsign), vw);
-        acc1 = _mm512_dpbusd_epi32(acc1, ek_bcast_tail(a1 + kk, len, vsign), vw);
-        acc2 = _mm512_dpbusd_epi32(acc2, ek_bcast_tail(a2 + kk, len, vsign), vw);
-        acc3 = _mm512_dpbusd_epi32(acc3, ek_bcast_tail(a3 + kk, len, vsign), vw);
+        acc0 = _mm512_dpbusd_epi32(acc0, ek_bcast_tail(a0 + kk, len), vw);
+        acc1 = _mm512_dpbusd_epi32(acc1, ek_bcast_tail(a1 + kk, len), vw);
+        acc2 = _mm512_dpbusd_epi32(acc2, ek_bcast_tail(a2 + kk, len), vw);
+        acc3 = _mm512_dpbusd_epi32(acc3, ek_bcast_tail(a3 + kk, len), vw);
       }
 
       const size_t nj = n - j0 < 16 ? n - j0 : 16;

@@ -2,8 +2,8 @@
  * two weight vectors and four broadcasts per 8 VPDPBUSD. Measured the fastest tile on the
  * dev host (bench_kernels); 4x16c4 stays in the list as the narrower variant.
  *
- * VPDPBUSD multiplies unsigned by signed bytes: activations enter as x ^ 0x80 = x + 128 (as
- * uint8), and the packed bias carries -128 * sum(w) (ek_qs8_gemm_a_offset), so every
+ * VPDPBUSD multiplies unsigned by signed bytes: the caller passes activations as x ^ 0x80 =
+ * x + 128 (uint8; kernels.h, a_offset 128), and the packed bias carries -128 * sum(w), so every
  * accumulator equals the scalar reference's exactly.
  * Loop order: column blocks outside, rows inside, so a block's packed weights (32 * k bytes)
  * stay in L1 and its requantization constants are set up once per call. */
@@ -16,15 +16,14 @@
 #include "../common/load-tail.h"
 #include "../common/requant-avx512.h"
 
-static inline __m512i ek_bcast4(const int8_t* p, __m512i vsign) {
+static inline __m512i ek_bcast4(const int8_t* p) {
   int32_t v;
   memcpy(&v, p, sizeof v);
-  return _mm512_xor_si512(_mm512_set1_epi32(v), vsign);
+  return _mm512_set1_epi32(v);
 }
 
-static inline __m512i ek_bcast_tail(const int8_t* p, size_t len, __m512i vsign) {
-  return _mm512_xor_si512(_mm512_set1_epi32(ek_load_tail32(p, len)), vsign);
-}
+/* 1..3 bytes left: the zero bytes past k meet the packing's zero weights */
+static inline __m512i ek_bcast_tail(const int8_t* p, size_t len) { return _mm512_set1_epi32(ek_load_tail32(p, len)); }
 
 #define EK_DP_ROW(r, va)                                   \
   {                                                        \
@@ -58,7 +57,6 @@ void ek_qs8_gemm_ukernel_4x32c4__avx512vnni(size_t m, size_t n, size_t k, const 
   const size_t k_main = k & ~(size_t)3;
   const size_t k_pad = (k + 3) & ~(size_t)3;
   const size_t block_bytes = 32 * sizeof(int32_t) + k_pad * 32;
-  const __m512i vsign = _mm512_set1_epi32((int32_t)0x80808080u);
   const __m256i vzp = _mm256_set1_epi16((int16_t)rq->zp_out);
   const __m128i vqmin = _mm_set1_epi8((int8_t)rq->qmin), vqmax = _mm_set1_epi8((int8_t)rq->qmax);
 
@@ -83,20 +81,20 @@ void ek_qs8_gemm_ukernel_4x32c4__avx512vnni(size_t m, size_t n, size_t k, const 
         for (; kk < k_main; kk += 4) {
           const __m512i vwa = _mm512_loadu_si512(wk);
           const __m512i vwb = _mm512_loadu_si512(wk + 64);
-          EK_DP_ROW(0, ek_bcast4(a0 + kk, vsign))
-          EK_DP_ROW(1, ek_bcast4(a1 + kk, vsign))
-          EK_DP_ROW(2, ek_bcast4(a2 + kk, vsign))
-          EK_DP_ROW(3, ek_bcast4(a3 + kk, vsign))
+          EK_DP_ROW(0, ek_bcast4(a0 + kk))
+          EK_DP_ROW(1, ek_bcast4(a1 + kk))
+          EK_DP_ROW(2, ek_bcast4(a2 + kk))
+          EK_DP_ROW(3, ek_bcast4(a3 + kk))
           wk += 128;
         }
         if (kk < k) { /* 1..3 left: zero-filled bytes meet zero-padded weights */
           const size_t len = k - kk;
           const __m512i vwa = _mm512_loadu_si512(wk);
           const __m512i vwb = _mm512_loadu_si512(wk + 64);
-          EK_DP_ROW(0, ek_bcast_tail(a0 + kk, len, vsign))
-          EK_DP_ROW(1, ek_bcast_tail(a1 + kk, len, vsign))
-          EK_DP_ROW(2, ek_bcast_tail(a2 + kk, len, vsign))
-          EK_DP_ROW(3, ek_bcast_tail(a3 + kk, len, vsign))
+          EK_DP_ROW(0, ek_bcast_tail(a0 + kk, len))
+          EK_DP_ROW(1, ek_bcast_tail(a1 + kk, len))
+          EK_DP_ROW(2, ek_bcast_tail(a2 + kk, len))
+          EK_DP_ROW(3, ek_bcast_tail(a3 + kk, len))
         }
         EK_STORE_ROW(3)
         EK_STORE_ROW(2)
@@ -111,19 +109,19 @@ void ek_qs8_gemm_ukernel_4x32c4__avx512vnni(size_t m, size_t n, size_t k, const 
         size_t kk = 0;
         for (; kk < k_main; kk += 4) {
           const __m512i vwa = _mm512_loadu_si512(wk);
-          acc0a = _mm512_dpbusd_epi32(acc0a, ek_bcast4(a0 + kk, vsign), vwa);
-          acc1a = _mm512_dpbusd_epi32(acc1a, ek_bcast4(a1 + kk, vsign), vwa);
-          acc2a = _mm512_dpbusd_epi32(acc2a, ek_bcast4(a2 + kk, vsign), vwa);
-          acc3a = _mm512_dpbusd_epi32(acc3a, ek_bcast4(a3 + kk, vsign), vwa);
+          acc0a = _mm512_dpbusd_epi32(acc0a, ek_bcast4(a0 + kk), vwa);
+          acc1a = _mm512_dpbusd_epi32(acc1a, ek_bcast4(a1 + kk), vwa);
+          acc2a = _mm512_dpbusd_epi32(acc2a, ek_bcast4(a2 + kk), vwa);
+          acc3a = _mm512_dpbusd_epi32(acc3a, ek_bcast4(a3 + kk), vwa);
           wk += 128;
         }
         if (kk < k) {
           const size_t len = k - kk;
           const __m512i vwa = _mm512_loadu_si512(wk);
-          acc0a = _mm512_dpbusd_epi32(acc0a, ek_bcast_tail(a0 + kk, len, vsign), vwa);
-          acc1a = _mm512_dpbusd_epi32(acc1a, ek_bcast_tail(a1 + kk, len, vsign), vwa);
-          acc2a = _mm512_dpbusd_epi32(acc2a, ek_bcast_tail(a2 + kk, len, vsign), vwa);
-          acc3a = _mm512_dpbusd_epi32(acc3a, ek_bcast_tail(a3 + kk, len, vsign), vwa);
+          acc0a = _mm512_dpbusd_epi32(acc0a, ek_bcast_tail(a0 + kk, len), vwa);
+          acc1a = _mm512_dpbusd_epi32(acc1a, ek_bcast_tail(a1 + kk, len), vwa);
+          acc2a = _mm512_dpbusd_epi32(acc2a, ek_bcast_tail(a2 + kk, len), vwa);
+          acc3a = _mm512_dpbusd_epi32(acc3a, ek_bcast_tail(a3 + kk, len), vwa);
         }
         EK_STORE_HALF(3)
         EK_STORE_HALF(2)

@@ -16,6 +16,18 @@ int32_t ek_qs8_gemm_a_offset(uint32_t isa) {
   return level == EK_ISA_AVX512VNNI || isa == (EK_ISA_AVX2 | EK_ISA_W7) ? 128 : 0;
 }
 
+void ek_qs8_flip(size_t rows, size_t k, const int8_t* src, size_t src_stride, int8_t* dst) {
+  if (src_stride == k) { /* one run (a 1x1 conv's rows, im2col's): the loop vectorizes whole */
+    k *= rows;
+    rows = 1;
+  }
+  for (size_t i = 0; i < rows; i++) {
+    const uint8_t* s = (const uint8_t*)src + i * src_stride;
+    uint8_t* d = (uint8_t*)dst + i * k;
+    for (size_t j = 0; j < k; j++) d[j] = s[j] ^ 0x80u;
+  }
+}
+
 void ek_qs8_gemm_pack(uint32_t isa, size_t nr, size_t kr, size_t n, size_t k, const int8_t* w,
                       const int32_t* bias, int32_t zx, void* packed) {
   const int64_t a_zero = (int64_t)zx + ek_qs8_gemm_a_offset(isa);
