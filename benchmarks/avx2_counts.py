@@ -61,7 +61,7 @@ def instructions(runtime: str, prep: Path, model: str, iters: int, tmp: Path) ->
     """callgrind's Ir of one guest process running ``1 + iters`` inferences."""
     script = tmp / "guest.py"
     script.write_text(_GUEST)
-    env = {**os.environ, "EKRT_ISA": "avx2", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "EKRT_ISA": "avx2", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp / 'cg.out'}", "--smc-check=all-non-file",
            sys.executable, str(script), str(HERE), str(prep), model, runtime, str(iters)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)

@@ -106,7 +106,6 @@ static inline __attribute__((always_inline)) void ek_dw_pixels(size_t c0, size_t
     __m256i acc_lo = bias_lo, acc_hi = bias_hi;
     const uint8_t* wt = w + 64;
     size_t t = 0;
-#pragma GCC unroll 16
     for (; t + 1 < kernel_size; t += 2) {
       const __m256i x0 = ek_load16(in[t] + c0, full ? 16 : nc), x1 = ek_load16(in[t + 1] + c0, full ? 16 : nc);
       acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1),

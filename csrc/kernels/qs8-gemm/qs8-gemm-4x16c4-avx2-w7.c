@@ -39,6 +39,31 @@
     EK_QUAD(ek_bcast4(a3 + (kk)), acc30, acc31);                              \
   } while (0)
 
+/* The k loop of a full tile (16 columns) in GNU assembly: 8 accumulators, the ones vector and 4
+ * temporaries stay in 13 of the 16 ymm registers, where GCC's register allocation of the same
+ * intrinsics kept 4 accumulators on the stack (a store per accumulator per turn: 68 instead of
+ * 64 instructions per two k-quads). One row of one k-quad at byte offset OFF: */
+#define EK_W7_ROW(OFF, A, C0, C1)                      \
+  "vpbroadcastd " #OFF "(%[" #A "],%[kk]), %[b]\n\t"   \
+  "vpmaddubsw %[w0], %[b], %[t]\n\t"                   \
+  "vpmaddwd %[ones], %[t], %[t]\n\t"                   \
+  "vpaddd %[t], %[" #C0 "], %[" #C0 "]\n\t"            \
+  "vpmaddubsw %[w1], %[b], %[b]\n\t"                   \
+  "vpmaddwd %[ones], %[b], %[b]\n\t"                   \
+  "vpaddd %[b], %[" #C1 "], %[" #C1 "]\n\t"
+/* one k-quad of the 4 rows: weights at WOFF bytes from w, activations at OFF from a_r + kk */
+#define EK_W7_QUAD(OFF, WOFF)                          \
+  "vmovdqu " #WOFF "(%[w]), %[w0]\n\t"                 \
+  "vmovdqu " #WOFF "+32(%[w]), %[w1]\n\t"              \
+  EK_W7_ROW(OFF, a0, c00, c01) EK_W7_ROW(OFF, a1, c10, c11) \
+  EK_W7_ROW(OFF, a2, c20, c21) EK_W7_ROW(OFF, a3, c30, c31)
+#define EK_W7_OPERANDS                                                                                       \
+  : [c00] "+x"(acc00), [c01] "+x"(acc01), [c10] "+x"(acc10), [c11] "+x"(acc11), [c20] "+x"(acc20),          \
+    [c21] "+x"(acc21), [c30] "+x"(acc30), [c31] "+x"(acc31), [w] "+r"(w), [kk] "+r"(kk), [w0] "=&x"(t0),     \
+    [w1] "=&x"(t1), [b] "=&x"(t2), [t] "=&x"(t3)                                                              \
+  : [a0] "r"(a0), [a1] "r"(a1), [a2] "r"(a2), [a3] "r"(a3), [end] "r"(k_two), [ones] "x"(vones)             \
+  : "cc", "memory"
+
 static inline __m256i ek_bcast4(const int8_t* p) {
   int32_t v;
   __builtin_memcpy(&v, p, 4);
@@ -62,14 +87,32 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
     __m256i acc20 = bias0, acc21 = bias1, acc30 = bias0, acc31 = bias1;
     const int8_t* w = wq;
     size_t kk = 0;
-    for (; kk < k_two; kk += 8, w += 128) {
-      EK_QUAD4(kk, w);
-      EK_QUAD4(kk + 4, w + 64);
-    }
-    if (kk < k_main) {
-      EK_QUAD4(kk, w);
-      kk += 4;
-      w += 64;
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (two) {
+      __m256i t0, t1, t2, t3;
+      if (k_two) /* two k-quads a turn; kk, w advance */
+        __asm__("1:\n\t" EK_W7_QUAD(0, 0) EK_W7_QUAD(4, 64)
+                "add $8, %[kk]\n\t"
+                "sub $-128, %[w]\n\t"
+                "cmp %[end], %[kk]\n\t"
+                "jb 1b\n\t" EK_W7_OPERANDS);
+      if (kk < k_main) {
+        __asm__(EK_W7_QUAD(0, 0) EK_W7_OPERANDS);
+        kk += 4;
+        w += 64;
+      }
+    } else
+#endif
+    {
+      for (; kk < k_two; kk += 8, w += 128) {
+        EK_QUAD4(kk, w);
+        EK_QUAD4(kk + 4, w + 64);
+      }
+      if (kk < k_main) {
+        EK_QUAD4(kk, w);
+        kk += 4;
+        w += 64;
+      }
     }
     if (kk < k) { /* 1..3 left: the zero bytes past k meet the packing's zero weights */
       const size_t len = k - kk;
