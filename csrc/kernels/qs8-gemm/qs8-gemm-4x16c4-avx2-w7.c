@@ -70,65 +70,82 @@ static inline __m256i ek_bcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+/* one 4-row tile of a column block: rows a0..a3 into c0..c3 */
+static inline __attribute__((always_inline)) void ek_tile(size_t k, const int8_t* a0, const int8_t* a1, const int8_t* a2,
+                                                          const int8_t* a3, const int8_t* wq, __m256i bias0, __m256i bias1,
+                                                          int8_t* c0, int8_t* c1, int8_t* c2, int8_t* c3, size_t nj,
+                                                          const struct ek_rq_avx2* r0, const struct ek_rq_avx2* r1,
+                                                          __m256i vzp, __m128i vqmin, __m128i vqmax, const int two,
+                                                          const int high) {
+  const size_t k_main = k & ~(size_t)3, k_two = k & ~(size_t)7;
+  const __m256i vones = _mm256_set1_epi16(1);
+  __m256i acc00 = bias0, acc01 = bias1, acc10 = bias0, acc11 = bias1;
+  __m256i acc20 = bias0, acc21 = bias1, acc30 = bias0, acc31 = bias1;
+  const int8_t* w = wq;
+  size_t kk = 0;
+#if defined(__GNUC__) && defined(__x86_64__)
+  if (two) {
+    __m256i t0, t1, t2, t3;
+    if (k_two) /* two k-quads a turn; kk, w advance */
+      __asm__("1:\n\t" EK_W7_QUAD(0, 0) EK_W7_QUAD(4, 64)
+              "add $8, %[kk]\n\t"
+              "sub $-128, %[w]\n\t"
+              "cmp %[end], %[kk]\n\t"
+              "jb 1b\n\t" EK_W7_OPERANDS);
+    if (kk < k_main) {
+      __asm__(EK_W7_QUAD(0, 0) EK_W7_OPERANDS);
+      kk += 4;
+      w += 64;
+    }
+  } else
+#endif
+  {
+    for (; kk < k_two; kk += 8, w += 128) {
+      EK_QUAD4(kk, w);
+      EK_QUAD4(kk + 4, w + 64);
+    }
+    if (kk < k_main) {
+      EK_QUAD4(kk, w);
+      kk += 4;
+      w += 64;
+    }
+  }
+  if (kk < k) { /* 1..3 left: the zero bytes past k meet the packing's zero weights */
+    const size_t len = k - kk;
+    const __m256i w0 = _mm256_loadu_si256((const __m256i*)w);
+    const __m256i w1 = two ? _mm256_loadu_si256((const __m256i*)(w + 32)) : w0;
+    EK_QUAD(_mm256_set1_epi32(ek_load_tail32(a0 + kk, len)), acc00, acc01);
+    EK_QUAD(_mm256_set1_epi32(ek_load_tail32(a1 + kk, len)), acc10, acc11);
+    EK_QUAD(_mm256_set1_epi32(ek_load_tail32(a2 + kk, len)), acc20, acc21);
+    EK_QUAD(_mm256_set1_epi32(ek_load_tail32(a3 + kk, len)), acc30, acc31);
+  }
+  ek_avx2_4x16_store(c0, c1, c2, c3, acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31, r0, r1, vzp, vqmin, vqmax, nj,
+                     two, high);
+}
+
+/* all rows of one column block: whole tiles with plain row pointers, then the last 1..3 rows (rows
+ * past m repeat the last row, as in every gemm kernel: same values to the same place) */
 static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, const int8_t* a, size_t a_stride,
                                                           const int8_t* wq, __m256i bias0, __m256i bias1, int8_t* c,
                                                           size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,
                                                           const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin,
                                                           __m128i vqmax, const int two, const int high) {
-  const size_t k_main = k & ~(size_t)3, k_two = k & ~(size_t)7;
-  const __m256i vones = _mm256_set1_epi16(1);
-  for (size_t i = 0; i < m; i += 4) {
+  size_t i = 0;
+  for (; i + 4 <= m; i += 4) {
+    const int8_t* a0 = a + i * a_stride;
+    int8_t* c0 = c + i * c_stride;
+    ek_tile(k, a0, a0 + a_stride, a0 + 2 * a_stride, a0 + 3 * a_stride, wq, bias0, bias1, c0, c0 + c_stride,
+            c0 + 2 * c_stride, c0 + 3 * c_stride, nj, r0, r1, vzp, vqmin, vqmax, two, high);
+  }
+  if (i < m) {
     const size_t rows = m - i;
     const int8_t* a0 = a + i * a_stride;
     const int8_t* a1 = rows > 1 ? a0 + a_stride : a0;
     const int8_t* a2 = rows > 2 ? a1 + a_stride : a1;
-    const int8_t* a3 = rows > 3 ? a2 + a_stride : a2;
-    __m256i acc00 = bias0, acc01 = bias1, acc10 = bias0, acc11 = bias1;
-    __m256i acc20 = bias0, acc21 = bias1, acc30 = bias0, acc31 = bias1;
-    const int8_t* w = wq;
-    size_t kk = 0;
-#if defined(__GNUC__) && defined(__x86_64__)
-    if (two) {
-      __m256i t0, t1, t2, t3;
-      if (k_two) /* two k-quads a turn; kk, w advance */
-        __asm__("1:\n\t" EK_W7_QUAD(0, 0) EK_W7_QUAD(4, 64)
-                "add $8, %[kk]\n\t"
-                "sub $-128, %[w]\n\t"
-                "cmp %[end], %[kk]\n\t"
-                "jb 1b\n\t" EK_W7_OPERANDS);
-      if (kk < k_main) {
-        __asm__(EK_W7_QUAD(0, 0) EK_W7_OPERANDS);
-        kk += 4;
-        w += 64;
-      }
-    } else
-#endif
-    {
-      for (; kk < k_two; kk += 8, w += 128) {
-        EK_QUAD4(kk, w);
-        EK_QUAD4(kk + 4, w + 64);
-      }
-      if (kk < k_main) {
-        EK_QUAD4(kk, w);
-        kk += 4;
-        w += 64;
-      }
-    }
-    if (kk < k) { /* 1..3 left: the zero bytes past k meet the packing's zero weights */
-      const size_t len = k - kk;
-      const __m256i w0 = _mm256_loadu_si256((const __m256i*)w);
-      const __m256i w1 = two ? _mm256_loadu_si256((const __m256i*)(w + 32)) : w0;
-      EK_QUAD(_mm256_set1_epi32(ek_load_tail32(a0 + kk, len)), acc00, acc01);
-      EK_QUAD(_mm256_set1_epi32(ek_load_tail32(a1 + kk, len)), acc10, acc11);
-      EK_QUAD(_mm256_set1_epi32(ek_load_tail32(a2 + kk, len)), acc20, acc21);
-      EK_QUAD(_mm256_set1_epi32(ek_load_tail32(a3 + kk, len)), acc30, acc31);
-    }
     int8_t* c0 = c + i * c_stride;
     int8_t* c1 = rows > 1 ? c0 + c_stride : c0;
     int8_t* c2 = rows > 2 ? c1 + c_stride : c1;
-    int8_t* c3 = rows > 3 ? c2 + c_stride : c2;
-    ek_avx2_4x16_store(c0, c1, c2, c3, acc00, acc01, acc10, acc11, acc20, acc21, acc30, acc31, r0, r1, vzp, vqmin, vqmax, nj,
-                       two, high);
+    ek_tile(k, a0, a1, a2, a2, wq, bias0, bias1, c0, c1, c2, c2, nj, r0, r1, vzp, vqmin, vqmax, two, high);
   }
 }
 
