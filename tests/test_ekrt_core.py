@@ -511,6 +511,36 @@ def test_float_op_matches_the_reference(case):
     assert np.unique(got).size > 1
 
 
+@pytest.mark.parametrize("name", ekm.BINARY_FUNCS)
+def test_float_binary_rows_keep_the_reference_on_every_layout(name):
+    """F_BINARY's row loops (contiguous, a broadcast b, a broadcast a) give the reference's bits,
+    NaN, infinities and signed zeros included."""
+    b = Builder(11)
+    x = b.input((1, 12, 9, 11), scale=0.04, zp=0)
+    f = b.to_float(x)
+    dims = b.t(f).dims
+    rng = np.random.RandomState(3)
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 3.0], np.float32)
+    full = rng.uniform(-2, 2, size=dims).astype(np.float32)
+    full.flat[rng.choice(full.size, 60, replace=False)] = rng.choice(special, 60)
+    if name == "Pow":
+        f = b.funary(f, "Abs")
+        full = np.abs(full)
+    c_full = b.tensor(ekm.F32, ekm.CONST, dims, data=full)
+    outs = []
+    for other in (c_full, *(b.tensor(ekm.F32, ekm.CONST, (1,), data=np.array([v], np.float32)) for v in (np.nan, -0.0, 0.75))):
+        outs.append(b.fbinary(f, other, name))  # b contiguous or one value for the row
+        outs.append(b.fbinary(other, f, name))  # a contiguous or one value for the row
+    for k, o in enumerate(outs):
+        b.float_output(o, f"y{k}")
+    model = _ekrt.Model(b.finish())
+    xs = inputs_for(b, 3)
+    for got, want in zip(model.run(xs), reference(b, xs)):
+        nan = np.isnan(want)
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])  # -0.0 is not 0.0
+
+
 def test_threads_never_change_a_bit():
     b = every_op_model(size=64, channels=32, seed=5)  # big enough that every op is split into tasks
     model = _ekrt.Model(b.finish())

@@ -82,6 +82,52 @@ static double fbin(int k, double a, double b) {
   }
 }
 
+/* One innermost row of n outputs for an operation E(a, b) in float: for +, -, *, / the float
+ * result equals the double one rounded once (double's 53 bits are more than 2 * 24 + 2, so the
+ * second rounding never changes it), and max, min, == are exact, so these loops keep fbin's
+ * values while the compiler vectorizes them: the contiguous and the broadcast-scalar cases get a
+ * loop each, any other stride the strided one. */
+#define FBIN_ROW(E)                                                                  \
+  do {                                                                               \
+    if (sa3 == 1 && sb3 == 1) {                                                      \
+      for (size_t i = 0; i < n; i++) {                                               \
+        const float a = ra[i], b = rb[i];                                            \
+        py[i] = (E);                                                                 \
+      }                                                                              \
+    } else if (sa3 == 1 && sb3 == 0) {                                               \
+      const float b = rb[0];                                                         \
+      for (size_t i = 0; i < n; i++) {                                               \
+        const float a = ra[i];                                                       \
+        py[i] = (E);                                                                 \
+      }                                                                              \
+    } else if (sa3 == 0 && sb3 == 1) {                                               \
+      const float a = ra[0];                                                         \
+      for (size_t i = 0; i < n; i++) {                                               \
+        const float b = rb[i];                                                       \
+        py[i] = (E);                                                                 \
+      }                                                                              \
+    } else {                                                                         \
+      for (size_t i = 0; i < n; i++) {                                               \
+        const float a = ra[i * sa3], b = rb[i * sb3];                                \
+        py[i] = (E);                                                                 \
+      }                                                                              \
+    }                                                                                \
+  } while (0)
+
+static void fbin_row(int k, const float* ra, size_t sa3, const float* rb, size_t sb3, float* py, size_t n) {
+  switch (k) {
+    case FB_ADD: FBIN_ROW(a + b); break;
+    case FB_SUB: FBIN_ROW(a - b); break;
+    case FB_MUL: FBIN_ROW(a * b); break;
+    case FB_DIV: FBIN_ROW(a / b); break;
+    case FB_MAX: FBIN_ROW(isnan(a) || isnan(b) ? NAN : a > b ? a : b); break;
+    case FB_MIN: FBIN_ROW(isnan(a) || isnan(b) ? NAN : a < b ? a : b); break;
+    case FB_EQUAL: FBIN_ROW(a == b ? 1.0f : 0.0f); break;
+    default: /* FB_POW: in double, as fbin */
+      for (size_t i = 0; i < n; i++) py[i] = (float)fbin(k, ra[i * sa3], rb[i * sb3]);
+  }
+}
+
 void ek_run_fbinary(struct ekrt_model* m, struct ek_op* op) {
   const struct fbin_view v = fbin_view(m, op);
   const size_t *d = v.d, *sa = v.sa, *sb = v.sb;
@@ -89,10 +135,10 @@ void ek_run_fbinary(struct ekrt_model* m, struct ek_op* op) {
   const int k = op->p[0];
   for (size_t i0 = 0; i0 < d[0]; i0++)
     for (size_t i1 = 0; i1 < d[1]; i1++)
-      for (size_t i2 = 0; i2 < d[2]; i2++) {
+      for (size_t i2 = 0; i2 < d[2]; i2++, py += d[3]) {
         const float* ra = v.a + i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
         const float* rb = v.b + i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
-        for (size_t i3 = 0; i3 < d[3]; i3++) *py++ = (float)fbin(k, ra[i3 * sa[3]], rb[i3 * sb[3]]);
+        fbin_row(k, ra, sa[3], rb, sb[3], py, d[3]);
       }
 }
 
