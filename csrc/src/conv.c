@@ -91,7 +91,7 @@ struct conv_state {
   ek_qs8_gemm_fn gemm;
   size_t mr, nr, kr, block_bytes, group_bytes, rows_per_task;
   int work_shift; /* ek_conv_work_shift: 2 on AMX's GEMM */
-  int flip_a;     /* the GEMM multiplies unsigned bytes: a task hands it x ^ 0x80 (kernels.h) */
+  ek_qs8_flip_fn flip; /* the GEMM multiplies unsigned bytes: a task hands it x ^ 0x80 (kernels.h); else NULL */
   const char* kernel; /* the gemm or dwconv kernel's name (ek_conv_kernel) */
   /* dwconv */
   ek_qs8_dwconv_fn dwconv;
@@ -151,9 +151,9 @@ static void task_direct(void* ctx, size_t i, int thread) {
   const struct tile t = task_tile(j, i);
   size_t a_stride = s->kind == CONV_FC ? s->k : s->geo.c;
   const int8_t* a = j->x + t.r0 * a_stride;
-  if (s->flip_a) { /* the tile's rows, flipped once into this thread's scratch (k per row) */
+  if (s->flip) { /* the tile's rows, flipped once into this thread's scratch (k per row) */
     int8_t* flipped = (int8_t*)j->model->scratch + (size_t)thread * j->model->scratch_per_thread;
-    ek_qs8_flip(t.rows, s->k, a, a_stride, flipped);
+    s->flip(t.rows, s->k, a, a_stride, flipped);
     a = flipped;
     a_stride = s->k;
   }
@@ -234,7 +234,7 @@ static void task_im2col(void* ctx, size_t i, int thread) {
   const struct tile t = task_tile(j, i);
   int8_t* a = (int8_t*)j->model->scratch + (size_t)thread * j->model->scratch_per_thread;
   im2col(s, j->x, t.g, t.r0, t.rows, a);
-  if (s->flip_a) ek_qs8_flip(t.rows, s->k, a, s->k, a);
+  if (s->flip) s->flip(t.rows, s->k, a, s->k, a);
   gemm_cols(s, t.g, t.rows, a, s->k, j->y + t.r0 * s->m, s->m, t.c0, t.cols);
 }
 
@@ -506,7 +506,7 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
     s->gemm = gk->fn;
     s->kernel = gk->name;
     s->work_shift = gk->isa == EK_ISA_AMX ? 2 : 0;
-    s->flip_a = ek_qs8_gemm_a_offset(gk->isa) == 128;
+    s->flip = ek_qs8_gemm_a_offset(gk->isa) == 128 ? kern->flip : NULL;
     s->mr = gk->mr;
     s->nr = gk->nr;
     s->kr = gk->kr;
@@ -527,7 +527,7 @@ int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data,
     if (rows > 16 * s->mr) rows = 16 * s->mr;
     if (s->kind == CONV_FC) rows = s->mr * 4;
     s->rows_per_task = rows;
-    if (s->kind == CONV_IM2COL || s->flip_a) scratch = rows * s->k;
+    if (s->kind == CONV_IM2COL || s->flip) scratch = rows * s->k;
   }
   free(bias);
   if (scratch + EK_SLACK > m->scratch_per_thread) m->scratch_per_thread = ek_round_up(scratch + EK_SLACK, 64);

@@ -126,6 +126,7 @@ struct ek_kernels {
   const char* lut_name;
   ek_f32_qs8_cvt_fn cvt;
   const char* cvt_name;
+  ek_qs8_flip_fn flip; /* activations for the a_offset-128 GEMMs (kernels.h) */
   const char* isa; /* the gemm kernel's ISA */
 };
 const struct ek_kernels* ek_kernels(void);

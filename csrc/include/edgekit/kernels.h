@@ -109,6 +109,10 @@ int32_t ek_qs8_gemm_a_offset(uint32_t isa);
 /* dst[i][j] = src[i][j] ^ 0x80 for rows of k bytes (src rows src_stride apart, dst rows k apart):
  * the activations of an a_offset-128 kernel. dst may equal src when src_stride == k. */
 void ek_qs8_flip(size_t rows, size_t k, const int8_t* src, size_t src_stride, int8_t* dst);
+#if EK_ENABLE_AVX2
+void ek_qs8_flip__avx2(size_t rows, size_t k, const int8_t* src, size_t src_stride, int8_t* dst);
+#endif
+typedef void (*ek_qs8_flip_fn)(size_t rows, size_t k, const int8_t* src, size_t src_stride, int8_t* dst);
 /* w: int8 [n][k] row-major; bias: int32 [n] or NULL (zeros); zx: the activations' zero
  * point. packed: ek_qs8_gemm_packed_size bytes, 4-byte aligned (64 is best). */
 void ek_qs8_gemm_pack(uint32_t isa, size_t nr, size_t kr, size_t n, size_t k, const int8_t* w,
