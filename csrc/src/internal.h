@@ -127,6 +127,7 @@ struct ek_kernels {
   ek_f32_qs8_cvt_fn cvt;
   const char* cvt_name;
   ek_qs8_flip_fn flip; /* activations for the a_offset-128 GEMMs (kernels.h) */
+  ek_x8_clut_fn clut;  /* LUT_CHANNEL's rows; NULL: ops.c's loop */
   const char* isa; /* the gemm kernel's ISA */
 };
 const struct ek_kernels* ek_kernels(void);

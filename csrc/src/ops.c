@@ -945,6 +945,11 @@ static void clut_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t 
   size_t C = x->dims[x->rank - 1];
   const int8_t* src = x->data;
   int8_t* dst = OUTT->data;
+  const ek_x8_clut_fn kernel = ek_kernels()->clut;
+  if (kernel) {
+    kernel(r1 - r0, C, src + r0 * C, dst + r0 * C, t);
+    return;
+  }
   for (size_t r = r0; r < r1; r++)
     for (size_t c = 0; c < C; c++) dst[r * C + c] = t[c * 256 + (size_t)(src[r * C + c] + 128)];
 }
@@ -959,11 +964,11 @@ static int prepare_clut(struct ekrt_model* m, struct ek_op* op, const uint8_t* d
   (void)err;
   (void)err_len;
   const struct ek_tensor* t = IN(1);
-  int8_t* p = malloc(t->bytes);
+  int8_t* p = calloc(1, t->bytes + EK_CLUT_PAD); /* the padding: kernels.h */
   if (!p) return EKRT_ENOMEM;
   memcpy(p, data + t->offset, t->bytes);
   op->state = p;
-  m->weights_bytes += t->bytes;
+  m->weights_bytes += t->bytes + EK_CLUT_PAD;
   return 0;
 }
 

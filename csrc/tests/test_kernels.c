@@ -559,7 +559,43 @@ TEST_ELEMENTWISE("qs8-vmul", vmul_list, vmul, ek_qs8_mul_params, make_mul_params
 
 /* Every length 0..100 and a large one (every byte value in each), random tables and the
  * identity; in place too. The reference is the plain table walk. */
+/* LUT_CHANNEL's AVX2 rows equal the lookups one by one (every x, ragged channel counts) and write
+ * nothing past the rows; the tables carry only EK_CLUT_PAD bytes of padding, as ops.c's copy.
+ * A failure is a FAIL line (no listed kernel: a pass prints nothing). */
+static void test_clut(uint32_t features) {
+#if EK_ENABLE_AVX2
+  if (!(features & EK_ISA_AVX2)) return;
+  for (size_t C = 1; C <= 41; C++) {
+    for (size_t rows = 1; rows <= 3; rows++) {
+      const size_t n = rows * C;
+      int8_t* tables = xmalloc(C * 256 + EK_CLUT_PAD);
+      fill_i8(tables, C * 256 + EK_CLUT_PAD, 0);
+      int8_t* x = xmalloc(n);
+      for (size_t i = 0; i < n; i++) x[i] = (int8_t)(i % 3 == 0 ? (int)(i * 37 % 256) - 128 : rnd_range(-128, 127));
+      if (n > 1) x[0] = 127, x[n - 1] = 127; /* the last entries: the gathers' padding */
+      int8_t* got = xmalloc(n + 64);
+      memset(got, CANARY, n + 64);
+      ek_x8_clut__avx2(rows, C, x, got, tables);
+      int bad = 0;
+      for (size_t i = 0; i < n; i++) bad |= got[i] != tables[(i % C) * 256 + (size_t)(x[i] + 128)];
+      for (size_t i = n; i < n + 64; i++) bad |= (uint8_t)got[i] != CANARY;
+      free(tables);
+      free(x);
+      free(got);
+      if (bad) {
+        printf("FAIL x8-lut ek_x8_clut__avx2 isa=avx2: rows=%zu channels=%zu\n", rows, C);
+        n_fail++;
+        return;
+      }
+    }
+  }
+#else
+  (void)features;
+#endif
+}
+
 static void test_lut(uint32_t features, int quick) {
+  test_clut(features);
   KERNEL_STATE(lut_list);
   const int reps = quick ? 3 : 12;
   for (int rep = 0; rep < reps; rep++) {

@@ -113,6 +113,14 @@ void ek_qs8_flip(size_t rows, size_t k, const int8_t* src, size_t src_stride, in
 void ek_qs8_flip__avx2(size_t rows, size_t k, const int8_t* src, size_t src_stride, int8_t* dst);
 #endif
 typedef void (*ek_qs8_flip_fn)(size_t rows, size_t k, const int8_t* src, size_t src_stride, int8_t* dst);
+
+/* LUT_CHANNEL (ops.c): y[r][c] = tables[c * 256 + x[r][c] + 128] for r < rows, c < channels;
+ * tables must be readable EK_CLUT_PAD bytes past channels * 256 (a gather reads dwords). */
+#define EK_CLUT_PAD 4
+typedef void (*ek_x8_clut_fn)(size_t rows, size_t channels, const int8_t* x, int8_t* y, const int8_t* tables);
+#if EK_ENABLE_AVX2
+void ek_x8_clut__avx2(size_t rows, size_t channels, const int8_t* x, int8_t* y, const int8_t* tables);
+#endif
 /* w: int8 [n][k] row-major; bias: int32 [n] or NULL (zeros); zx: the activations' zero
  * point. packed: ek_qs8_gemm_packed_size bytes, 4-byte aligned (64 is best). */
 void ek_qs8_gemm_pack(uint32_t isa, size_t nr, size_t kr, size_t n, size_t k, const int8_t* w,
