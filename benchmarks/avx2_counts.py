@@ -6,7 +6,9 @@ so under it every runtime takes its AVX2 path: ekrt's dispatch (``EKRT_ISA=avx2`
 and checked), ONNX Runtime's MLAS (u8s8 with VPMADDUBSW) and OpenVINO's oneDNN alike; nobody's
 VNNI kernels meet ekrt's AVX2 ones. Each figure is callgrind's executed-instruction count (Ir) of
 one process running ``1 + k`` inferences minus one running 1, over k (both warm up once first),
-so loading, compiling and Python cancel out. The processes use ``_session`` of ekrt_threads.py:
+so loading, compiling and Python cancel out (every process runs with PYTHONHASHSEED=0 and one OpenBLAS
+thread: with Python's hash seed random, ONNX Runtime's start-up differed by up to 200 M instructions
+between two identical processes; fixed, by 0.4 M). The processes use ``_session`` of ekrt_threads.py:
 ekrt through its extension (the runner's kernels), ORT with all graph optimizations, OpenVINO's
 CPU plugin; one thread each; the peers run ``MODEL.int8.onnx`` (QDQ, uint8 activations,
 per-channel int8 weights, what both run best on x86), ekrt ``MODEL.avx2.ekm`` of the same model
@@ -61,7 +63,7 @@ def instructions(runtime: str, prep: Path, model: str, iters: int, tmp: Path) ->
     """callgrind's Ir of one guest process running ``1 + iters`` inferences."""
     script = tmp / "guest.py"
     script.write_text(_GUEST)
-    env = {**os.environ, "EKRT_ISA": "avx2", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env = {**os.environ, "EKRT_ISA": "avx2", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp / 'cg.out'}", "--smc-check=all-non-file",
            sys.executable, str(script), str(HERE), str(prep), model, runtime, str(iters)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)

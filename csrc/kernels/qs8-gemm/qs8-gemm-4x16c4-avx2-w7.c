@@ -123,8 +123,38 @@ static inline __attribute__((always_inline)) void ek_tile(size_t k, const int8_t
                      two, high);
 }
 
+/* one row of a column block (m = 1: a fully connected layer at batch 1; the last row of a tall
+ * GEMM), a quarter of the 4-row tile's multiplies */
+static inline __attribute__((always_inline)) void ek_tile1(size_t k, const int8_t* a0, const int8_t* wq, __m256i bias0,
+                                                           __m256i bias1, int8_t* c0, size_t nj, const struct ek_rq_avx2* r0,
+                                                           const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin,
+                                                           __m128i vqmax, const int two, const int high) {
+  const size_t k_main = k & ~(size_t)3;
+  const __m256i vones = _mm256_set1_epi16(1);
+  __m256i acc00 = bias0, acc01 = bias1;
+  const int8_t* w = wq;
+  size_t kk = 0;
+  for (; kk < k_main; kk += 4, w += 64) {
+    const __m256i w0 = _mm256_loadu_si256((const __m256i*)w);
+    const __m256i w1 = two ? _mm256_loadu_si256((const __m256i*)(w + 32)) : w0;
+    EK_QUAD(ek_bcast4(a0 + kk), acc00, acc01);
+  }
+  if (kk < k) {
+    const __m256i w0 = _mm256_loadu_si256((const __m256i*)w);
+    const __m256i w1 = two ? _mm256_loadu_si256((const __m256i*)(w + 32)) : w0;
+    EK_QUAD(_mm256_set1_epi32(ek_load_tail32(a0 + kk, k - kk)), acc00, acc01);
+  }
+  if (two) {
+    ek_avx2_store16(c0, ek_avx2_narrow16(ek_avx2_requant32(acc00, r0, high), ek_avx2_requant32(acc01, r1, high), vzp, vqmin, vqmax),
+                    nj);
+  } else {
+    ek_avx2_store_row8(c0, acc00, r0, _mm256_castsi256_si128(vzp), vqmin, vqmax, nj, high);
+  }
+}
+
 /* all rows of one column block: whole tiles with plain row pointers, then the last 1..3 rows (rows
- * past m repeat the last row, as in every gemm kernel: same values to the same place) */
+ * past m repeat the last row, as in every gemm kernel: same values to the same place; a last
+ * single row runs alone) */
 static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, const int8_t* a, size_t a_stride,
                                                           const int8_t* wq, __m256i bias0, __m256i bias1, int8_t* c,
                                                           size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,
@@ -137,7 +167,9 @@ static inline __attribute__((always_inline)) void ek_rows(size_t m, size_t k, co
     ek_tile(k, a0, a0 + a_stride, a0 + 2 * a_stride, a0 + 3 * a_stride, wq, bias0, bias1, c0, c0 + c_stride,
             c0 + 2 * c_stride, c0 + 3 * c_stride, nj, r0, r1, vzp, vqmin, vqmax, two, high);
   }
-  if (i < m) {
+  if (i + 1 == m) {
+    ek_tile1(k, a + i * a_stride, wq, bias0, bias1, c + i * c_stride, nj, r0, r1, vzp, vqmin, vqmax, two, high);
+  } else if (i < m) {
     const size_t rows = m - i;
     const int8_t* a0 = a + i * a_stride;
     const int8_t* a1 = rows > 1 ? a0 + a_stride : a0;
