@@ -112,8 +112,10 @@ static void init(void) {
   chosen.cvt_name = CVT[cv].name;
   chosen.flip = ek_qs8_flip;
 #if EK_ENABLE_AVX2
-  if (feats & EK_ISA_AVX2) chosen.flip = ek_qs8_flip__avx2;
-  if (feats & EK_ISA_AVX2) chosen.clut = ek_x8_clut__avx2;
+  if (feats & EK_ISA_AVX2) {
+    chosen.flip = ek_qs8_flip__avx2;
+    chosen.clut = ek_x8_clut__avx2;
+  }
 #endif
   chosen.isa = ek_isa_name(chosen.gemm.isa);
   /* the ISAs this build has kernels for */

@@ -62,29 +62,21 @@ typedef void (*ek_avx2_4x16_rows_fn)(size_t m, size_t k, const int8_t* a, size_t
                                      __m256i bias1, int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,
                                      const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin, __m128i vqmax);
 
-/* A kernel's four row functions from its always-inline `rows(..., two, high)`: 16 or 1..8
- * columns, each with the requantization path known or tested per vector. */
-#define EK_AVX2_4X16_ROWS_FNS(rows)                                                                                  \
-  static void rows##_full(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0,        \
-                          __m256i bias1, int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,             \
-                          const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin, __m128i vqmax) {                      \
-    rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 1, 0);                         \
-  }                                                                                                                     \
-  static void rows##_half(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0,        \
-                          __m256i bias1, int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,             \
-                          const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin, __m128i vqmax) {                      \
-    rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 0, 0);                         \
-  }                                                                                                                     \
-  static void rows##_full_high(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0,   \
-                               __m256i bias1, int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,        \
-                               const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin, __m128i vqmax) {                 \
-    rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 1, 1);                         \
-  }                                                                                                                     \
-  static void rows##_half_high(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0,   \
-                               __m256i bias1, int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,        \
-                               const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin, __m128i vqmax) {                 \
-    rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, 0, 1);                         \
-  }                                                                                                                     \
+/* One row function: the kernel's always-inline `rows(..., two, high)` with both fixed */
+#define EK_AVX2_4X16_ROWS_FN(rows, name, two, high)                                                                 \
+  static void name(size_t m, size_t k, const int8_t* a, size_t a_stride, const int8_t* w0, __m256i bias0,              \
+                   __m256i bias1, int8_t* c, size_t c_stride, size_t nj, const struct ek_rq_avx2* r0,                    \
+                   const struct ek_rq_avx2* r1, __m256i vzp, __m128i vqmin, __m128i vqmax) {                             \
+    rows(m, k, a, a_stride, w0, bias0, bias1, c, c_stride, nj, r0, r1, vzp, vqmin, vqmax, two, high);                    \
+  }
+
+/* A kernel's four row functions (16 or 1..8 columns, each with the requantization path known or
+ * tested per vector) and their table, indexed 2 * high + full. */
+#define EK_AVX2_4X16_ROWS_FNS(rows)                                    \
+  EK_AVX2_4X16_ROWS_FN(rows, rows##_half, 0, 0)                        \
+  EK_AVX2_4X16_ROWS_FN(rows, rows##_full, 1, 0)                        \
+  EK_AVX2_4X16_ROWS_FN(rows, rows##_half_high, 0, 1)                   \
+  EK_AVX2_4X16_ROWS_FN(rows, rows##_full_high, 1, 1)                   \
   static const ek_avx2_4x16_rows_fn rows##_fns[4] = {rows##_half, rows##_full, rows##_half_high, rows##_full_high};
 
 /* the column blocks of 16 (kr: the packing's k group): constants once per block; a block of
