@@ -6,6 +6,7 @@ runner's JSON is the agent's bench schema."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -539,6 +540,86 @@ def test_float_binary_rows_keep_the_reference_on_every_layout(name):
         nan = np.isnan(want)
         np.testing.assert_array_equal(np.isnan(got), nan)
         np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])  # -0.0 is not 0.0
+
+
+def test_transposes_on_blocks_and_ragged_edges_keep_the_reference():
+    """TRANSPOSE (int8 and float, all 24 permutations) and the NHWC -> NCHW RESHAPE on dims that
+    give the 16 x 16 (4 x 4) vector blocks of ek_x8_transpose / ek_x32_transpose and ragged
+    edges; the reference is numpy's transpose."""
+    b = Builder(13)
+    x = b.input((2, 19, 33, 17), scale=0.04, zp=0)
+    f = b.to_float(x)  # [2, 17, 19, 33]
+    for perm in itertools.permutations(range(4)):
+        for src in (x, f):
+            dims = tuple(b.t(src).dims[p] for p in perm)
+            y = (b.simple if src == x else b.fop)(ekm.TRANSPOSE, [src], dims, dict(enumerate(perm)))
+            (b.output(y, f"q{perm}") if src == x else b.float_output(y, f"f{perm}"))
+    b.output(b.simple(ekm.RESHAPE, [x], (2, 17, 19 * 33), {0: 1}), "nchw")
+    model = _ekrt.Model(b.finish())
+    xs = inputs_for(b, 3)
+    got, want = model.run(xs), reference(b, xs)
+    assert len(got) == 49
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def _max_in_order(v: np.ndarray, axes) -> np.ndarray:
+    """F_REDUCE max as its loop defines it: in the input's order, a value replaces the running
+    maximum only when greater, so the first NaN and the first of equal values (-0 before +0) stay."""
+    out = np.full([1 if a in axes else d for a, d in enumerate(v.shape)], -np.inf, np.float64)
+    for idx in np.ndindex(*v.shape):
+        o = tuple(0 if a in axes else i for a, i in enumerate(idx))
+        a, x = out[o], np.float64(v[idx])
+        if (x > a or np.isnan(x)) and not np.isnan(a):
+            out[o] = x
+    return out.astype(np.float32)
+
+
+def _reduce_max_model() -> tuple[Builder, list]:
+    """ReduceMax's rows: with a NaN, whose largest value is -0 or +0 (either first), of every
+    length around the 8 lanes; outputs in{k} (the reducer's input) and max{k} per case."""
+    b = Builder(17)
+    x = b.input((1, 12, 9, 37), scale=0.04, zp=0)
+    f = b.to_float(x)  # [1, 12, 9, 37]: rows of 37, 4 x 8 lanes and a tail
+    dims = b.t(f).dims
+    rng = np.random.RandomState(5)
+    mult = rng.uniform(-2, 2, size=dims).astype(np.float32)
+    mult[0, 1:5] = -np.abs(mult[0, 1:5])  # negative rows ...
+    mult[0, 1, :, 3] = 0.0  # ... whose max is +0 in every row, or -0, or both in either order
+    mult[0, 2, :, 4] = -0.0
+    mult[0, 3, :, 5], mult[0, 3, :, 8] = -0.0, 0.0  # different lanes: which comes first is the order
+    mult[0, 4, :, 5], mult[0, 4, :, 8] = 0.0, -0.0
+    mult[0, 5, ::2, 7] = np.nan
+    mult[0, 6, :, 36] = np.nan  # in the tail after the lanes
+    mult[0, 7, :, 0] = np.inf
+    mult[0, 8] = -np.inf
+    h = b.fbinary(b.funary(f, "Abs"), b.fconst((1, 1, 1, 1), 0.25, 0.25), "Add")  # > 0
+    g = b.fbinary(h, b.tensor(ekm.F32, ekm.CONST, dims, data=mult), "Mul")  # mult's signs, zeros, NaN, inf
+    cases = [(g, axes) for axes in ((3,), (2, 3), (1, 3), (2,), (1, 2, 3))]
+    for n in (1, 7, 8, 9, 15, 16, 17):  # row lengths around the 8 lanes
+        cases.append((b.to_float(b.input((1, 3, n, 4), scale=0.04, zp=0)), (3,)))
+    for k, (t, axes) in enumerate(cases):
+        b.float_output(t, f"in{k}")
+        b.float_output(b.freduce(t, axes, "ReduceMax"), f"max{k}")
+    return b, [axes for _, axes in cases]
+
+
+def _assert_max_in_order(got: list[np.ndarray], axes_of: list) -> None:
+    signs = 0
+    for k, axes in enumerate(axes_of):  # against the loop on the input ekrt itself computed
+        out, want = got[2 * k + 1], _max_in_order(got[2 * k], axes)
+        nan = np.isnan(want)
+        np.testing.assert_array_equal(np.isnan(out), nan, err_msg=str(k))
+        np.testing.assert_array_equal(out.view(np.uint32)[~nan], want.view(np.uint32)[~nan], err_msg=str(k))  # -0.0 is not 0.0
+        signs += int(np.sum(np.signbit(want) & (want == 0)))
+    assert signs > 0  # some row's max was -0 and stayed so
+
+
+def test_reduce_max_over_rows_keeps_the_first_nan_and_the_first_zero():
+    """ReduceMax over the innermost axis takes 8 lanes at a time (SSE2 here); the rows where the
+    order decides (a NaN, a largest value of -0 or +0) keep the loop's bits."""
+    b, axes_of = _reduce_max_model()
+    _assert_max_in_order(_ekrt.Model(b.finish()).run(inputs_for(b, 3)), axes_of)
 
 
 def test_threads_never_change_a_bit():
@@ -1254,6 +1335,21 @@ def test_float_ops_under_qemu_aarch64_equal_the_x86_extension(aarch64_runner, tm
     assert r.returncode == 0, r.stderr
     for i, ((_, name), w) in enumerate(zip(b.m.outputs, want)):
         np.testing.assert_array_equal(np.load(tmp_path / f"output{i}.npy"), w, err_msg=name)
+
+
+def test_reduce_max_over_rows_under_qemu_aarch64(aarch64_runner, tmp_path):
+    """The same rows through the cross-built runner: NEON's lanes keep the loop's bits too."""
+    qemu, runner = aarch64_runner
+    b, axes_of = _reduce_max_model()
+    (tmp_path / "m.ekm").write_bytes(b.finish())
+    feeds = []
+    for i, x in enumerate(inputs_for(b, 3)):
+        feeds.append(str(tmp_path / f"x{i}.npy"))
+        np.save(feeds[-1], x)
+    r = subprocess.run([qemu, "-cpu", "cortex-a72", str(runner), "run", str(tmp_path / "m.ekm"), "--inputs", *feeds,
+                        "--save", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    _assert_max_in_order([np.load(tmp_path / f"output{i}.npy") for i in range(2 * len(axes_of))], axes_of)
 
 
 # -- one description of the sources; a compiler without an ISA's flags still builds ------------

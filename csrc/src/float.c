@@ -7,6 +7,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include "internal.h"
 
@@ -128,18 +133,26 @@ static void fbin_row(int k, const float* ra, size_t sa3, const float* rb, size_t
   }
 }
 
-void ek_run_fbinary(struct ekrt_model* m, struct ek_op* op) {
+/* rows [r0, r1) of the output's d[0] * d[1] * d[2] rows of d[3] elements */
+static void fbinary_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, size_t r1) {
   const struct fbin_view v = fbin_view(m, op);
   const size_t *d = v.d, *sa = v.sa, *sb = v.sb;
-  float* py = v.y;
   const int k = op->p[0];
-  for (size_t i0 = 0; i0 < d[0]; i0++)
-    for (size_t i1 = 0; i1 < d[1]; i1++)
-      for (size_t i2 = 0; i2 < d[2]; i2++, py += d[3]) {
-        const float* ra = v.a + i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
-        const float* rb = v.b + i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
-        fbin_row(k, ra, sa[3], rb, sb[3], py, d[3]);
-      }
+  size_t i2 = r0 % d[2], i1 = r0 / d[2] % d[1], i0 = r0 / d[2] / d[1];
+  for (size_t r = r0; r < r1; r++) {
+    const float* ra = v.a + i0 * sa[0] + i1 * sa[1] + i2 * sa[2];
+    const float* rb = v.b + i0 * sb[0] + i1 * sb[1] + i2 * sb[2];
+    fbin_row(k, ra, sa[3], rb, sb[3], v.y + r * d[3], d[3]);
+    if (++i2 == d[2]) {
+      i2 = 0;
+      if (++i1 == d[1]) i1 = 0, i0++;
+    }
+  }
+}
+
+void ek_run_fbinary(struct ekrt_model* m, struct ek_op* op) {
+  const struct fbin_view v = fbin_view(m, op);
+  ek_for_rows(m, op, v.d[0] * v.d[1] * v.d[2], v.d[3], fbinary_rows);
 }
 
 int ek_check_fbinary(struct ek_check* o) {
@@ -219,6 +232,46 @@ int ek_check_funary(struct ek_check* o) {
 
 /* ---- F_REDUCE: mean / sum / max over the axes of a bitmask; the output keeps them as 1s ---- */
 
+/* The largest of a row of n floats, 8 lanes at a time (SSE2 / NEON, each arch's baseline);
+ * 0 when the row holds a NaN or its largest value is a zero: which one the loop in
+ * ek_run_freduce keeps then (the first NaN; -0 or +0) depends on the order, and the caller
+ * takes that loop. Otherwise the largest value is one number whatever the order. */
+static int row_max(const float* p, size_t n, float* out) {
+  size_t i = 0;
+  float mx = -INFINITY;
+  int nan = 0;
+#if defined(__SSE2__)
+  __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, bad = _mm_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m128 a = _mm_loadu_ps(p + i), b = _mm_loadu_ps(p + i + 4);
+    m0 = _mm_max_ps(a, m0);
+    m1 = _mm_max_ps(b, m1);
+    bad = _mm_or_ps(bad, _mm_or_ps(_mm_cmpunord_ps(a, a), _mm_cmpunord_ps(b, b)));
+  }
+  float lanes[4];
+  _mm_storeu_ps(lanes, _mm_max_ps(m0, m1));
+  for (int k = 0; k < 4; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+  nan = _mm_movemask_ps(bad) != 0;
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+  float32x4_t m0 = vdupq_n_f32(-INFINITY), m1 = m0;
+  uint32x4_t ok = vdupq_n_u32(~0u);
+  for (; i + 8 <= n; i += 8) {
+    const float32x4_t a = vld1q_f32(p + i), b = vld1q_f32(p + i + 4);
+    m0 = vmaxq_f32(a, m0);
+    m1 = vmaxq_f32(b, m1);
+    ok = vandq_u32(ok, vandq_u32(vceqq_f32(a, a), vceqq_f32(b, b)));
+  }
+  mx = vmaxvq_f32(vmaxq_f32(m0, m1));
+  nan = vminvq_u32(ok) == 0;
+#endif
+  for (; i < n; i++) {
+    mx = p[i] > mx ? p[i] : mx;
+    nan |= p[i] != p[i];
+  }
+  *out = mx;
+  return !nan && mx != 0.0f;
+}
+
 void ek_run_freduce(struct ekrt_model* m, struct ek_op* op) {
   const struct ek_tensor *x = IN(0), *y = OUTT;
   size_t d[4], sy[4];
@@ -232,6 +285,12 @@ void ek_run_freduce(struct ekrt_model* m, struct ek_op* op) {
     for (size_t i1 = 0; i1 < d[1]; i1++)
       for (size_t i2 = 0; i2 < d[2]; i2++) {
         double* row = acc + i0 * sy[0] + i1 * sy[1] + i2 * sy[2];
+        float mx;
+        if (max && sy[3] == 0 && row_max(px, d[3], &mx)) { /* the innermost axis reduced: a row's max */
+          if (!isnan(*row) && mx > *row) *row = mx;     /* as the loop's: the first of equal values stays */
+          px += d[3];
+          continue;
+        }
         for (size_t i3 = 0; i3 < d[3]; i3++, px++) {
           double* a = &row[i3 * sy[3]];
           if (!max) *a += *px;

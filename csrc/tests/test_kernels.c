@@ -710,6 +710,47 @@ static void test_cvt(uint32_t features, int quick) {
   REPORT("f32-qs8-cvt", cvt_list);
 }
 
+/* ---- x8-transpose ----------------------------------------------------------------------------
+ * Every rows x cols in 1..40 (whole 16 x 16 / 4 x 4 blocks and ragged edges) with row strides
+ * wider than the rows: dst equals the element-by-element transpose, and the gaps between dst's
+ * rows keep their canaries. One vector path per arch (the baseline): a failure is a FAIL line. */
+static void test_transpose(void) {
+  for (size_t rows = 1; rows <= 40; rows++)
+    for (size_t cols = 1; cols <= 40; cols++) {
+      const size_t ss = cols + 3, ds = rows + 5;
+      int8_t* a = xmalloc(rows * ss);
+      int8_t* b = xmalloc(cols * ds);
+      float* fa = xmalloc(rows * ss * sizeof(float));
+      float* fb = xmalloc(cols * ds * sizeof(float));
+      fill_i8(a, rows * ss, 0);
+      for (size_t i = 0; i < rows * ss; i++) fa[i] = (float)a[i] + 0.25f * (float)(i % 4);
+      memset(b, CANARY, cols * ds);
+      for (size_t i = 0; i < cols * ds; i++) fb[i] = -1e30f;
+      ek_x8_transpose(rows, cols, a, ss, b, ds);
+      ek_x32_transpose(rows, cols, fa, ss, fb, ds);
+      int bad = 0;
+      for (size_t c = 0; c < cols; c++)
+        for (size_t r = 0; r < ds; r++) {
+          if (r < rows) {
+            bad |= b[c * ds + r] != a[r * ss + c];
+            bad |= fb[c * ds + r] != fa[r * ss + c];
+          } else {
+            bad |= (uint8_t)b[c * ds + r] != CANARY;
+            bad |= fb[c * ds + r] != -1e30f;
+          }
+        }
+      free(a);
+      free(b);
+      free(fa);
+      free(fb);
+      if (bad) {
+        printf("FAIL x8-transpose ek_x8_transpose / ek_x32_transpose: rows=%zu cols=%zu\n", rows, cols);
+        n_fail++;
+        return;
+      }
+    }
+}
+
 int main(int argc, char** argv) {
   int quick = 0, run_all = 0;
   for (int i = 1; i < argc; i++) {
@@ -731,6 +772,7 @@ int main(int argc, char** argv) {
   /* --run-all: run every kernel whatever the CPU says (an unsupported one dies with SIGILL:
    * the test that shows the skip is needed and the ISA's instructions really are used) */
   const uint32_t f = run_all ? ~0u : detected;
+  test_transpose();
   void (*const tests[])(uint32_t, int) = {test_gemm, test_dwconv, test_vadd, test_vmul, test_lut, test_cvt};
   const char* const names[] = {"qs8-gemm", "qs8-dwconv", "qs8-vadd", "qs8-vmul", "x8-lut", "f32-qs8-cvt"};
   for (size_t t = 0; t < COUNT(tests); t++) {

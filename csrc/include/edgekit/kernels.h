@@ -187,6 +187,12 @@ typedef void (*ek_qs8_vmul_fn)(size_t n, const int8_t* a, const int8_t* b, int8_
  * unsigned value (the runtime rotates an int8 op's table by 128 at load). y may be x. */
 typedef void (*ek_x8_lut_fn)(size_t n, const uint8_t* x, uint8_t* y, const uint8_t* table);
 
+/* ---- x8-transpose -------------------------------------------------------------------------
+ * dst[c * ds + r] = src[r * ss + c] for r < rows, c < cols (strides in elements): TRANSPOSE and
+ * the NHWC -> NCHW RESHAPE. Vector blocks on each arch's baseline (SSE2, NEON), no dispatch. */
+void ek_x8_transpose(size_t rows, size_t cols, const int8_t* src, size_t ss, int8_t* dst, size_t ds);
+void ek_x32_transpose(size_t rows, size_t cols, const float* src, size_t ss, float* dst, size_t ds);
+
 /* ---- f32-qs8-cvt -------------------------------------------------------------------------
  * ONNX QuantizeLinear to int8 (op QUANTIZE): y[i] = clamp(round_half_even(x[i] / scale) + zp,
  * -128, 127) with a float32 divide; NaN -> zp; +-inf and huge values saturate. scale > 0. */
