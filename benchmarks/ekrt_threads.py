@@ -132,7 +132,9 @@ def prepare(names: list[str], out: Path) -> list[dict]:
         np.savez_compressed(out / f"{name}.npz", **held.feeds[0])
         listed.append({"model": name, "ekm_ops": dict(Counter(op.type_name for op in m.ops))})
         print(f"prepared {name} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    (out / "models.json").write_text(json.dumps(listed, indent=1))
+    index = out / "models.json"  # a second --prepare into the same folder adds to its list
+    kept = [d for d in (json.loads(index.read_text()) if index.is_file() else []) if d["model"] not in names]
+    index.write_text(json.dumps(kept + listed, indent=1))
     calibration_models(out / "calibrate")
     return listed
 

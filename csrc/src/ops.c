@@ -559,13 +559,19 @@ static void run_reshape(struct ekrt_model* m, struct ek_op* op) {
   run_tr(&j);
 }
 
-/* TRANSPOSE's walk for one element type: dst in order, src through the strides s of dims d */
+/* TRANSPOSE's walk for one element type: dst in order, src through the strides s of dims d
+ * (what the matrix transposes below do not take: rows that stay contiguous, dims of 1) */
 #define TRANSPOSE_WALK(name, T)                                                   \
   static void name(const T* src, T* dst, const size_t d[4], const size_t s[4]) { \
     for (size_t a = 0; a < d[0]; a++)                                             \
       for (size_t b = 0; b < d[1]; b++)                                           \
         for (size_t c = 0; c < d[2]; c++) {                                       \
           const T* row = src + a * s[0] + b * s[1] + c * s[2];                    \
+          if (s[3] == 1) { /* the innermost dim stays innermost: whole rows */    \
+            memcpy(dst, row, d[3] * sizeof(T));                                   \
+            dst += d[3];                                                          \
+            continue;                                                             \
+          }                                                                       \
           for (size_t e = 0; e < d[3]; e++) *dst++ = row[e * s[3]];               \
         }                                                                         \
   }
