@@ -11,6 +11,8 @@
 struct ek_rq_avx512 {
   __m512i mult, mult_odd, n_even, n_odd, rnd_even, rnd_odd;
   int has_left;
+  int high33;            /* every shift <= -2: requant-avx2.h's high-half path (its proof) */
+  __m512i n_high, hrnd32; /* n - 32 and 2^(n-33) per 32-bit lane (high33 path) */
 };
 
 static inline struct ek_rq_avx512 ek_rq_avx512_init(__m512i mult, __m512i shift) {
@@ -24,7 +26,21 @@ static inline struct ek_rq_avx512 ek_rq_avx512_init(__m512i mult, __m512i shift)
   r.rnd_even = _mm512_sllv_epi64(one64, _mm512_sub_epi64(r.n_even, one64));
   r.rnd_odd = _mm512_sllv_epi64(one64, _mm512_sub_epi64(r.n_odd, one64));
   r.has_left = _mm512_cmpgt_epi32_mask(shift, _mm512_setzero_si512()) != 0;
+  r.high33 = _mm512_cmpgt_epi32_mask(shift, _mm512_set1_epi32(-2)) == 0;
+  r.n_high = _mm512_sub_epi32(n, _mm512_set1_epi32(32));
+  /* lanes with n < 33 (read only when high33 holds for all) get a count the shift ignores */
+  r.hrnd32 = _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_sub_epi32(n, _mm512_set1_epi32(33)));
   return r;
+}
+
+/* ek_avx512_mul_by_multiplier where r->high33 holds: with P = H * 2^32 + L, the rounding term
+ * 2^(n-1) (n >= 33) lands on the high half H and L cannot carry past it (requant-avx2.h):
+ * 7 ops per 16 lanes instead of 9 */
+static inline __m512i ek_avx512_mul_high33(__m512i x, const struct ek_rq_avx512* r) {
+  const __m512i pe = _mm512_mul_epi32(x, r->mult);
+  const __m512i po = _mm512_mul_epi32(_mm512_srli_epi64(x, 32), r->mult_odd);
+  const __m512i hi = _mm512_mask_blend_epi32((__mmask16)0xAAAA, _mm512_srli_epi64(pe, 32), po);
+  return _mm512_srav_epi32(_mm512_add_epi32(hi, r->hrnd32), r->n_high);
 }
 
 static inline __m512i ek_avx512_mul_by_multiplier(__m512i x, const struct ek_rq_avx512* r) {

@@ -14,6 +14,41 @@ static inline __m512i ek_load32(const int8_t* p, __mmask32 m) {
   return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, p));
 }
 
+/* the output pixels of one block of 17..32 channels from c0; constants after inlining: `high`
+ * (both halves take the high33 requantization) and, for 3x3 and 5x5, the kernel size (the tap
+ * loop unrolls whole) */
+static inline __attribute__((always_inline)) void ek_dw32_pixels(size_t c0, __mmask32 cm, size_t output_width,
+                                                                 size_t kernel_size, const int8_t* const* input,
+                                                                 size_t input_step, const uint8_t* w, int8_t* output,
+                                                                 size_t output_stride, const struct ek_rq_avx512* r_lo,
+                                                                 const struct ek_rq_avx512* r_hi, __m512i vzp,
+                                                                 __m256i vqmin, __m256i vqmax, const int high) {
+  const __m512i bias_lo = _mm512_loadu_si512(w), bias_hi = _mm512_loadu_si512(w + 64);
+  for (size_t p = 0; p < output_width; p++) {
+    const int8_t* const* in = input + p * input_step;
+    __m512i acc_lo = bias_lo, acc_hi = bias_hi;
+    const uint8_t* wt = w + 128;
+    size_t t = 0;
+    for (; t + 1 < kernel_size; t += 2) {
+      const __m512i x0 = ek_load32(in[t] + c0, cm), x1 = ek_load32(in[t + 1] + c0, cm);
+      acc_lo = _mm512_dpwssd_epi32(acc_lo, _mm512_unpacklo_epi16(x0, x1), _mm512_loadu_si512(wt));
+      acc_hi = _mm512_dpwssd_epi32(acc_hi, _mm512_unpackhi_epi16(x0, x1), _mm512_loadu_si512(wt + 64));
+      wt += 128;
+    }
+    if (t < kernel_size) { /* the odd last tap pairs with zeros */
+      const __m512i x0 = ek_load32(in[t] + c0, cm), x1 = _mm512_setzero_si512();
+      acc_lo = _mm512_dpwssd_epi32(acc_lo, _mm512_unpacklo_epi16(x0, x1), _mm512_loadu_si512(wt));
+      acc_hi = _mm512_dpwssd_epi32(acc_hi, _mm512_unpackhi_epi16(x0, x1), _mm512_loadu_si512(wt + 64));
+    }
+    const __m512i y_lo = high ? ek_avx512_mul_high33(acc_lo, r_lo) : ek_avx512_mul_by_multiplier(acc_lo, r_lo);
+    const __m512i y_hi = high ? ek_avx512_mul_high33(acc_hi, r_hi) : ek_avx512_mul_by_multiplier(acc_hi, r_hi);
+    const __m512i v = _mm512_adds_epi16(_mm512_packs_epi32(y_lo, y_hi), vzp); /* natural order */
+    __m256i y = _mm512_cvtsepi16_epi8(v);
+    y = _mm256_min_epi8(_mm256_max_epi8(y, vqmin), vqmax);
+    _mm256_mask_storeu_epi8(output + p * output_stride + c0, cm, y);
+  }
+}
+
 void ek_qs8_dwconv_ukernel_c32__avx512vnni(size_t channels, size_t output_width, size_t kernel_size,
                                            const int8_t* const* input, size_t input_step, const void* packed_w,
                                            int8_t* output, size_t output_stride,
@@ -41,28 +76,20 @@ void ek_qs8_dwconv_ukernel_c32__avx512vnni(size_t channels, size_t output_width,
     const __m512i bias_lo = _mm512_loadu_si512(w), bias_hi = _mm512_loadu_si512(w + 64);
 
     if (nc > 16) {
-      for (size_t p = 0; p < output_width; p++) {
-        const int8_t* const* in = input + p * input_step;
-        __m512i acc_lo = bias_lo, acc_hi = bias_hi;
-        const uint8_t* wt = w + 128;
-        size_t t = 0;
-        for (; t + 1 < kernel_size; t += 2) {
-          const __m512i x0 = ek_load32(in[t] + c0, cm), x1 = ek_load32(in[t + 1] + c0, cm);
-          acc_lo = _mm512_dpwssd_epi32(acc_lo, _mm512_unpacklo_epi16(x0, x1), _mm512_loadu_si512(wt));
-          acc_hi = _mm512_dpwssd_epi32(acc_hi, _mm512_unpackhi_epi16(x0, x1), _mm512_loadu_si512(wt + 64));
-          wt += 128;
-        }
-        if (t < kernel_size) { /* the odd last tap pairs with zeros */
-          const __m512i x0 = ek_load32(in[t] + c0, cm), x1 = _mm512_setzero_si512();
-          acc_lo = _mm512_dpwssd_epi32(acc_lo, _mm512_unpacklo_epi16(x0, x1), _mm512_loadu_si512(wt));
-          acc_hi = _mm512_dpwssd_epi32(acc_hi, _mm512_unpackhi_epi16(x0, x1), _mm512_loadu_si512(wt + 64));
-        }
-        const __m512i y_lo = ek_avx512_mul_by_multiplier(acc_lo, &r_lo);
-        const __m512i y_hi = ek_avx512_mul_by_multiplier(acc_hi, &r_hi);
-        const __m512i v = _mm512_adds_epi16(_mm512_packs_epi32(y_lo, y_hi), vzp); /* natural order */
-        __m256i y = _mm512_cvtsepi16_epi8(v);
-        y = _mm256_min_epi8(_mm256_max_epi8(y, vqmin), vqmax);
-        _mm256_mask_storeu_epi8(output + p * output_stride + c0, cm, y);
+      /* the common case's tests out of the loops: whole blocks, the high33 path, 3x3 / 5x5 */
+      if (nc == 32 && r_lo.high33 && r_hi.high33) {
+        if (kernel_size == 9)
+          ek_dw32_pixels(c0, cm, output_width, 9, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp, vqmin,
+                         vqmax, 1);
+        else if (kernel_size == 25)
+          ek_dw32_pixels(c0, cm, output_width, 25, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp,
+                         vqmin, vqmax, 1);
+        else
+          ek_dw32_pixels(c0, cm, output_width, kernel_size, input, input_step, w, output, output_stride, &r_lo, &r_hi,
+                         vzp, vqmin, vqmax, 1);
+      } else {
+        ek_dw32_pixels(c0, cm, output_width, kernel_size, input, input_step, w, output, output_stride, &r_lo, &r_hi,
+                       vzp, vqmin, vqmax, 0);
       }
     } else {
       /* <= 16 channels left (C = 16, 48, 144 ... are common): 256-bit halves. Channels 0-15 of
