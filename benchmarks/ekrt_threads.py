@@ -490,6 +490,13 @@ def main() -> None:
         for name in (args.models or "digits,mobilenetv2").split(","):
             path = Path(args.prepared) / f"{name}.ekm" if args.prepared else lower_example(name, Path(tmp))
             rows += bench(path, args.rounds or 9, args.iterations)
+    if args.markdown:
+        print(f"| model | busy core | 1 thread ms | {rows[0]['cores'] if rows else 'all'} threads ms | all / 1 | ekrt's own count | its ms | its / 1 |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['model']} | {'yes' if r['competitor'] else 'no'} | {r['ms_1']:.3f} | {r['ms_all']:.3f} | {r['all_over_1']:.2f} | "
+                  f"{r['auto_threads']} | {r['ms_auto']:.3f} | {r['auto_over_1']:.2f} |")
+        return
     print("model        competitor  1 thr ms  all thr ms  all/1   auto thr  auto ms  auto/1")
     for r in rows:
         print(f"{r['model']:12s} {'yes' if r['competitor'] else 'no':10s}  {r['ms_1']:8.4f}  {r['ms_all']:10.4f}  "

@@ -711,13 +711,15 @@ static void test_cvt(uint32_t features, int quick) {
 }
 
 /* ---- x8-transpose ----------------------------------------------------------------------------
- * Every rows x cols in 1..40 (whole 16 x 16 / 4 x 4 blocks and ragged edges) with row strides
- * wider than the rows: dst equals the element-by-element transpose, and the gaps between dst's
- * rows keep their canaries. One vector path per arch (the baseline): a failure is a FAIL line. */
+ * Every rows x cols in 1..40 (whole 16 x 16 / 4 x 4 blocks, bands of 8 / 4 / 2 rows, strips of
+ * 8 / 4 / 2 columns, one-by-one edges), with row strides wider than the rows (the gaps between
+ * dst's rows keep their canaries) and with strides equal to them: dst equals the
+ * element-by-element transpose. One vector path per arch (the baseline): a failure is a FAIL line. */
 static void test_transpose(void) {
+  for (int tight = 0; tight < 2; tight++) /* strides wider than the rows, or exactly them */
   for (size_t rows = 1; rows <= 40; rows++)
     for (size_t cols = 1; cols <= 40; cols++) {
-      const size_t ss = cols + 3, ds = rows + 5;
+      const size_t ss = cols + (tight ? 0 : 3), ds = rows + (tight ? 0 : 5);
       int8_t* a = xmalloc(rows * ss);
       int8_t* b = xmalloc(cols * ds);
       float* fa = xmalloc(rows * ss * sizeof(float));
@@ -744,7 +746,7 @@ static void test_transpose(void) {
       free(fa);
       free(fb);
       if (bad) {
-        printf("FAIL x8-transpose ek_x8_transpose / ek_x32_transpose: rows=%zu cols=%zu\n", rows, cols);
+        printf("FAIL x8-transpose ek_x8_transpose / ek_x32_transpose: rows=%zu cols=%zu tight=%d\n", rows, cols, tight);
         n_fail++;
         return;
       }

@@ -1,49 +1,122 @@
 /* Matrix transposes for TRANSPOSE and the NHWC -> NCHW RESHAPE (kernels.h, x8-transpose).
  *
- * Blocks of 16 x 16 bytes (4 x 4 floats) go through vector registers: SSE2 on x86-64 and NEON
- * on aarch64 / armv7 with NEON are each architecture's baseline, so no dispatch. A block is
- * transposed by the perfect shuffle: interleaving row i with row i + h/2 (h rows of a block),
- * for every i, rotates each element's index bits [row | col] left by one; log2(h) passes swap
- * the row and column bits. 16 bytes: 4 passes of 16 unpacks; 4 floats: 2 passes of 4. The
- * ragged edges go one element at a time. A permutation: the result is the same on every path. */
+ * Bytes go through 16-byte vector registers, SSE2 on x86-64 and NEON on aarch64 / armv7 with
+ * NEON: each architecture's baseline, so no dispatch. The perfect shuffle: with 2^m registers
+ * of 16 bytes, interleaving register i with register i + 2^(m-1) (for every i < 2^(m-1)) moves
+ * each byte from index [register | byte] (m + 4 bits) to that index rotated left by one bit.
+ * So a 16 x 16 block (rows in registers) is transposed by 4 passes; a band of 2^m < 16 rows by
+ * m passes (16 columns of 2^m bytes each come out, in order); a strip of 2^m < 16 columns of
+ * 16 rows, loaded as 16 rows of 2^m bytes, by 4 passes (2^m output rows of 16 bytes). Other
+ * ragged edges go one byte at a time; floats take 4 x 4 blocks. A permutation: the result is
+ * the same on every path. */
+#include <string.h>
+
 #include "edgekit/kernels.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+typedef __m128i ek_v16;
+static inline ek_v16 v_load(const void* p) { return _mm_loadu_si128((const __m128i*)p); }
+static inline void v_store(void* p, ek_v16 v) { _mm_storeu_si128((__m128i*)p, v); }
+static inline void v_zip(ek_v16 a, ek_v16 b, ek_v16* lo, ek_v16* hi) {
+  *lo = _mm_unpacklo_epi8(a, b);
+  *hi = _mm_unpackhi_epi8(a, b);
+}
+#define EK_T_VEC 1
 #elif defined(__ARM_NEON)
 #include <arm_neon.h>
+typedef int8x16_t ek_v16;
+static inline ek_v16 v_load(const void* p) { return vld1q_s8((const int8_t*)p); }
+static inline void v_store(void* p, ek_v16 v) { vst1q_s8((int8_t*)p, v); }
+static inline void v_zip(ek_v16 a, ek_v16 b, ek_v16* lo, ek_v16* hi) {
+  const int8x16x2_t z = vzipq_s8(a, b);
+  *lo = z.val[0];
+  *hi = z.val[1];
+}
+#define EK_T_VEC 1
+#else
+#define EK_T_VEC 0
 #endif
 
-#if defined(__SSE2__) || defined(__ARM_NEON)
-static void block16_x8(const int8_t* src, size_t ss, int8_t* dst, size_t ds) {
-#if defined(__SSE2__)
-  __m128i a[16], b[16];
-  for (int i = 0; i < 16; i++) a[i] = _mm_loadu_si128((const __m128i*)(src + (size_t)i * ss));
-  for (int pass = 0; pass < 4; pass++) {
-    __m128i* x = pass & 1 ? b : a;
-    __m128i* y = pass & 1 ? a : b;
-    for (int i = 0; i < 8; i++) {
-      y[2 * i] = _mm_unpacklo_epi8(x[i], x[i + 8]);
-      y[2 * i + 1] = _mm_unpackhi_epi8(x[i], x[i + 8]);
-    }
+#if EK_T_VEC
+/* `passes` perfect-shuffle passes over the n (a power of two, <= 16) registers of x */
+static inline __attribute__((always_inline)) void shuffle(ek_v16* x, int n, int passes) {
+  ek_v16 t[16];
+  for (int pass = 0; pass < passes; pass++) {
+    for (int i = 0; i < n / 2; i++) v_zip(x[i], x[i + n / 2], &t[2 * i], &t[2 * i + 1]);
+    for (int i = 0; i < n; i++) x[i] = t[i];
   }
-  for (int i = 0; i < 16; i++) _mm_storeu_si128((__m128i*)(dst + (size_t)i * ds), a[i]);
-#else
-  int8x16_t a[16], b[16];
-  for (int i = 0; i < 16; i++) a[i] = vld1q_s8(src + (size_t)i * ss);
-  for (int pass = 0; pass < 4; pass++) {
-    int8x16_t* x = pass & 1 ? b : a;
-    int8x16_t* y = pass & 1 ? a : b;
-    for (int i = 0; i < 8; i++) {
-      int8x16x2_t z = vzipq_s8(x[i], x[i + 8]);
-      y[2 * i] = z.val[0];
-      y[2 * i + 1] = z.val[1];
-    }
-  }
-  for (int i = 0; i < 16; i++) vst1q_s8(dst + (size_t)i * ds, a[i]);
-#endif
 }
 
+static void block16(const int8_t* src, size_t ss, int8_t* dst, size_t ds) {
+  ek_v16 x[16];
+  for (int i = 0; i < 16; i++) x[i] = v_load(src + (size_t)i * ss);
+  shuffle(x, 16, 4);
+  for (int i = 0; i < 16; i++) v_store(dst + (size_t)i * ds, x[i]);
+}
+
+/* h (2, 4 or 8) rows x 16 columns: column c's h bytes land at dst + c * ds */
+static inline __attribute__((always_inline)) void band(int h, int m, const int8_t* src, size_t ss, int8_t* dst,
+                                                       size_t ds) {
+  ek_v16 x[8];
+  for (int i = 0; i < h; i++) x[i] = v_load(src + (size_t)i * ss);
+  shuffle(x, h, m);
+  if (ds == (size_t)h) { /* the columns are contiguous: 16 * h bytes */
+    for (int i = 0; i < h; i++) v_store(dst + (size_t)i * 16, x[i]);
+    return;
+  }
+  int8_t t[128];
+  for (int i = 0; i < h; i++) v_store(t + i * 16, x[i]);
+  for (int c = 0; c < 16; c++) memcpy(dst + (size_t)c * ds, t + c * h, (size_t)h);
+}
+
+/* 16 rows x w (2, 4 or 8) columns: output row c (16 bytes) at dst + c * ds */
+static inline __attribute__((always_inline)) void strip(int w, const int8_t* src, size_t ss, int8_t* dst,
+                                                        size_t ds) {
+  int8_t t[128];
+  for (int r = 0; r < 16; r++) memcpy(t + r * w, src + (size_t)r * ss, (size_t)w);
+  ek_v16 x[8];
+  for (int i = 0; i < w; i++) x[i] = v_load(t + i * 16);
+  shuffle(x, w, 4);
+  for (int i = 0; i < w; i++) v_store(dst + (size_t)i * ds, x[i]);
+}
+#endif
+
+void ek_x8_transpose(size_t rows, size_t cols, const int8_t* src, size_t ss, int8_t* dst, size_t ds) {
+  size_t r0 = 0;
+#if EK_T_VEC
+  for (; r0 + 16 <= rows; r0 += 16) { /* bands of 16 rows: 16 x 16 blocks, then strips */
+    size_t c0 = 0;
+    for (; c0 + 16 <= cols; c0 += 16) block16(src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+    for (int w = 8; w >= 2; w /= 2) {
+      if (cols - c0 < (size_t)w) continue;
+      if (w == 8) strip(8, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+      else if (w == 4) strip(4, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+      else strip(2, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+      c0 += (size_t)w;
+    }
+    for (size_t c = c0; c < cols; c++)
+      for (size_t r = r0; r < r0 + 16; r++) dst[c * ds + r] = src[r * ss + c];
+  }
+  for (int h = 8; h >= 2; h /= 2) { /* fewer than 16 rows left: bands of 8, 4, 2 */
+    if (rows - r0 < (size_t)h) continue;
+    size_t c0 = 0;
+    for (; c0 + 16 <= cols; c0 += 16) {
+      if (h == 8) band(8, 3, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+      else if (h == 4) band(4, 2, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+      else band(2, 1, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+    }
+    for (size_t c = c0; c < cols; c++)
+      for (size_t r = r0; r < r0 + (size_t)h; r++) dst[c * ds + r] = src[r * ss + c];
+    r0 += (size_t)h;
+  }
+#endif
+  for (size_t c = 0; c < cols; c++)
+    for (size_t r = r0; r < rows; r++) dst[c * ds + r] = src[r * ss + c];
+}
+
+/* floats: 4 x 4 blocks, two passes of the same shuffle on 4-byte lanes */
+#if defined(__SSE2__) || defined(__ARM_NEON)
 static void block4_x32(const float* src, size_t ss, float* dst, size_t ds) {
 #if defined(__SSE2__)
   __m128 a[4], b[4];
@@ -74,31 +147,20 @@ static void block4_x32(const float* src, size_t ss, float* dst, size_t ds) {
 #endif
 }
 #else
-static void block16_x8(const int8_t* src, size_t ss, int8_t* dst, size_t ds) {
-  for (size_t c = 0; c < 16; c++)
-    for (size_t r = 0; r < 16; r++) dst[c * ds + r] = src[r * ss + c];
-}
 static void block4_x32(const float* src, size_t ss, float* dst, size_t ds) {
   for (size_t c = 0; c < 4; c++)
     for (size_t r = 0; r < 4; r++) dst[c * ds + r] = src[r * ss + c];
 }
 #endif
 
-/* One element type's driver: whole B x B blocks through the vector block, the rest one by one.
- * Blocks go along a band of B source rows, so the band's rows stay in cache while it is read. */
-#define EK_TRANSPOSE_FN(name, T, B, block)                                                   \
-  void name(size_t rows, size_t cols, const T* src, size_t ss, T* dst, size_t ds) {          \
-    size_t r0 = 0;                                                                           \
-    for (; r0 + B <= rows; r0 += B) {                                                         \
-      size_t c0 = 0;                                                                         \
-      for (; c0 + B <= cols; c0 += B) block(src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds); \
-      for (size_t c = c0; c < cols; c++)                                                     \
-        for (size_t r = r0; r < r0 + B; r++) dst[c * ds + r] = src[r * ss + c];              \
-    }                                                                                        \
-    for (size_t c = 0; c < cols; c++)                                                        \
-      for (size_t r = r0; r < rows; r++) dst[c * ds + r] = src[r * ss + c];                  \
+void ek_x32_transpose(size_t rows, size_t cols, const float* src, size_t ss, float* dst, size_t ds) {
+  size_t r0 = 0;
+  for (; r0 + 4 <= rows; r0 += 4) {
+    size_t c0 = 0;
+    for (; c0 + 4 <= cols; c0 += 4) block4_x32(src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+    for (size_t c = c0; c < cols; c++)
+      for (size_t r = r0; r < r0 + 4; r++) dst[c * ds + r] = src[r * ss + c];
   }
-
-EK_TRANSPOSE_FN(ek_x8_transpose, int8_t, 16, block16_x8)
-EK_TRANSPOSE_FN(ek_x32_transpose, float, 4, block4_x32)
-#undef EK_TRANSPOSE_FN
+  for (size_t c = 0; c < cols; c++)
+    for (size_t r = r0; r < rows; r++) dst[c * ds + r] = src[r * ss + c];
+}
