@@ -563,6 +563,24 @@ def test_transposes_on_blocks_and_ragged_edges_keep_the_reference():
         np.testing.assert_array_equal(g, w)
 
 
+def test_float_binary_split_over_threads_keeps_the_bits(monkeypatch):
+    """F_BINARY's rows run as tasks (ek_for_rows): on 1, 2 and 4 threads, every op split, the
+    reference's bits on each layout (full, a row broadcast, a column broadcast)."""
+    monkeypatch.setenv("EKRT_WORK_PER_THREAD", "0")
+    b = Builder(19)
+    x = b.input((1, 8, 64, 300), scale=0.04, zp=0)  # 153,600 floats: 10 tasks of 16 K elements
+    f = b.to_float(x)
+    for k, other in enumerate((b.fconst((1, 8, 64, 300)), b.fconst((1, 1, 1, 300)), b.fconst((1, 8, 64, 1)))):
+        b.float_output(b.fbinary(f, other, "Mul"), f"mul{k}")
+        b.float_output(b.fbinary(other, f, "Sub"), f"sub{k}")
+    blob = b.finish()
+    xs = inputs_for(b, 5)
+    want = reference(b, xs)
+    for threads in (1, 2, 4):
+        for g, w in zip(_ekrt.Model(blob, threads=threads).run(xs), want):
+            np.testing.assert_array_equal(g.view(np.uint32), w.view(np.uint32))
+
+
 def _max_in_order(v: np.ndarray, axes) -> np.ndarray:
     """F_REDUCE max as its loop defines it: in the input's order, a value replaces the running
     maximum only when greater, so the first NaN and the first of equal values (-0 before +0) stay."""
