@@ -1,7 +1,7 @@
 /* LUT_CHANNEL rows with AVX2 (ops.c): y[r][c] = T[c][x[r][c] + 128], one 256-byte table per
  * innermost channel. No byte gather exists: VPGATHERDD fetches the dword at T + c * 256 + x + 128
- * for 8 channels at once and its low bytes are the answers (the tables' copy carries 3 bytes of
- * padding past the last table, EK_CLUT_PAD, so the dword read of a last entry stays inside).
+ * for 8 channels at once and its low bytes are the answers (the tables' copy carries EK_CLUT_PAD
+ * bytes of padding past the last table, so the dword read of its last entry stays inside).
  * 8 outputs per ~9 instructions where the scalar loop takes ~6 per output; channels past the
  * last multiple of 8 of a row are looked up one by one. */
 #include "edgekit/kernels.h"

@@ -56,11 +56,10 @@ static void block16(const int8_t* src, size_t ss, int8_t* dst, size_t ds) {
 }
 
 /* h (2, 4 or 8) rows x 16 columns: column c's h bytes land at dst + c * ds */
-static inline __attribute__((always_inline)) void band(int h, int m, const int8_t* src, size_t ss, int8_t* dst,
-                                                       size_t ds) {
+static inline __attribute__((always_inline)) void band(int h, const int8_t* src, size_t ss, int8_t* dst, size_t ds) {
   ek_v16 x[8];
   for (int i = 0; i < h; i++) x[i] = v_load(src + (size_t)i * ss);
-  shuffle(x, h, m);
+  shuffle(x, h, h == 8 ? 3 : h == 4 ? 2 : 1); /* log2(h) passes */
   if (ds == (size_t)h) { /* the columns are contiguous: 16 * h bytes */
     for (int i = 0; i < h; i++) v_store(dst + (size_t)i * 16, x[i]);
     return;
@@ -102,9 +101,9 @@ void ek_x8_transpose(size_t rows, size_t cols, const int8_t* src, size_t ss, int
     if (rows - r0 < (size_t)h) continue;
     size_t c0 = 0;
     for (; c0 + 16 <= cols; c0 += 16) {
-      if (h == 8) band(8, 3, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
-      else if (h == 4) band(4, 2, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
-      else band(2, 1, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+      if (h == 8) band(8, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds); /* constants after inlining */
+      else if (h == 4) band(4, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+      else band(2, src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
     }
     for (size_t c = c0; c < cols; c++)
       for (size_t r = r0; r < r0 + (size_t)h; r++) dst[c * ds + r] = src[r * ss + c];
