@@ -126,20 +126,32 @@ def edgekit_default(case: Case, out: Path) -> Column:
     save_model(result.model, out)
     rounding = ((result.auto_ranges or {}).get("rounding") or {}).get("chosen")
     weights = f", {rounding} weights (auto's choice)" if rounding else ""
+    bias = (result.auto_ranges or {}).get("bias")
+    weights += (", biases corrected (auto's choice)" if bias["chosen"] else ", biases as they were (auto's choice)") if bias else ""
     return Column(out, time.perf_counter() - t0, f"{EDGEKIT_METHOD}, {host_scheme().activation_dtype} activations{weights}")
+
+
+def _edgekit_with(case: Case, out: Path, option: str) -> Column:
+    loaded = load_model(case.src)
+    calib = FeedSet(case.calib.feeds, f"{case.name} calib")
+    heldout = FeedSet(case.heldout.feeds[:1], f"{case.name} held-out")
+    method = f"{EDGEKIT_METHOD}+{option}"
+    t0 = time.perf_counter()
+    result = quantize_model(loaded, host_scheme(), calib, heldout, method=method)
+    save_model(result.model, out)
+    return Column(out, time.perf_counter() - t0, method)
 
 
 def edgekit_nearest(case: Case, out: Path) -> Column:
     """``edgekit`` with ``+nearest``: every weight rounded to its nearest step (``auto`` as it was
     before it could choose GPTQ's rounding): what that choice adds, in the same run."""
-    loaded = load_model(case.src)
-    calib = FeedSet(case.calib.feeds, f"{case.name} calib")
-    heldout = FeedSet(case.heldout.feeds[:1], f"{case.name} held-out")
-    method = f"{EDGEKIT_METHOD}+nearest"
-    t0 = time.perf_counter()
-    result = quantize_model(loaded, host_scheme(), calib, heldout, method=method)
-    save_model(result.model, out)
-    return Column(out, time.perf_counter() - t0, method)
+    return _edgekit_with(case, out, "nearest")
+
+
+def edgekit_nobias(case: Case, out: Path) -> Column:
+    """``edgekit`` with ``+nobias``: the biases as the float model has them (``auto`` as it was
+    before it could choose to correct them): what that choice adds, in the same run."""
+    return _edgekit_with(case, out, "nobias")
 
 
 def _native(case: Case, out: Path, avx2: bool) -> Column:
@@ -304,6 +316,7 @@ def _better(a, b) -> bool:
 COLUMNS: dict[str, Callable[[Case, Path], Column]] = {
     "edgekit": edgekit_default,
     "edgekit +nearest": edgekit_nearest,
+    "edgekit +nobias": edgekit_nobias,
     "ORT default": ort_default,
     "ORT best": ort_best,
     "ekrt": ekrt_scheme,  # --columns ekrt,"ekrt AVX2": ekrt's schemes (not in the default set)

@@ -175,6 +175,12 @@ def test_the_gptq_option_is_parsed_and_checked():
         parse_method("auto+gptq+gptq")
 
 
+def test_the_bias_options_are_parsed_and_checked():
+    assert [parse_method(m).bias for m in ("auto", "auto+bias", "auto+nobias", "minmax", "mse+bias", "auto+gptq")] == ["decide", "on", "off", "off", "on", "decide"]
+    with pytest.raises(UsageError, match=r"corrected and uncorrected biases \(\+bias and \+nobias\)"):
+        parse_method("auto+bias+nobias")
+
+
 def test_the_rounded_integers_are_what_rewrite_and_bias_correction_use():
     model, shape = _conv_net(seed=4)
     analysis = analyze(prepare(model, (IOSpec("x", shape, "float32"),)), SCHEME)
@@ -231,6 +237,38 @@ def test_auto_keeps_gptq_only_where_it_lowers_the_output_error(tmp_path, monkeyp
     assert lost.auto_ranges["rounding"]["chosen"] == "nearest" and not lost.analysis.rounded
     assert lost.auto_ranges["rounding"]["error_gptq"] > lost.auto_ranges["rounding"]["error_nearest"]
     assert lost.model.SerializeToString() == nearest.model.SerializeToString()
+
+
+def test_auto_corrects_the_biases_only_where_that_lowers_the_output_error(tmp_path, monkeypatch):
+    from edgekit.quantize import equalize
+
+    model, shape = _conv_net(3)  # its rounding errors shift the depthwise layer's mean: correcting halves auto's error
+    calib, held = _feeds(shape, 16), _feeds(shape, 8, seed=2)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+
+    def q(method):
+        return quantize_model(loaded, SCHEME, FeedSet(calib, "c"), FeedSet(held, "h"), method=method)
+
+    auto, forced, as_is = q("auto"), q("auto+bias"), q("auto+nobias")
+    rec = auto.auto_ranges["bias"]
+    assert rec["chosen"] and rec["error_corrected"] < 0.7 * rec["error_as_is"], rec
+    assert "bias" not in forced.auto_ranges and "bias" not in as_is.auto_ranges
+    assert auto.model.SerializeToString() == forced.model.SerializeToString()  # the same model as asking for it
+    assert auto.model.SerializeToString() != as_is.model.SerializeToString()
+    # a correction that errs more is dropped, and every trace of it with it
+    real = equalize.correct_biases
+
+    def wrong(model, analysis, means, scheme, originals):
+        replaced = real(model, analysis, means, scheme, originals)
+        for name, b in replaced.items():  # the shift turned around and tripled
+            analysis.consts[name] = (b - 3 * (analysis.consts[name] - b)).astype(b.dtype)
+        return replaced
+
+    monkeypatch.setattr(equalize, "correct_biases", wrong)
+    lost = q("auto")
+    assert not lost.auto_ranges["bias"]["chosen"] and lost.auto_ranges["bias"]["error_corrected"] > lost.auto_ranges["bias"]["error_as_is"]
+    assert lost.model.SerializeToString() == as_is.model.SerializeToString()
 
 
 def test_layers_reading_the_same_patches_share_one_hessian():

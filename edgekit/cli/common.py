@@ -41,7 +41,8 @@ Method = Annotated[
     str,
     typer.Option(
         "--method",
-        help=f"Calibration method: {', '.join(METHODS)}; add +clip (MSE weight clipping), +bias (bias correction), "
+        help=f"Calibration method: {', '.join(METHODS)}; add +clip (MSE weight clipping), +bias (bias correction; auto "
+        "corrects the biases where that lowers the error at the outputs), +nobias (never), "
         "+cle (cross-layer equalization), +smooth[=alpha] (SmoothQuant scales into LayerNorm/MatMul constants), "
         "+gptq (weights rounded against the layers' inputs; auto keeps that rounding where it lowers the error at the outputs), "
         "+nearest (weights rounded to the nearest step), e.g. mse+clip+bias; "

@@ -188,7 +188,7 @@ def _quantize_model(
     if smoothing and smoothing.smoothed:
         analysis = analyze(prepared, scheme, exclude)  # ranges are calibrated on the smoothed activations
     sample = ElementSample(len(calibration.feeds))
-    means = ChannelMeans(equalize.bias_inputs(prepared, analysis)) if recipe.bias_correction else None
+    means = ChannelMeans(equalize.bias_inputs(prepared, analysis)) if recipe.bias != "off" else None
     candidates: dict | None = {} if recipe.ranges == "auto" else None
     learned = rounding.layers(prepared, analysis) if recipe.rounding != "nearest" else []
     ranges = collect_ranges(
@@ -208,19 +208,23 @@ def _quantize_model(
     gptq = rounding.round_layers(learned, scheme, analysis.consts) if learned else {}
     unbiased: dict = {}
 
-    def use_rounding(rounded) -> None:
-        """Round the weights as ``rounded`` says ({}: to nearest), the biases corrected for it."""
+    def use_weights(rounded, corrected: bool) -> None:
+        """Round the weights as ``rounded`` says ({}: to nearest), the biases corrected for that
+        rounding when ``corrected`` (else as they were)."""
         analysis.rounded = dict(rounded)
-        if means is not None:
-            equalize.restore_biases(prepared, analysis, unbiased, scheme)
+        equalize.restore_biases(prepared, analysis, unbiased, scheme)
+        unbiased.clear()
+        if corrected and means is not None:
             unbiased.update(equalize.correct_biases(prepared, analysis, means, scheme, originals))
 
-    use_rounding(gptq if recipe.rounding == "gptq" else {})
+    use_weights(gptq if recipe.rounding == "gptq" else {}, recipe.bias == "on")
     auto_ranges = None
     if candidates is not None:  # auto: by the error at the outputs (after CLE/clip/bias, on the model that ships)
         float_wide_concats(prepared, analysis, {t: c["minmax"] for t, c in candidates.items()})
         decide = gptq if recipe.rounding == "decide" else None
-        ranges, auto_ranges = autorange.choose(prepared, analysis, scheme, candidates, calibration.feeds, rounded=decide, use_rounding=use_rounding)
+        ranges, auto_ranges = autorange.choose(
+            prepared, analysis, scheme, candidates, calibration.feeds, rounded=decide, use_weights=use_weights, bias=recipe.bias,
+        )
     else:
         float_wide_concats(prepared, analysis, ranges)
     t2 = time.perf_counter()

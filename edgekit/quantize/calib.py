@@ -347,7 +347,9 @@ class Recipe:
     ``mse+clip+bias+cle``: MSE activation ranges, weights clipped per channel by MSE, biases
     corrected for the weights' rounding, cross-layer equalization before calibration; ``+gptq``:
     weights rounded against the layers' inputs (``quantize.rounding``); ``auto`` rounds them so
-    when that lowers its output error (``rounding`` "decide"), ``+nearest`` never does."""
+    when that lowers its output error (``rounding`` "decide"), ``+nearest`` never does; likewise
+    ``auto`` corrects the biases when that lowers its output error (``bias`` "decide"), ``+bias``
+    always does, ``+nobias`` never."""
 
     ranges: str = "minmax"
     weight_clip: bool = False
@@ -356,6 +358,7 @@ class Recipe:
     smooth: float | str | None = None  # +smooth[=alpha]: SmoothQuant's migration strength, or "auto" (quantize.smooth)
     gptq: bool = False  # +gptq: weights rounded against the layers' float inputs (quantize.rounding)
     nearest: bool = False  # +nearest: weights rounded to the nearest step, auto does not try GPTQ
+    nobias: bool = False  # +nobias: biases as they are, auto does not try correcting them
 
     @property
     def passes(self) -> int:
@@ -371,9 +374,17 @@ class Recipe:
             return "gptq" if self.gptq else "nearest"
         return "decide" if self.ranges == "auto" else "nearest"
 
+    @property
+    def bias(self) -> str:
+        """Whether the biases are corrected for the weights' rounding: "on" (``+bias``), "off", or
+        "decide" (``auto``: where it lowers the error at the outputs, see ``autorange.choose``)."""
+        if self.bias_correction or self.nobias:
+            return "on" if self.bias_correction else "off"
+        return "decide" if self.ranges == "auto" else "off"
+
 
 # The ``+`` options of a --method, and the Recipe field each one sets.
-OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize", "smooth": "smooth", "gptq": "gptq", "nearest": "nearest"}
+OPTIONS = {"clip": "weight_clip", "bias": "bias_correction", "cle": "equalize", "smooth": "smooth", "gptq": "gptq", "nearest": "nearest", "nobias": "nobias"}
 SMOOTH_ALPHA = "auto"  # +smooth without a value: per tensor, the alpha with the least simulated int8 error, or none
 
 
@@ -409,6 +420,8 @@ def parse_method(text: str) -> Recipe:
             raise UsageError(f"+{opt} takes no value, got '+{item}' in --method '{text}'", hint)
     if flags.get("gptq") and flags.get("nearest"):
         raise UsageError(f"--method '{text}' asks for two weight roundings (+gptq and +nearest)", "keep one: +gptq rounds against the layers' inputs, +nearest to the nearest step")
+    if flags.get("bias_correction") and flags.get("nobias"):
+        raise UsageError(f"--method '{text}' asks for corrected and uncorrected biases (+bias and +nobias)", "keep one: +bias corrects them, +nobias leaves them as they are")
     return Recipe(base, **flags)
 
 
@@ -442,9 +455,9 @@ class ChannelMeans:
 
     def add(self, name: str, value: np.ndarray) -> None:
         axis = self.axes[name] % max(value.ndim, 1)
-        moved = np.moveaxis(value.astype(np.float64), axis, 0).reshape(value.shape[axis], -1)
-        self.sums[name] = self.sums.get(name, 0.0) + moved.sum(axis=1)
-        self.counts[name] = self.counts.get(name, 0) + moved.shape[1]
+        others = tuple(i for i in range(value.ndim) if i != axis)  # summed in float64 without a float64 copy
+        self.sums[name] = self.sums.get(name, 0.0) + value.sum(axis=others, dtype=np.float64)
+        self.counts[name] = self.counts.get(name, 0) + value.size // max(value.shape[axis], 1)
 
     def get(self, name: str) -> np.ndarray | None:
         return self.sums[name] / self.counts[name] if self.counts.get(name) else None
