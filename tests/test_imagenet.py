@@ -1,5 +1,6 @@
-"""EfficientNet-Lite0 read from its registry wheel without torch (tests/imagenet.py): the network
-written as ONNX names real photos as ImageNet does, and the .pth reader takes tensors only."""
+"""EfficientNet-Lite0 and -Lite1 read from their registry wheels without torch (tests/imagenet.py):
+the networks written as ONNX name real photos as ImageNet does, and the .pth reader takes tensors
+only."""
 
 from __future__ import annotations
 
@@ -16,25 +17,55 @@ EXPECTED = {"sklearn:flower.jpg": 985, "skimage:chelsea.png": 285, "skimage:coff
             "skimage:motorcycle_left.png": 665}  # fmt: skip
 
 
-def _centre(spec: str) -> np.ndarray:
+# Lite1 calls the rocket's launch tower 540 (drilling platform), at 0.10: the other five as Lite0.
+EXPECTED_LITE1 = {k: v for k, v in EXPECTED.items() if k != "skimage:rocket.jpg"}
+
+
+def _centre(spec: str, size: int = imagenet.SIZE) -> np.ndarray:
     im = imagenet._photo(spec)
     side = min(im.size)
     x0, y0 = (im.width - side) // 2, (im.height - side) // 2
-    crop = im.crop((x0, y0, x0 + side, y0 + side)).resize((imagenet.SIZE, imagenet.SIZE), Image.BILINEAR)
+    crop = im.crop((x0, y0, x0 + side, y0 + side)).resize((size, size), Image.BILINEAR)
     return ((np.asarray(crop, np.float32) - 127.0) / 128.0).transpose(2, 0, 1)[None]
 
 
 @pytest.mark.realmodels
-def test_converted_efficientnet_lite0_names_the_photos():
+@pytest.mark.parametrize(("name", "expected"), [("efficientnet-lite0", EXPECTED), ("efficientnet-lite1", EXPECTED_LITE1)])
+def test_converted_efficientnet_lite_names_the_photos(name, expected):
     from realmodels import real_model
 
-    m = real_model("efficientnet-lite0")
+    m = real_model(name)
     try:
-        feeds = [{"input": _centre(spec)} for spec in EXPECTED]
+        feeds = [{"input": _centre(spec, m.inputs["input"][-1])} for spec in expected]
     except (LookupError, FileNotFoundError) as exc:
         pytest.skip(f"photos unavailable: {exc}")
     got = [int(out[0].argmax()) for out in run_outputs(m.locate(), feeds, reference=False)]
-    assert got == list(EXPECTED.values())
+    assert got == list(expected.values())
+
+
+def test_the_block_table_is_read_from_the_weights():
+    """Lite0's 16 blocks and Lite1's 21 (ceil(1.1 x) repeats, the first and last stage's kept), from
+    the shapes alone: a stage starts where the output width changes and strides as STAGES says."""
+
+    def fake(repeats):
+        sd, i = {}, 0
+        for (_, k, _, expand, cin, cout), r in zip(imagenet.STAGES, repeats):
+            for j in range(r):
+                c = cin if j == 0 else cout
+                if expand != 1:
+                    sd[f"_blocks.{i}._expand_conv.weight"] = np.zeros((c * expand, c, 1, 1))
+                sd[f"_blocks.{i}._depthwise_conv.weight"] = np.zeros((c * expand, 1, k, k))
+                sd[f"_blocks.{i}._project_conv.weight"] = np.zeros((cout, c * expand, 1, 1))
+                i += 1
+        return sd
+
+    lite0 = imagenet.blocks(fake([1, 2, 2, 3, 3, 4, 1]))
+    assert len(lite0) == 16 and [b[1] for b in lite0] == [1, 2, 1, 2, 1, 2, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1]
+    assert [b[3] for b in lite0] == [False, False, True, False, True, False, True, True, False, True, True, False, True, True, True, False]
+    assert [b[0] for b in lite0][:4] == [3, 3, 3, 5] and not lite0[0][2] and all(b[2] for b in lite0[1:])
+    assert len(imagenet.blocks(fake([1, 3, 3, 4, 4, 5, 1]))) == 21
+    with pytest.raises(ValueError, match="6 stages, not 7"):
+        imagenet.blocks(fake([1, 2, 2, 3, 3, 4, 0]))
 
 
 def test_photo_sets_share_no_photo_and_samples_are_deterministic():
