@@ -159,6 +159,24 @@ def test_the_figure_is_the_metric_of_the_outputs(models):
     assert result.check.value > 1.0
 
 
+def test_top1_disagreements_are_counted_and_near_ties_named():
+    """Where fp32's own two best classes are within NEAR_TIE in probability, a flip is int8 noise
+    deciding a coin toss: the line says how many of the disagreements are such, logits or
+    probabilities alike."""
+    sure, tie = np.log([0.9, 0.05, 0.05]), np.log([0.40, 0.38, 0.22])  # margins 0.85 and 0.02
+    ref = [np.stack([sure, tie, tie, sure])]
+    q = [np.stack([tie[[1, 0, 2]], tie[[1, 0, 2]], tie, sure])]  # flips one sure and one tied sample
+    assert threshold.near_ties(ref, q) == (2, 1)
+    assert threshold.near_ties([np.exp(ref[0])], q) == (2, 1)  # already probabilities: the same
+    assert threshold.near_ties([np.zeros((4, 3, 5))], [np.zeros((4, 3, 5))]) is None  # no class vector
+    c = threshold.check({"p": list(ref[0][:, None])}, {"p": list(q[0][:, None])}, metric="top1", threshold=None)
+    assert (c.value, c.passed, c.disagreements, c.near_ties) == (50.0, False, 2, 1)
+    assert "1 of its 2 disagreements are near-ties (fp32's own top two within 0.05 probability)" in c.line()
+    assert threshold.Check.from_dict(c.to_dict()) == c
+    cos = threshold.check({"p": list(ref[0][:, None])}, {"p": list(q[0][:, None])}, metric="cosine", threshold=None)
+    assert cos.disagreements is None and "near-ties" not in cos.line()
+
+
 def test_threshold_flag_moves_the_goal(models):
     root = models["cosine"]
     broken, _ = _quantize(root, "calib-x40.npz", metric="cosine")
