@@ -107,6 +107,30 @@ def test_a_layers_hessian_gives_its_output_error_for_any_weight_error():
         assert predicted == pytest.approx(measured, rel=1e-4), name
 
 
+def test_depthwise_hessians_split_over_threads_are_the_same_to_the_bit(monkeypatch):
+    """Channel ranges on a pool of 4 (every layer split, down to 2 channels a part) sum what one
+    thread sums: the Hessians, and so GPTQ's integers, are identical."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, shape = _conv_net()
+    model = prepare(model, (IOSpec("x", shape, "float32"),))
+    feeds, analysis = _feeds(shape, 3), analyze(model, SCHEME)
+    alone = rounding.layers(model, analysis)
+    _collect(model, alone, feeds)
+    calls = []
+    real = rounding._by_channels
+    monkeypatch.setattr(rounding, "_by_channels", lambda fn, c, w: calls.append(c) or real(fn, c, w))
+    monkeypatch.setattr(rounding, "_pool", lambda: (ThreadPoolExecutor(4), 4))
+    monkeypatch.setattr(rounding, "SPLIT_WORK", 0)
+    monkeypatch.setattr(rounding, "SPLIT_CHANNELS", 2)
+    split = rounding.layers(model, analysis)
+    _collect(model, split, feeds)
+    assert calls == [8, 8, 8]  # the depthwise layer's 8 channels, one call per sample, 4 parts each
+    for a, b in zip(alone, split):
+        assert np.array_equal(a.hessian, b.hessian), a.node.name
+    assert all(np.array_equal(x, y) for x, y in zip(rounding.round_layers(alone, SCHEME).values(), rounding.round_layers(split, SCHEME).values()))
+
+
 def test_gptq_rounds_to_nearest_when_the_inputs_are_uncorrelated_and_beats_it_when_they_are():
     rng = np.random.default_rng(3)
     W = rng.standard_normal((16, 24))

@@ -21,7 +21,10 @@ sample (a seeded subsample), so the cost does not grow with the image size.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
@@ -62,8 +65,13 @@ class Layer:
         fifth of the collection's time)."""
         rng = self.rng
         if self.node.op_type == "Conv":
-            p = self._patches(x, rng)  # (C or 1, K, L), float32
-            h = np.einsum("ckn,cln->ckl", p, p, optimize=True) if self.depthwise else p[0] @ p[0].T
+            cols = self._positions(x, rng)
+            if self.depthwise:  # one K x K Hessian per channel: channels split over the cores, each the same sums
+                taps = self.w.shape[2] * self.w.shape[3]
+                h = _by_channels(lambda a, b: _grams(self._patches(x[:, a:b], cols)), x.shape[1], taps * taps * len(cols))
+            else:
+                p = self._patches(x, cols)  # (1, C*K*K, L), float32
+                h = p[0] @ p[0].T
         else:  # Gemm / MatMul: the last axis is the reduction
             rows = x.reshape(-1, x.shape[-1]).astype(np.float32, copy=False)
             if rows.shape[0] > COLUMNS:
@@ -75,18 +83,60 @@ class Layer:
             self.hessian = h
         self.samples += 1
 
-    def _patches(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """(C, K*K, L) for a depthwise Conv, else (1, C*K*K, L): input patches in ``W``'s column order."""
+    def _out_hw(self, x: np.ndarray) -> tuple[int, int]:
         n = self.node
         kh, kw = self.w.shape[2:]
         s, p = attr(n, "strides", [1, 1]), attr(n, "pads", [0, 0, 0, 0])
+        return (x.shape[2] + p[0] + p[2] - kh) // s[0] + 1, (x.shape[3] + p[1] + p[3] - kw) // s[1] + 1
+
+    def _positions(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The output positions (flat, sorted) whose input patches one sample adds: at most COLUMNS."""
+        ho, wo = self._out_hw(x)
+        return np.sort(rng.choice(ho * wo, size=min(COLUMNS, ho * wo), replace=False))
+
+    def _patches(self, x: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """(C, K*K, L) for a depthwise Conv, else (1, C*K*K, L): the input patches of the output
+        positions ``cols``, in ``W``'s column order."""
+        n = self.node
+        kh, kw = self.w.shape[2:]
+        s, p = attr(n, "strides", [1, 1]), attr(n, "pads", [0, 0, 0, 0])
+        wo = self._out_hw(x)[1]
         x = np.pad(x[0].astype(np.float32, copy=False), ((0, 0), (p[0], p[2]), (p[1], p[3])))
-        c, ho, wo = x.shape[0], (x.shape[1] - kh) // s[0] + 1, (x.shape[2] - kw) // s[1] + 1
-        cols = np.sort(rng.choice(ho * wo, size=min(COLUMNS, ho * wo), replace=False))
+        c = x.shape[0]
         oy, ox = np.divmod(cols, wo)
         ky, kx = np.divmod(np.arange(kh * kw), kw)
         v = x[:, oy[None, :] * s[0] + ky[:, None], ox[None, :] * s[1] + kx[:, None]]  # C, K, L: only the positions drawn
         return v if self.depthwise else v.reshape(1, c * kh * kw, -1)
+
+
+def _grams(p: np.ndarray) -> np.ndarray:
+    """p p^T of each (K, L) of ``p`` (C, K, L)."""
+    return np.einsum("ckn,cln->ckl", p, p, optimize=True)
+
+
+SPLIT_WORK = 4_000_000  # multiply-adds of a sample's depthwise Hessians below which one thread does them
+SPLIT_CHANNELS = 16  # channels per part, at least
+
+
+@functools.lru_cache(maxsize=1)
+def _pool() -> tuple[ThreadPoolExecutor | None, int]:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    return (ThreadPoolExecutor(cores, thread_name_prefix="edgekit-gptq") if cores > 1 else None), cores
+
+
+def _by_channels(fn: Callable[[int, int], np.ndarray], channels: int, per_channel: int) -> np.ndarray:
+    """``fn(0, channels)``, computed as channel ranges on every core when the work pays for it
+    (numpy's einsum runs one thread, and releases the GIL): each channel's sums are the ones
+    ``fn`` makes alone, so the result is the same to the bit."""
+    pool, cores = _pool()
+    parts = min(cores, channels // SPLIT_CHANNELS, channels * per_channel // max(SPLIT_WORK, 1)) if pool is not None else 1
+    if parts <= 1:
+        return fn(0, channels)
+    cuts = np.linspace(0, channels, parts + 1).round().astype(int)
+    return np.concatenate(list(pool.map(fn, cuts[:-1], cuts[1:])))
 
 
 def layers(model: onnx.ModelProto, analysis: Analysis) -> list[Layer]:
