@@ -101,9 +101,13 @@ class Layer:
         kh, kw = self.w.shape[2:]
         s, p = attr(n, "strides", [1, 1]), attr(n, "pads", [0, 0, 0, 0])
         wo = self._out_hw(x)[1]
+        oy, ox = np.divmod(cols, wo)
+        if kh == kw == 1 and not any(p):  # a 1x1: the positions' pixels, no padded copy of the input
+            flat = x[0].astype(np.float32, copy=False).reshape(x.shape[1], -1)
+            v = np.take(flat, oy * s[0] * x.shape[3] + ox * s[1], axis=1)
+            return v[:, None, :] if self.depthwise else v[None]
         x = np.pad(x[0].astype(np.float32, copy=False), ((0, 0), (p[0], p[2]), (p[1], p[3])))
         c = x.shape[0]
-        oy, ox = np.divmod(cols, wo)
         ky, kx = np.divmod(np.arange(kh * kw), kw)
         v = x[:, oy[None, :] * s[0] + ky[:, None], ox[None, :] * s[1] + kx[:, None]]  # C, K, L: only the positions drawn
         return v if self.depthwise else v.reshape(1, c * kh * kw, -1)
