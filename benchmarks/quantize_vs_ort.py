@@ -117,29 +117,30 @@ EDGEKIT_METHOD = DEFAULT_METHOD  # --edgekit-method
 REPEATS = 1  # --repeats
 
 
-def edgekit_default(case: Case, out: Path) -> Column:
+def _edgekit(case: Case, out: Path, method: str, scheme=None):
+    """``quantize_model`` with ``method`` (and ``scheme``: the host's for ONNX Runtime by default),
+    the file written: the result and the seconds both took (its held-out report on one sample: not timed)."""
     loaded = load_model(case.src)
     calib = FeedSet(case.calib.feeds, f"{case.name} calib")
-    heldout = FeedSet(case.heldout.feeds[:1], f"{case.name} held-out")  # its own report: not timed
+    heldout = FeedSet(case.heldout.feeds[:1], f"{case.name} held-out")
     t0 = time.perf_counter()
-    result = quantize_model(loaded, host_scheme(), calib, heldout, method=EDGEKIT_METHOD)
+    result = quantize_model(loaded, scheme or host_scheme(), calib, heldout, method=method)
     save_model(result.model, out)
+    return result, time.perf_counter() - t0
+
+
+def edgekit_default(case: Case, out: Path) -> Column:
+    result, seconds = _edgekit(case, out, EDGEKIT_METHOD)
     rounding = ((result.auto_ranges or {}).get("rounding") or {}).get("chosen")
     weights = f", {rounding} weights (auto's choice)" if rounding else ""
     bias = (result.auto_ranges or {}).get("bias")
     weights += (", biases corrected (auto's choice)" if bias["chosen"] else ", biases as they were (auto's choice)") if bias else ""
-    return Column(out, time.perf_counter() - t0, f"{EDGEKIT_METHOD}, {host_scheme().activation_dtype} activations{weights}")
+    return Column(out, seconds, f"{EDGEKIT_METHOD}, {host_scheme().activation_dtype} activations{weights}")
 
 
 def _edgekit_with(case: Case, out: Path, option: str) -> Column:
-    loaded = load_model(case.src)
-    calib = FeedSet(case.calib.feeds, f"{case.name} calib")
-    heldout = FeedSet(case.heldout.feeds[:1], f"{case.name} held-out")
     method = f"{EDGEKIT_METHOD}+{option}"
-    t0 = time.perf_counter()
-    result = quantize_model(loaded, host_scheme(), calib, heldout, method=method)
-    save_model(result.model, out)
-    return Column(out, time.perf_counter() - t0, method)
+    return Column(out, _edgekit(case, out, method)[1], method)
 
 
 def edgekit_nearest(case: Case, out: Path) -> Column:
@@ -157,20 +158,15 @@ def edgekit_nobias(case: Case, out: Path) -> Column:
 def _native(case: Case, out: Path, avx2: bool) -> Column:
     from edgekit.quantize import SCHEMES
 
-    loaded = load_model(case.src)
-    calib = FeedSet(case.calib.feeds, f"{case.name} calib")
-    heldout = FeedSet(case.heldout.feeds[:1], f"{case.name} held-out")
     if avx2:
         from ekrt_threads import native_avx2_scheme  # benchmarks/ekrt_threads.py
 
         scheme = native_avx2_scheme()
     else:
         scheme = SCHEMES["native"]
-    t0 = time.perf_counter()
-    result = quantize_model(loaded, scheme, calib, heldout, method=EDGEKIT_METHOD)
-    save_model(result.model, out)
+    seconds = _edgekit(case, out, EDGEKIT_METHOD, scheme)[1]
     weights = "7-bit GEMM weights, 8-bit depthwise" if avx2 else "8-bit weights"
-    return Column(out, time.perf_counter() - t0, f"{EDGEKIT_METHOD}, ekrt's scheme: int8 activations, {weights}")
+    return Column(out, seconds, f"{EDGEKIT_METHOD}, ekrt's scheme: int8 activations, {weights}")
 
 
 def ekrt_scheme(case: Case, out: Path) -> Column:

@@ -60,13 +60,14 @@ class Metric:
         return reference - max_drop - 1e-9
 
 
-def _class_output(outs: Outputs) -> int | None:
+def class_output(outs: Outputs) -> int | None:
+    """The index of the first class-vector output ([N, classes]), None without one."""
     return next((i for i, a in enumerate(outs) if a.ndim == 2 and a.shape[1] > 1), None)
 
 
 def _top1(labels: np.ndarray | None) -> Callable[[Outputs, Outputs], float]:
     def score(ref: Outputs, q: Outputs) -> float:
-        i = _class_output(ref)
+        i = class_output(ref)
         if i is None:
             raise UsageError("--metric top1 needs a class-vector output ([N, classes]); this model has none", "use --metric cosine (or iou, ctc, a module.py:fn)")
         if labels is not None and len(labels) == len(q[i]):
@@ -175,7 +176,7 @@ def metric_for(spec: str | None, ref: Outputs, labels: np.ndarray | None) -> Met
     """The metric ``spec`` names; None or 'auto': top1 for a class-vector output, else cosine."""
     check_metric(spec)
     if spec is None or spec == "auto":
-        if _class_output(ref) is not None:
+        if class_output(ref) is not None:
             return Metric("top1", _top1(labels), why="default for a class-vector output" + (", against the labels" if labels is not None else ""))
         return Metric("cosine", _cosine, why="default for outputs that are not class vectors")
     builtin = {"top1": _top1(labels), "cosine": _cosine, "snr": _snr, "iou": _iou, "ctc": _ctc}

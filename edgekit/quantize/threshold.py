@@ -120,7 +120,7 @@ def check(
 def near_ties(ref: Sequence[np.ndarray], q: Sequence[np.ndarray]) -> tuple[int, int] | None:
     """(disagreements, of them near-ties) of int8's top-1 against fp32's on the first class-vector
     output; None without one."""
-    i = next((k for k, a in enumerate(ref) if a.ndim == 2 and a.shape[1] > 1), None)
+    i = mixed.class_output(ref)  # the output the top1 metric scores
     if i is None:
         return None
     r = ref[i].astype(np.float64)
