@@ -427,6 +427,31 @@ def test_depthwise_with_run_time_indirection():
     np.testing.assert_array_equal(model.run(xs)[0], want)
 
 
+# im2col's runs of interior pixels (copied kernel row by kernel row) and its per-pixel edges: a
+# stem conv's 9-byte rows (3x3 RGB, stride 2), 6-byte rows, rows over 16 bytes, a kernel wider
+# than the padded-free interior (no runs at all), more than 16 kernel rows (no kept row pointers),
+# a stride over the kernel, asymmetric pads
+@pytest.mark.parametrize("dims,kernel,stride,pads", [
+    ((1, 3, 23, 37), (3, 3), (2, 2), (1, 1, 1, 1)),
+    ((1, 3, 8, 40), (3, 3), (1, 1), (0, 2, 1, 0)),
+    ((1, 2, 9, 21), (3, 3), (2, 2), (1, 1, 1, 1)),
+    ((1, 6, 7, 19), (3, 5), (1, 3), (2, 2, 0, 3)),
+    ((1, 3, 6, 5), (3, 7), (1, 1), (1, 3, 1, 3)),
+    ((1, 3, 20, 9), (17, 3), (1, 1), (8, 1, 8, 1)),
+    ((1, 4, 11, 30), (2, 2), (3, 3), (0, 0, 0, 0)),
+])
+def test_im2col_geometries_match_the_reference(dims, kernel, stride, pads):
+    b = Builder(5)
+    x = b.input(dims)
+    b.output(b.conv(x, 13, kernel, stride=stride, pads=pads))
+    model = _ekrt.Model(b.finish())
+    xs = inputs_for(b, 2)
+    want = reference(b, xs)[0]
+    np.testing.assert_array_equal(model.run(xs)[0], want)
+    model.set_threads(2)
+    np.testing.assert_array_equal(model.run(xs)[0], want)
+
+
 def _concat(b: Builder, xs, axis, same=False):
     dims = list(b.t(xs[0]).dims)
     dims[axis] = sum(b.t(x).dims[axis] for x in xs)

@@ -177,50 +177,88 @@ static inline void copy_bytes(int8_t* dst, const int8_t* src, size_t n) {
 
 #define EK_IM2COL_ROWS 16 /* kernel heights up to this keep their input row pointers per output row */
 
+/* np consecutive pixels' taps of one kernel row: pixel p's kwc bytes from src + p * step to
+ * dst + p * k (src NULL: a padding row, zx) */
+static void im2col_run(int8_t* dst, size_t k, const int8_t* src, size_t step, size_t kwc, size_t np, int zx) {
+  if (!src) {
+    for (size_t p = 0; p < np; p++, dst += k) memset(dst, zx, kwc);
+  } else if (kwc >= 8 && kwc <= 16) { /* a stem conv's 3 x 3 RGB taps: kwc = 9 */
+    const size_t tail = kwc - 8;
+    for (size_t p = 0; p < np; p++, dst += k, src += step) {
+      uint64_t lo, hi;
+      memcpy(&lo, src, 8);
+      memcpy(&hi, src + tail, 8);
+      memcpy(dst, &lo, 8);
+      memcpy(dst + tail, &hi, 8);
+    }
+  } else {
+    for (size_t p = 0; p < np; p++, dst += k, src += step) copy_bytes(dst, src, kwc);
+  }
+}
+
 static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t r0, size_t rows, int8_t* a) {
-  size_t cg = s->cg, kwc = s->geo.kw * cg;
-  /* one group, no dilation: a kernel row's taps are kw*C contiguous input bytes */
-  int rows_contiguous = s->groups == 1 && s->geo.dw == 1;
-  size_t ox = r0 % s->geo.ow, oy = (r0 / s->geo.ow) % s->geo.oh, n = r0 / (s->geo.ow * s->geo.oh);
+  /* the geometry in locals: the copies store bytes, which as far as the compiler knows may alias
+   * *s (a stem conv's im2col reloaded its fields: 127 instructions an output pixel) */
+  const size_t cg = s->cg, k = s->k, kh = s->geo.kh, kw = s->geo.kw, sh = s->geo.sh, sw = s->geo.sw;
+  const size_t dh = s->geo.dh, dw = s->geo.dw, h = s->geo.h, w = s->geo.w, c = s->geo.c;
+  const size_t oh = s->geo.oh, ow = s->geo.ow, kwc = kw * cg, row_bytes = w * c;
+  const int64_t pt = (int64_t)s->geo.pt, pl = (int64_t)s->geo.pl, span = (int64_t)((kw - 1) * dw);
+  const int zx = s->zx;
+  /* one group, no dilation, few kernel rows: the output pixels ox in [ox_lo, ox_hi) read kw*C
+   * contiguous input bytes per kernel row, and go kernel row by kernel row, as runs */
+  const int runs = s->groups == 1 && dw == 1 && kh <= EK_IM2COL_ROWS;
+  size_t ox_lo = (size_t)((pl + (int64_t)sw - 1) / (int64_t)sw), ox_hi = 0;
+  if ((int64_t)w + pl - span > 0) ox_hi = ek_min_sz(ow, (size_t)(((int64_t)w + pl - span - 1) / (int64_t)sw) + 1);
+  size_t ox = r0 % ow, oy = (r0 / ow) % oh, n = r0 / (ow * oh);
   const int8_t* rowp[EK_IM2COL_ROWS]; /* this output row's input rows (NULL: padding) */
   int fresh = 0;
-  for (size_t r = 0; r < rows; r++) {
-    if (!fresh && s->geo.kh <= EK_IM2COL_ROWS) {
-      for (size_t ky = 0; ky < s->geo.kh; ky++) {
-        int64_t iy = (int64_t)(oy * s->geo.sh + ky * s->geo.dh) - (int64_t)s->geo.pt;
-        rowp[ky] = iy < 0 || iy >= (int64_t)s->geo.h ? NULL : x + (n * s->geo.h + (size_t)iy) * s->geo.w * s->geo.c + g * cg;
+  for (size_t r = 0; r < rows;) {
+    if (!fresh && kh <= EK_IM2COL_ROWS) {
+      for (size_t ky = 0; ky < kh; ky++) {
+        int64_t iy = (int64_t)(oy * sh + ky * dh) - pt;
+        rowp[ky] = iy < 0 || iy >= (int64_t)h ? NULL : x + (n * h + (size_t)iy) * row_bytes + g * cg;
       }
       fresh = 1;
     }
-    int8_t* dst = a + r * s->k;
-    int64_t ix0 = (int64_t)(ox * s->geo.sw) - (int64_t)s->geo.pl;
-    int inside_x = ix0 >= 0 && ix0 + (int64_t)((s->geo.kw - 1) * s->geo.dw) < (int64_t)s->geo.w;
-    for (size_t ky = 0; ky < s->geo.kh; ky++, dst += kwc) {
-      const int8_t* row;
-      if (s->geo.kh <= EK_IM2COL_ROWS) {
-        row = rowp[ky];
-      } else {
-        int64_t iy = (int64_t)(oy * s->geo.sh + ky * s->geo.dh) - (int64_t)s->geo.pt;
-        row = iy < 0 || iy >= (int64_t)s->geo.h ? NULL : x + (n * s->geo.h + (size_t)iy) * s->geo.w * s->geo.c + g * cg;
-      }
-      if (!row) {
-        memset(dst, s->zx, kwc);
-      } else if (rows_contiguous && inside_x) {
-        copy_bytes(dst, row + (size_t)ix0 * s->geo.c, kwc);
-      } else {
-        for (size_t kx = 0; kx < s->geo.kw; kx++) {
-          int64_t ix = ix0 + (int64_t)(kx * s->geo.dw);
-          if (ix < 0 || ix >= (int64_t)s->geo.w)
-            memset(dst + kx * cg, s->zx, cg);
+    int8_t* dst = a + r * k;
+    const int64_t ix0 = (int64_t)(ox * sw) - pl;
+    size_t np = 1;
+    if (runs && ox >= ox_lo && ox < ox_hi) {
+      np = ek_min_sz(ox_hi - ox, rows - r);
+      for (size_t ky = 0; ky < kh; ky++)
+        im2col_run(dst + ky * kwc, k, rowp[ky] ? rowp[ky] + (size_t)ix0 * c : NULL, sw * c, kwc, np, zx);
+    } else {
+      for (size_t ky = 0; ky < kh; ky++, dst += kwc) {
+        const int8_t* row;
+        if (kh <= EK_IM2COL_ROWS) {
+          row = rowp[ky];
+        } else {
+          int64_t iy = (int64_t)(oy * sh + ky * dh) - pt;
+          row = iy < 0 || iy >= (int64_t)h ? NULL : x + (n * h + (size_t)iy) * row_bytes + g * cg;
+        }
+        if (!row) {
+          memset(dst, zx, kwc);
+          continue;
+        }
+        if (s->groups == 1 && dw == 1 && ix0 >= 0 && ix0 + span < (int64_t)w) {
+          copy_bytes(dst, row + (size_t)ix0 * c, kwc);
+          continue;
+        }
+        for (size_t kx = 0; kx < kw; kx++) {
+          int64_t ix = ix0 + (int64_t)(kx * dw);
+          if (ix < 0 || ix >= (int64_t)w)
+            memset(dst + kx * cg, zx, cg);
           else
-            copy_bytes(dst + kx * cg, row + (size_t)ix * s->geo.c, cg);
+            copy_bytes(dst + kx * cg, row + (size_t)ix * c, cg);
         }
       }
     }
-    if (++ox == s->geo.ow) { /* next output pixel without a division per row */
+    r += np;
+    ox += np;
+    if (ox == ow) { /* next output row without a division per pixel */
       ox = 0;
       fresh = 0;
-      if (++oy == s->geo.oh) {
+      if (++oy == oh) {
         oy = 0;
         n++;
       }

@@ -64,7 +64,9 @@ static void quantize_rows(struct ekrt_model* m, struct ek_op* op, size_t r0, siz
           size_t nc = ek_min_sz(4, C - c0);
           for (size_t c = 0; c < nc; c++) cvt(nw, src + ((n * C + c0 + c) * H + h) * W + w0, tmp[c], &p);
           int8_t* o = out + w0 * C + c0;
-          if (nc == 3) /* RGB, the common input: one pass */
+          if (nc == 3 && C == 3) /* RGB, the common input: vector interleave */
+            ek_x8_transpose(3, nw, tmp[0], 256, o, 3);
+          else if (nc == 3)
             for (size_t w = 0; w < nw; w++, o += C) o[0] = tmp[0][w], o[1] = tmp[1][w], o[2] = tmp[2][w];
           else
             for (size_t c = 0; c < nc; c++)

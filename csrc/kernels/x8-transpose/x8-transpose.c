@@ -81,9 +81,50 @@ static inline __attribute__((always_inline)) void strip(int w, const int8_t* src
 }
 #endif
 
+/* 3 rows of 16 bytes -> 16 columns of 3 contiguous bytes (an image's R, G and B planes -> its
+ * pixels: the QUANTIZE of an NCHW RGB input) */
+static void columns3(const int8_t* src, size_t ss, int8_t* dst) {
+#if defined(__SSE2__)
+  /* unpacks make 4 registers of 4 pixels as (r, g, b, 0) words; each then drops its zero bytes:
+   * in each 64-bit half, (p0 | p1 << 24), then the high half's 6 bytes move down next to the
+   * low half's 6, and the 12 bytes are stored (the next store overwrites the 4 past them) */
+  const __m128i a = v_load(src), b = v_load(src + ss), c = v_load(src + 2 * ss), z = _mm_setzero_si128();
+  const __m128i ab_lo = _mm_unpacklo_epi8(a, b), ab_hi = _mm_unpackhi_epi8(a, b);
+  const __m128i c_lo = _mm_unpacklo_epi8(c, z), c_hi = _mm_unpackhi_epi8(c, z);
+  const __m128i q[4] = {_mm_unpacklo_epi16(ab_lo, c_lo), _mm_unpackhi_epi16(ab_lo, c_lo),
+                        _mm_unpacklo_epi16(ab_hi, c_hi), _mm_unpackhi_epi16(ab_hi, c_hi)};
+  const __m128i m24 = _mm_set1_epi64x(0xFFFFFF), m48 = _mm_set1_epi64x(0xFFFFFF000000);
+  const __m128i mid = _mm_set_epi64x(0xFFFFFFFF, (long long)0xFFFF000000000000ull); /* bytes 6..11 */
+  __m128i v[4];
+  for (int i = 0; i < 4; i++) {
+    const __m128i t = _mm_or_si128(_mm_and_si128(q[i], m24), _mm_and_si128(_mm_srli_epi64(q[i], 8), m48));
+    v[i] = _mm_or_si128(_mm_move_epi64(t), _mm_and_si128(_mm_srli_si128(t, 2), mid));
+  }
+  v_store(dst, v[0]);
+  v_store(dst + 12, v[1]);
+  v_store(dst + 24, v[2]);
+  _mm_storel_epi64((__m128i*)(void*)(dst + 36), v[3]);
+  const int32_t last = _mm_cvtsi128_si32(_mm_srli_si128(v[3], 8));
+  memcpy(dst + 44, &last, 4);
+#else
+  int8x16x3_t v;
+  v.val[0] = v_load(src);
+  v.val[1] = v_load(src + ss);
+  v.val[2] = v_load(src + 2 * ss);
+  vst3q_s8(dst, v);
+#endif
+}
+
 void ek_x8_transpose(size_t rows, size_t cols, const int8_t* src, size_t ss, int8_t* dst, size_t ds) {
   size_t r0 = 0;
 #if EK_T_VEC
+  if (rows == 3 && ds == 3) {
+    size_t c0 = 0;
+    for (; c0 + 16 <= cols; c0 += 16) columns3(src + c0, ss, dst + c0 * 3);
+    for (size_t c = c0; c < cols; c++)
+      for (size_t r = 0; r < 3; r++) dst[c * 3 + r] = src[r * ss + c];
+    return;
+  }
   for (; r0 + 16 <= rows; r0 += 16) { /* bands of 16 rows: 16 x 16 blocks, then strips */
     size_t c0 = 0;
     for (; c0 + 16 <= cols; c0 += 16) block16(src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
