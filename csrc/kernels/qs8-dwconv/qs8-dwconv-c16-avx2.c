@@ -44,23 +44,17 @@ static inline int64_t ek_load8(const int8_t* p, size_t nc) {
 /* A block of nc <= 8 channels from c0 (all channels of a slim network's first layers, or the
  * last block of 24, 40, 88): half a 16-channel block would idle, so two output pixels share the
  * registers, pixel p in the low 128-bit lane and p + 1 in the high one; the block's channels
- * 0-3 / 4-7 weights and constants are repeated in both lanes. `full`: nc == 8, a constant after
- * inlining (clang does not take the partial-load test out of the tap loop by itself). */
-static inline __attribute__((always_inline)) void ek_dwconv_c8x2(size_t nc, size_t c0, size_t output_width, size_t kernel_size, const int8_t* const* input,
-                           size_t input_step, const uint8_t* w, int8_t* output, size_t output_stride,
-                           const struct ek_requant_params* rq, const int full) {
-  const __m256i vzp = _mm256_set1_epi16((int16_t)rq->zp_out);
-  const __m128i vqmin = _mm_set1_epi8((int8_t)rq->qmin), vqmax = _mm_set1_epi8((int8_t)rq->qmax);
-  int32_t mult[8], shift[8];
-  memset(mult, 0, sizeof mult);
-  memset(shift, 0, sizeof shift);
-  memcpy(mult, rq->multiplier + c0, nc * sizeof(int32_t));
-  memcpy(shift, rq->shift + c0, nc * sizeof(int32_t));
-  const struct ek_rq_avx2 r_lo = ek_rq_avx2_init(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)mult)),
-                                                 _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)shift)));
-  const struct ek_rq_avx2 r_hi =
-      ek_rq_avx2_init(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(mult + 4))),
-                      _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(shift + 4))));
+ * 0-3 / 4-7 weights and constants are repeated in both lanes. Constants after inlining: `full`
+ * (nc == 8: clang does not take the partial-load test out of the tap loop by itself), `high`
+ * (both halves take the high33 requantization path) and, for a 3x3, the kernel size (the tap
+ * loop unrolls whole). */
+static inline __attribute__((always_inline)) void ek_c8x2_pixels(size_t nc, size_t c0, size_t output_width,
+                                                                 size_t kernel_size, const int8_t* const* input,
+                                                                 size_t input_step, const uint8_t* w, int8_t* output,
+                                                                 size_t output_stride, const struct ek_rq_avx2* r_lo,
+                                                                 const struct ek_rq_avx2* r_hi, __m256i vzp,
+                                                                 __m128i vqmin, __m128i vqmax, const int full,
+                                                                 const int high) {
   const __m256i bias_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)w));
   const __m256i bias_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(w + 32)));
   for (size_t p = 0; p < output_width; p += 2) {
@@ -79,7 +73,7 @@ static inline __attribute__((always_inline)) void ek_dwconv_c8x2(size_t nc, size
       acc_lo = _mm256_add_epi32(acc_lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(x0, x1), w_lo));
       acc_hi = _mm256_add_epi32(acc_hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(x0, x1), w_hi));
     }
-    const __m256i y_lo = ek_avx2_mul_by_multiplier(acc_lo, &r_lo), y_hi = ek_avx2_mul_by_multiplier(acc_hi, &r_hi);
+    const __m256i y_lo = ek_avx2_requant32(acc_lo, r_lo, high), y_hi = ek_avx2_requant32(acc_hi, r_hi, high);
     const __m256i v = _mm256_adds_epi16(_mm256_packs_epi32(y_lo, y_hi), vzp); /* lane L: pixel p + L, ch 0-7 */
     __m128i y = _mm_packs_epi16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     y = _mm_min_epi8(_mm_max_epi8(y, vqmin), vqmax);
@@ -87,6 +81,32 @@ static inline __attribute__((always_inline)) void ek_dwconv_c8x2(size_t nc, size
     ek_store_tail64(out, (uint64_t)_mm_cvtsi128_si64(y), full ? 8 : nc);
     if (two) ek_store_tail64(out + output_stride, (uint64_t)_mm_extract_epi64(y, 1), full ? 8 : nc);
   }
+}
+
+static void ek_dwconv_c8x2(size_t nc, size_t c0, size_t output_width, size_t kernel_size, const int8_t* const* input,
+                           size_t input_step, const uint8_t* w, int8_t* output, size_t output_stride,
+                           const struct ek_requant_params* rq) {
+  const __m256i vzp = _mm256_set1_epi16((int16_t)rq->zp_out);
+  const __m128i vqmin = _mm_set1_epi8((int8_t)rq->qmin), vqmax = _mm_set1_epi8((int8_t)rq->qmax);
+  int32_t mult[8], shift[8];
+  memset(mult, 0, sizeof mult);
+  memset(shift, 0, sizeof shift);
+  memcpy(mult, rq->multiplier + c0, nc * sizeof(int32_t));
+  memcpy(shift, rq->shift + c0, nc * sizeof(int32_t));
+  const struct ek_rq_avx2 r_lo = ek_rq_avx2_init(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)mult)),
+                                                 _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)shift)));
+  const struct ek_rq_avx2 r_hi =
+      ek_rq_avx2_init(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(mult + 4))),
+                      _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(shift + 4))));
+  if (nc == 8 && kernel_size == 9 && r_lo.high33 && r_hi.high33)
+    ek_c8x2_pixels(8, c0, output_width, 9, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp, vqmin, vqmax,
+                   1, 1);
+  else if (nc == 8)
+    ek_c8x2_pixels(8, c0, output_width, kernel_size, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp,
+                   vqmin, vqmax, 1, 0);
+  else
+    ek_c8x2_pixels(nc, c0, output_width, kernel_size, input, input_step, w, output, output_stride, &r_lo, &r_hi, vzp,
+                   vqmin, vqmax, 0, 0);
 }
 
 /* the output pixels of one 16-channel block (nc > 8 channels from c0); constants after
@@ -142,10 +162,7 @@ void ek_qs8_dwconv_ukernel_c16__avx2(size_t channels, size_t output_width, size_
   for (size_t c0 = 0; c0 < channels; c0 += 16, w += block_bytes) {
     const size_t nc = channels - c0 < 16 ? channels - c0 : 16;
     if (nc <= 8) {
-      if (nc == 8)
-        ek_dwconv_c8x2(8, c0, output_width, kernel_size, input, input_step, w, output, output_stride, rq, 1);
-      else
-        ek_dwconv_c8x2(nc, c0, output_width, kernel_size, input, input_step, w, output, output_stride, rq, 0);
+      ek_dwconv_c8x2(nc, c0, output_width, kernel_size, input, input_step, w, output, output_stride, rq);
       break;
     }
     int32_t mult[16], shift[16];
