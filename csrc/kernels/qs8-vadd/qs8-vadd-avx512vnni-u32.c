@@ -1,5 +1,7 @@
 /* qs8-vadd, 32 elements per iteration, AVX-512 (F/BW/VL; built at the avx512vnni level, no
- * VNNI instruction needed). TFLite's quantized Add, bit-exact; y may be a or b (in place). */
+ * VNNI instruction needed). TFLite's quantized Add, bit-exact; y may be a or b (in place). An
+ * input term whose multiplier is 2^30 with shift s <= 0 and left_shift + s >= 1 (the input at
+ * the larger scale) is a left shift by left_shift + s - 1 (qs8-vadd-avx2-u16.c says why). */
 #include "edgekit/kernels.h"
 
 #if EK_ENABLE_AVX512VNNI
@@ -10,23 +12,54 @@
 struct ek_vadd_consts {
   struct ek_rq_avx512 ra, rb, ro;
   __m512i a_zp, b_zp, vzp;
-  __m128i lift;
+  __m128i lift_a, lift_b; /* a power-of-two term's count is ls + s - 1, others' ls */
   __m256i qmin, qmax;
 };
 
-static inline __m256i ek_vadd32(__m256i a8, __m256i b8, const struct ek_vadd_consts* k) {
+static int ek_vadd_pow2(int32_t multiplier, int32_t shift, int32_t left_shift) {
+  return multiplier == (INT32_C(1) << 30) && shift <= 0 && left_shift + shift >= 1;
+}
+
+/* `pow2`, `high` (the high33 path) constants after inlining */
+static inline __attribute__((always_inline)) __m512i ek_vadd_term(__m512i d, __m128i lift, const struct ek_rq_avx512* r,
+                                                                  const int pow2, const int high) {
+  const __m512i x = _mm512_sll_epi32(d, lift);
+  if (pow2) return x;
+  return high ? ek_avx512_mul_high33(x, r) : ek_avx512_mul_by_multiplier(x, r);
+}
+
+static inline __attribute__((always_inline)) __m256i ek_vadd32(__m256i a8, __m256i b8, const struct ek_vadd_consts* k,
+                                                               const int pa, const int pb, const int high) {
   const __m512i va = _mm512_sub_epi16(_mm512_cvtepi8_epi16(a8), k->a_zp);
   const __m512i vb = _mm512_sub_epi16(_mm512_cvtepi8_epi16(b8), k->b_zp);
-  const __m512i a_lo = _mm512_sll_epi32(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(va)), k->lift);
-  const __m512i a_hi = _mm512_sll_epi32(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(va, 1)), k->lift);
-  const __m512i b_lo = _mm512_sll_epi32(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(vb)), k->lift);
-  const __m512i b_hi = _mm512_sll_epi32(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(vb, 1)), k->lift);
-  const __m512i s_lo = _mm512_add_epi32(ek_avx512_mul_by_multiplier(a_lo, &k->ra), ek_avx512_mul_by_multiplier(b_lo, &k->rb));
-  const __m512i s_hi = _mm512_add_epi32(ek_avx512_mul_by_multiplier(a_hi, &k->ra), ek_avx512_mul_by_multiplier(b_hi, &k->rb));
-  const __m256i y_lo = _mm512_cvtsepi32_epi16(ek_avx512_mul_by_multiplier(s_lo, &k->ro));
-  const __m256i y_hi = _mm512_cvtsepi32_epi16(ek_avx512_mul_by_multiplier(s_hi, &k->ro));
+  const __m512i a_lo = _mm512_cvtepi16_epi32(_mm512_castsi512_si256(va));
+  const __m512i a_hi = _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(va, 1));
+  const __m512i b_lo = _mm512_cvtepi16_epi32(_mm512_castsi512_si256(vb));
+  const __m512i b_hi = _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(vb, 1));
+  const __m512i s_lo = _mm512_add_epi32(ek_vadd_term(a_lo, k->lift_a, &k->ra, pa, high),
+                                        ek_vadd_term(b_lo, k->lift_b, &k->rb, pb, high));
+  const __m512i s_hi = _mm512_add_epi32(ek_vadd_term(a_hi, k->lift_a, &k->ra, pa, high),
+                                        ek_vadd_term(b_hi, k->lift_b, &k->rb, pb, high));
+  const __m512i o_lo = high ? ek_avx512_mul_high33(s_lo, &k->ro) : ek_avx512_mul_by_multiplier(s_lo, &k->ro);
+  const __m512i o_hi = high ? ek_avx512_mul_high33(s_hi, &k->ro) : ek_avx512_mul_by_multiplier(s_hi, &k->ro);
+  const __m256i y_lo = _mm512_cvtsepi32_epi16(o_lo), y_hi = _mm512_cvtsepi32_epi16(o_hi);
   const __m512i v = _mm512_adds_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(y_lo), y_hi, 1), k->vzp);
   return _mm256_min_epi8(_mm256_max_epi8(_mm512_cvtsepi16_epi8(v), k->qmin), k->qmax);
+}
+
+static inline __attribute__((always_inline)) void ek_vadd_loop(size_t n, const int8_t* a, const int8_t* b, int8_t* y,
+                                                               const struct ek_vadd_consts* k, const int pa,
+                                                               const int pb, const int high) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i va = _mm256_loadu_si256((const __m256i*)(a + i)), vb = _mm256_loadu_si256((const __m256i*)(b + i));
+    _mm256_storeu_si256((__m256i*)(y + i), ek_vadd32(va, vb, k, pa, pb, high));
+  }
+  if (i < n) {
+    const __mmask32 m = (__mmask32)((1u << (n - i)) - 1u);
+    const __m256i va = _mm256_maskz_loadu_epi8(m, a + i), vb = _mm256_maskz_loadu_epi8(m, b + i);
+    _mm256_mask_storeu_epi8(y + i, m, ek_vadd32(va, vb, k, pa, pb, high));
+  }
 }
 
 void ek_qs8_vadd_ukernel__avx512vnni_u32(size_t n, const int8_t* a, const int8_t* b, int8_t* y,
@@ -38,18 +71,22 @@ void ek_qs8_vadd_ukernel__avx512vnni_u32(size_t n, const int8_t* a, const int8_t
   k.a_zp = _mm512_set1_epi16((int16_t)p->a_zp);
   k.b_zp = _mm512_set1_epi16((int16_t)p->b_zp);
   k.vzp = _mm512_set1_epi16((int16_t)p->out_zp);
-  k.lift = _mm_cvtsi32_si128(p->left_shift);
+  const int pa = ek_vadd_pow2(p->a_multiplier, p->a_shift, p->left_shift);
+  const int pb = ek_vadd_pow2(p->b_multiplier, p->b_shift, p->left_shift);
+  k.lift_a = _mm_cvtsi32_si128(pa ? p->left_shift + p->a_shift - 1 : p->left_shift);
+  k.lift_b = _mm_cvtsi32_si128(pb ? p->left_shift + p->b_shift - 1 : p->left_shift);
   k.qmin = _mm256_set1_epi8((int8_t)p->qmin);
   k.qmax = _mm256_set1_epi8((int8_t)p->qmax);
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m256i va = _mm256_loadu_si256((const __m256i*)(a + i)), vb = _mm256_loadu_si256((const __m256i*)(b + i));
-    _mm256_storeu_si256((__m256i*)(y + i), ek_vadd32(va, vb, &k));
-  }
-  if (i < n) {
-    const __mmask32 m = (__mmask32)((1u << (n - i)) - 1u);
-    const __m256i va = _mm256_maskz_loadu_epi8(m, a + i), vb = _mm256_maskz_loadu_epi8(m, b + i);
-    _mm256_mask_storeu_epi8(y + i, m, ek_vadd32(va, vb, &k));
-  }
+  const int high = (pa || k.ra.high33) && (pb || k.rb.high33) && k.ro.high33;
+  if (high && pa && !pb)
+    ek_vadd_loop(n, a, b, y, &k, 1, 0, 1);
+  else if (high && !pa && pb)
+    ek_vadd_loop(n, a, b, y, &k, 0, 1, 1);
+  else if (high && pa && pb)
+    ek_vadd_loop(n, a, b, y, &k, 1, 1, 1);
+  else if (high)
+    ek_vadd_loop(n, a, b, y, &k, 0, 0, 1);
+  else /* the rest: pa and pb tested per vector */
+    ek_vadd_loop(n, a, b, y, &k, pa, pb, 0);
 }
 #endif
