@@ -191,6 +191,11 @@ static void im2col_run(int8_t* dst, size_t k, const int8_t* src, size_t step, si
       memcpy(dst, &lo, 8);
       memcpy(dst + tail, &hi, 8);
     }
+  } else if (kwc > 16 && kwc <= 256) { /* 16-byte moves inline, the last one overlapping: no memcpy call */
+    for (size_t p = 0; p < np; p++, dst += k, src += step) {
+      for (size_t o = 0; o + 16 < kwc; o += 16) memcpy(dst + o, src + o, 16);
+      memcpy(dst + kwc - 16, src + kwc - 16, 16);
+    }
   } else {
     for (size_t p = 0; p < np; p++, dst += k, src += step) copy_bytes(dst, src, kwc);
   }
