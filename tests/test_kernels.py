@@ -322,30 +322,37 @@ def test_x86_forcing_a_missing_isa_dies_with_sigill(x86_static):
 # ---- aarch64 under qemu ------------------------------------------------------------------
 
 
-def aarch64_compiler() -> tuple[list[str], str] | None:
+def aarch64_compilers() -> dict[str, tuple[list[str], str]]:
+    """The aarch64 cross compilers here, by name: (command, its objdump). Both are tested: the
+    device runner is built with zig (clang) first, gcc where zig is missing, and the two compile
+    the kernels' intrinsics and inline assembly differently."""
+    found = {}
     gnu = shutil.which("aarch64-linux-gnu-gcc")
     if gnu:
-        return [gnu], "aarch64-linux-gnu-objdump"
+        found["gcc"] = ([gnu], "aarch64-linux-gnu-objdump")
     try:
         import ziglang  # noqa: F401
     except ImportError:
-        return None
-    return [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-musl"], "llvm-objdump"
+        return found
+    # binutils' objdump reads any aarch64 object; llvm-objdump shows SDOT only with the feature on
+    objdump = "aarch64-linux-gnu-objdump" if shutil.which("aarch64-linux-gnu-objdump") else "llvm-objdump --mattr=+dotprod"
+    found["zig"] = ([sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-linux-musl"], objdump)
+    return found
 
 
-@pytest.fixture(scope="module")
-def aarch64_build(tmp_path_factory):
+@pytest.fixture(scope="module", params=["gcc", "zig"])
+def aarch64_build(request, tmp_path_factory):
     if not _qemu("aarch64"):
         pytest.skip("qemu-aarch64 is not installed (apt-get install qemu-user-static)")
-    found = aarch64_compiler()
-    if not found:
+    found = aarch64_compilers()
+    if request.param not in found:
         pytest.skip(
-            "no aarch64 cross compiler (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross, "
+            f"no {request.param} aarch64 cross compiler (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross, "
             "or pip install ziglang)"
         )
-    cc, objdump = found
+    cc, objdump = found[request.param]
     exe, ss, objects = build(
-        cc, "aarch64", tmp_path_factory.mktemp("aarch64"), ldflags=("-static",)
+        cc, "aarch64", tmp_path_factory.mktemp(f"aarch64-{request.param}"), ldflags=("-static",)
     )
     assert {"neon", "neondot"} <= set(ss.isas), f"the cross compiler left out {ss.skipped}"
     return exe, ss, objects, objdump
@@ -376,11 +383,11 @@ def test_aarch64_sdot_only_in_neondot_code(aarch64_build):
     exe, _, objects, objdump = aarch64_build
     r = _run([_qemu("aarch64"), "-cpu", "cortex-a72", str(exe), "--quick", "--run-all"])
     assert r.returncode in (-signal.SIGILL, 128 + signal.SIGILL), (r.returncode, r.stdout[-2000:])
-    tool = shutil.which(objdump)
-    if not tool:
+    tool, *options = objdump.split()
+    if not shutil.which(tool):
         return
     for obj in objects:
-        text = _run([tool, "-d", str(obj)]).stdout
+        text = _run([tool, *options, "-d", str(obj)]).stdout
         has_sdot = re.search(r"\bsdot\b", text) is not None
         assert has_sdot == ("neondot" in obj.stem.split("-")), (
             f"{obj.name}: sdot present = {has_sdot}"

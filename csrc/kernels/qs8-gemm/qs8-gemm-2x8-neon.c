@@ -54,6 +54,79 @@ static inline int8x16_t ek_load_tail16(const int8_t* p, size_t len) {
     EK_MLAL(1, 4, va1, vw4); EK_MLAL(1, 5, va1, vw5); EK_MLAL(1, 6, va1, vw6); EK_MLAL(1, 7, va1, vw7); \
   } while (0)
 
+#if defined(__aarch64__) && defined(__GNUC__)
+#define EK_MLAL_ASM 1
+/* The kr = 16 tile in GNU assembly (AArch64). clang (the zig compiler that builds device
+ * runners first) scheduled the intrinsics' SMULLs ahead of their SADALPs, ran out of the 32
+ * vector registers and shuffled accumulators with MOVs and a spill every k group: this kernel
+ * executed 16.2 M instructions on oww-embedding's Cortex-A72 path against gcc's 12.1 M. Here the
+ * registers are fixed: row 0's accumulators v16-v23 (column j in v16+j), row 1's v24-v31, a pair
+ * of weight columns v0-v1, the rows' 16 activations v2 / v3, products v4-v7. One pair of
+ * columns (J, J+1) of a k group, both rows: */
+#define EK_MLAL_PAIR(A0, A1, B0, B1)         \
+  "ldp q0, q1, [%[w]], #32\n\t"              \
+  "smull v4.8h, v2.8b, v0.8b\n\t"            \
+  "smull v5.8h, v2.8b, v1.8b\n\t"            \
+  "smull v6.8h, v3.8b, v0.8b\n\t"            \
+  "smull v7.8h, v3.8b, v1.8b\n\t"            \
+  "smlal2 v4.8h, v2.16b, v0.16b\n\t"         \
+  "smlal2 v5.8h, v2.16b, v1.16b\n\t"         \
+  "smlal2 v6.8h, v3.16b, v0.16b\n\t"         \
+  "smlal2 v7.8h, v3.16b, v1.16b\n\t"         \
+  "sadalp " A0 ".4s, v4.8h\n\t"              \
+  "sadalp " A1 ".4s, v5.8h\n\t"              \
+  "sadalp " B0 ".4s, v6.8h\n\t"              \
+  "sadalp " B1 ".4s, v7.8h\n\t"
+#define EK_MLAL_GROUP                                    \
+  EK_MLAL_PAIR("v16", "v17", "v24", "v25")               \
+  EK_MLAL_PAIR("v18", "v19", "v26", "v27")               \
+  EK_MLAL_PAIR("v20", "v21", "v28", "v29")               \
+  EK_MLAL_PAIR("v22", "v23", "v30", "v31")
+
+/* rows a0, a1 over k (k_main of it in whole groups of 16; the rest, zero-filled, in x0t / x1t
+ * when `tail`): each row's 8 column sums, columns 0-3 / 4-7, bias not added */
+static inline void ek_mlal_tile(const int8_t* a0, const int8_t* a1, const int8_t* wk, size_t k_main, int8x16_t x0t,
+                                int8x16_t x1t, size_t tail, int32x4_t* s0a, int32x4_t* s0b, int32x4_t* s1a,
+                                int32x4_t* s1b) {
+  size_t kk = 0;
+  int32x4_t r0a, r0b, r1a, r1b;
+  __asm__("movi v16.4s, #0\n\t" "movi v17.4s, #0\n\t" "movi v18.4s, #0\n\t" "movi v19.4s, #0\n\t"
+          "movi v20.4s, #0\n\t" "movi v21.4s, #0\n\t" "movi v22.4s, #0\n\t" "movi v23.4s, #0\n\t"
+          "movi v24.4s, #0\n\t" "movi v25.4s, #0\n\t" "movi v26.4s, #0\n\t" "movi v27.4s, #0\n\t"
+          "movi v28.4s, #0\n\t" "movi v29.4s, #0\n\t" "movi v30.4s, #0\n\t" "movi v31.4s, #0\n\t"
+          "cbz %[end], 2f\n\t"
+          "1:\n\t"
+          "ldr q2, [%[a0], %[kk]]\n\t"
+          "ldr q3, [%[a1], %[kk]]\n\t"
+          "add %[kk], %[kk], #16\n\t"
+          EK_MLAL_GROUP
+          "cmp %[kk], %[end]\n\t"
+          "b.lo 1b\n\t"
+          "2:\n\t"
+          "cbz %[tail], 3f\n\t"
+          "mov v2.16b, %[x0t].16b\n\t"
+          "mov v3.16b, %[x1t].16b\n\t"
+          EK_MLAL_GROUP
+          "3:\n\t"
+          "addp v16.4s, v16.4s, v17.4s\n\t" "addp v18.4s, v18.4s, v19.4s\n\t" "addp v16.4s, v16.4s, v18.4s\n\t"
+          "addp v20.4s, v20.4s, v21.4s\n\t" "addp v22.4s, v22.4s, v23.4s\n\t" "addp v20.4s, v20.4s, v22.4s\n\t"
+          "addp v24.4s, v24.4s, v25.4s\n\t" "addp v26.4s, v26.4s, v27.4s\n\t" "addp v24.4s, v24.4s, v26.4s\n\t"
+          "addp v28.4s, v28.4s, v29.4s\n\t" "addp v30.4s, v30.4s, v31.4s\n\t" "addp v28.4s, v28.4s, v30.4s\n\t"
+          "mov %[r0a].16b, v16.16b\n\t"
+          "mov %[r0b].16b, v20.16b\n\t"
+          "mov %[r1a].16b, v24.16b\n\t"
+          "mov %[r1b].16b, v28.16b\n\t"
+          : [r0a] "=w"(r0a), [r0b] "=w"(r0b), [r1a] "=w"(r1a), [r1b] "=w"(r1b), [w] "+r"(wk), [kk] "+r"(kk)
+          : [a0] "r"(a0), [a1] "r"(a1), [end] "r"(k_main), [tail] "r"(tail), [x0t] "w"(x0t), [x1t] "w"(x1t)
+          : "cc", "memory", "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v16", "v17", "v18", "v19", "v20", "v21",
+            "v22", "v23", "v24", "v25", "v26", "v27", "v28", "v29", "v30", "v31");
+  *s0a = r0a;
+  *s0b = r0b;
+  *s1a = r1a;
+  *s1b = r1b;
+}
+#endif
+
 static inline void ek_store8(int8_t* dst, int8x8_t v, size_t nj) {
   if (nj == 8) {
     vst1_s8(dst, v);
@@ -62,6 +135,22 @@ static inline void ek_store8(int8_t* dst, int8x8_t v, size_t nj) {
     vst1_s8(tmp, v);
     memcpy(dst, tmp, nj);
   }
+}
+
+/* two rows' column sums (columns 0-3 / 4-7) + bias, requantized, stored (row 1 first: c1 may
+ * alias c0) */
+static inline __attribute__((always_inline)) void ek_requant_store(int32x4_t s0a, int32x4_t s0b, int32x4_t s1a,
+                                                                   int32x4_t s1b, int32x4_t vb0123, int32x4_t vb4567,
+                                                                   int32x4_t vm_a, int32x4_t vm_b, int64x2_t n0,
+                                                                   int64x2_t n1, int64x2_t n2, int64x2_t n3,
+                                                                   int16x8_t vzp, int8x8_t vqmin, int8x8_t vqmax,
+                                                                   int8_t* c0, int8_t* c1, size_t nj) {
+  s0a = ek_neon_mul_by_multiplier(vaddq_s32(s0a, vb0123), vm_a, n0, n1);
+  s0b = ek_neon_mul_by_multiplier(vaddq_s32(s0b, vb4567), vm_b, n2, n3);
+  s1a = ek_neon_mul_by_multiplier(vaddq_s32(s1a, vb0123), vm_a, n0, n1);
+  s1b = ek_neon_mul_by_multiplier(vaddq_s32(s1b, vb4567), vm_b, n2, n3);
+  ek_store8(c1, ek_neon_narrow8(s1a, s1b, vzp, vqmin, vqmax), nj);
+  ek_store8(c0, ek_neon_narrow8(s0a, s0b, vzp, vqmin, vqmax), nj);
 }
 
 /* kr: 8 (SMULL + SADALP) or 16 (SMULL + SMLAL2 + SADALP), a constant after inlining */
@@ -107,6 +196,18 @@ static inline __attribute__((always_inline)) void ek_gemm_2x8(size_t m, size_t n
       const int8_t* a1 = m - i > 1 ? a0 + a_stride : a0;
       int8_t* c0 = c + i * c_stride;
       int8_t* c1 = m - i > 1 ? c0 + c_stride : c0;
+#ifdef EK_MLAL_ASM
+      if (kr == 16) {
+        const size_t tail = k - k_main;
+        int8x16_t x0t = vdupq_n_s8(0), x1t = vdupq_n_s8(0);
+        if (tail) x0t = ek_load_tail16(a0 + k_main, tail), x1t = ek_load_tail16(a1 + k_main, tail);
+        int32x4_t s0a, s0b, s1a, s1b;
+        ek_mlal_tile(a0, a1, (const int8_t*)(w + 32), k_main, x0t, x1t, tail, &s0a, &s0b, &s1a, &s1b);
+        ek_requant_store(s0a, s0b, s1a, s1b, vb0123, vb4567, vm_a, vm_b, n0, n1, n2, n3, vzp, vqmin, vqmax, c0 + j0,
+                         c1 + j0, nj);
+        continue;
+      }
+#endif
       int32x4_t acc00 = vzero, acc01 = vzero, acc02 = vzero, acc03 = vzero;
       int32x4_t acc04 = vzero, acc05 = vzero, acc06 = vzero, acc07 = vzero;
       int32x4_t acc10 = vzero, acc11 = vzero, acc12 = vzero, acc13 = vzero;
@@ -143,16 +244,11 @@ static inline __attribute__((always_inline)) void ek_gemm_2x8(size_t m, size_t n
           EK_ROW_GROUP(1, va1)
         }
       }
-      int32x4_t s0a = vaddq_s32(vpaddq_s32(vpaddq_s32(acc00, acc01), vpaddq_s32(acc02, acc03)), vb0123);
-      int32x4_t s0b = vaddq_s32(vpaddq_s32(vpaddq_s32(acc04, acc05), vpaddq_s32(acc06, acc07)), vb4567);
-      int32x4_t s1a = vaddq_s32(vpaddq_s32(vpaddq_s32(acc10, acc11), vpaddq_s32(acc12, acc13)), vb0123);
-      int32x4_t s1b = vaddq_s32(vpaddq_s32(vpaddq_s32(acc14, acc15), vpaddq_s32(acc16, acc17)), vb4567);
-      s0a = ek_neon_mul_by_multiplier(s0a, vm_a, n0, n1);
-      s0b = ek_neon_mul_by_multiplier(s0b, vm_b, n2, n3);
-      s1a = ek_neon_mul_by_multiplier(s1a, vm_a, n0, n1);
-      s1b = ek_neon_mul_by_multiplier(s1b, vm_b, n2, n3);
-      ek_store8(c1 + j0, ek_neon_narrow8(s1a, s1b, vzp, vqmin, vqmax), nj);
-      ek_store8(c0 + j0, ek_neon_narrow8(s0a, s0b, vzp, vqmin, vqmax), nj);
+      ek_requant_store(vpaddq_s32(vpaddq_s32(acc00, acc01), vpaddq_s32(acc02, acc03)),
+                       vpaddq_s32(vpaddq_s32(acc04, acc05), vpaddq_s32(acc06, acc07)),
+                       vpaddq_s32(vpaddq_s32(acc10, acc11), vpaddq_s32(acc12, acc13)),
+                       vpaddq_s32(vpaddq_s32(acc14, acc15), vpaddq_s32(acc16, acc17)), vb0123, vb4567, vm_a, vm_b, n0,
+                       n1, n2, n3, vzp, vqmin, vqmax, c0 + j0, c1 + j0, nj);
     }
   }
 }
