@@ -1212,6 +1212,55 @@ def test_runner_reports_the_threads_it_chose(runner, every_op, tmp_path, monkeyp
     assert tiny_avx2["threads"] == 1, tiny_avx2
 
 
+# A LUT after the convolution whose output only it reads is folded in (the convolution applies
+# the table to each task's outputs): every conv path and a grouped one (tiles narrower than the
+# row), at 1-3 threads, give the reference's bytes; a LUT whose input another op reads too,
+# and one placed (by hand) on the bytes of the convolution's input, stay separate ops.
+_FUSE_CASES = {
+    "im2col": lambda b, x: b.lut(b.conv(x, 24, (3, 3))),
+    "direct_1x1": lambda b, x: b.lut(b.conv(x, 40, (1, 1), pads=(0, 0, 0, 0))),
+    "depthwise": lambda b, x: b.lut(b.conv(x, 12, (3, 3), group=12)),
+    "grouped": lambda b, x: b.lut(b.conv(x, 12, (3, 3), group=3)),
+    "fc": lambda b, x: b.lut(b.fc(b.simple(ekm.RESHAPE, [x], (1, 9 * 11 * 12), {0: 1}), 37)),
+    "two_readers": lambda b, x: (lambda c: b.add(b.lut(c), c))(b.conv(x, 12, (3, 3))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FUSE_CASES))
+def test_a_lut_after_a_convolution_is_fused_with_the_same_bytes(case, runner, tmp_path):
+    b = _one_op(_FUSE_CASES[case])
+    data = b.finish()
+    model = _ekrt.Model(data)
+    xs = inputs_for(b, 3)
+    want = reference(b, xs)[0]
+    for threads in (1, 2, 3):
+        model.set_threads(threads)
+        np.testing.assert_array_equal(model.run(xs)[0], want)
+    path = tmp_path / "m.ekm"
+    path.write_bytes(data)
+    r = _ekrt_cli(runner, "bench", path, "--json", "--iterations", "2", "--warmup", "0", "--profile")
+    assert r.returncode == 0, r.stderr
+    fused = [layer["op"] for layer in json.loads(r.stdout)["layers"] if layer.get("fused")]
+    assert fused == ([] if case == "two_readers" else ["LUT"])
+
+
+def test_a_lut_on_its_convolutions_input_bytes_is_not_fused(runner, tmp_path):
+    b = _one_op(lambda b, x: b.lut(b.conv(b.conv(x, 12, (1, 1), pads=(0, 0, 0, 0)), 12, (3, 3))))
+    b.finish()
+    j = next(j for j, op in enumerate(b.m.ops) if op.type == ekm.LUT)
+    conv, lut = b.m.ops[j - 1], b.m.ops[j]
+    assert conv.type == ekm.CONV2D and lut.inputs[0] == conv.outputs[0]
+    x, y = b.m.tensors[conv.inputs[0]], b.m.tensors[lut.outputs[0]]
+    y.offset = x.offset  # as a plan without the fusion rule may place it: x dies at the conv
+    data = ekm.to_bytes(b.m)
+    xs = inputs_for(b, 4)
+    np.testing.assert_array_equal(_ekrt.Model(data).run(xs)[0], reference(b, xs)[0])
+    path = tmp_path / "m.ekm"
+    path.write_bytes(data)
+    doc = json.loads(_ekrt_cli(runner, "bench", path, "--json", "--iterations", "1", "--warmup", "0", "--profile").stdout)
+    assert not any(layer.get("fused") for layer in doc["layers"])
+
+
 def test_runner_bench_json_is_the_agent_schema(runner, every_op, tmp_path):
     from edgekit.bench.record import make_record
 

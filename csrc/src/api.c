@@ -156,6 +156,10 @@ const char* ekrt_op_kernel(const ekrt_model* m, int op) {
   return o->type == EKM_CONV2D || o->type == EKM_FULLY_CONNECTED ? ek_conv_kernel(o) : NULL;
 }
 
+int ekrt_op_fused(const ekrt_model* m, int op) {
+  return m && op >= 0 && (uint32_t)op < m->n_ops && ek_op_fused(&m->ops[op]);
+}
+
 size_t ekrt_memory_bytes(const ekrt_model* m) {
   if (!m) return 0;
   return m->arena_size + m->weights_bytes + (size_t)m->threads * m->scratch_per_thread;

@@ -8,6 +8,7 @@
  *                                      per group
  * Padding reads the input's zero point (real zero). */
 #define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,6 +104,8 @@ struct conv_state {
   int32_t* mult;
   int32_t* shift;
   int32_t zp_out, qmin, qmax;
+  const uint8_t* lut; /* a LUT fused in (ek_conv_fuse_lut): its rotated table, applied to each
+                         task's outputs while they are in this core's cache; else NULL */
 };
 
 /* the run-time view handed to tasks */
@@ -115,6 +118,7 @@ struct conv_job {
    * pixel chunk) */
   size_t rows_per_task, row_blocks, col_blocks, cols_per_block;
   size_t px_per_task, px_chunks;
+  uint64_t id; /* this run of the op, unique (im2col_reuse) */
 };
 
 static void* aligned_alloc64(size_t n) {
@@ -128,6 +132,16 @@ static void gemm_cols(const struct conv_state* s, size_t g, size_t rows, const i
   size_t ch0 = g * s->mg + col0;
   struct ek_requant_params rq = {s->mult + ch0, s->shift + ch0, s->zp_out, s->qmin, s->qmax};
   s->gemm(rows, cols, s->k, a, a_stride, packed, y + ch0, y_stride, &rq);
+}
+
+/* a fused LUT over `rows` rows of `cols` outputs from column ch0 (row stride m), in place */
+static void apply_lut(const struct conv_state* s, int8_t* y, size_t rows, size_t ch0, size_t cols) {
+  const ek_x8_lut_fn lut = ek_kernels()->lut;
+  if (cols == s->m) {
+    lut(rows * cols, (const uint8_t*)y, (uint8_t*)y, s->lut);
+    return;
+  }
+  for (size_t r = 0; r < rows; r++) lut(cols, (const uint8_t*)(y + r * s->m + ch0), (uint8_t*)(y + r * s->m + ch0), s->lut);
 }
 
 /* task i = (group, row block, column block): its group, first row, rows, first column, columns */
@@ -158,6 +172,7 @@ static void task_direct(void* ctx, size_t i, int thread) {
     a_stride = s->k;
   }
   gemm_cols(s, t.g, t.rows, a, a_stride, j->y + t.r0 * s->m, s->m, t.c0, t.cols);
+  if (s->lut) apply_lut(s, j->y + t.r0 * s->m, t.rows, t.g * s->mg + t.c0, t.cols);
 }
 
 /* a copy of n bytes; the short ones (a stem conv's kw * C = 9) inline, not a library call */
@@ -271,14 +286,31 @@ static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t
   }
 }
 
+/* The rows a thread's scratch holds: a task whose column block differs from the one before it
+ * on the same thread (a range of tasks runs a row block's column blocks one after another)
+ * takes them as they are instead of building them again. */
+static _Thread_local struct {
+  uint64_t id;
+  int thread;
+  size_t g, r0;
+} im2col_reuse;
+static atomic_uint_fast64_t conv_runs;
+
 static void task_im2col(void* ctx, size_t i, int thread) {
   const struct conv_job* j = ctx;
   const struct conv_state* s = j->s;
   const struct tile t = task_tile(j, i);
   int8_t* a = (int8_t*)j->model->scratch + (size_t)thread * j->model->scratch_per_thread;
-  im2col(s, j->x, t.g, t.r0, t.rows, a);
-  if (s->flip) s->flip(t.rows, s->k, a, s->k, a);
+  if (im2col_reuse.id != j->id || im2col_reuse.thread != thread || im2col_reuse.g != t.g || im2col_reuse.r0 != t.r0) {
+    im2col(s, j->x, t.g, t.r0, t.rows, a);
+    if (s->flip) s->flip(t.rows, s->k, a, s->k, a);
+    im2col_reuse.id = j->id;
+    im2col_reuse.thread = thread;
+    im2col_reuse.g = t.g;
+    im2col_reuse.r0 = t.r0;
+  }
   gemm_cols(s, t.g, t.rows, a, s->k, j->y + t.r0 * s->m, s->m, t.c0, t.cols);
+  if (s->lut) apply_lut(s, j->y + t.r0 * s->m, t.rows, t.g * s->mg + t.c0, t.cols);
 }
 
 #define EK_DW_PIXELS 64                /* output pixels per indirection chunk (width-dilated depthwise) */
@@ -336,13 +368,14 @@ static void task_depthwise(void* ctx, size_t i, int thread) {
       fill_columns(s, j->x, n, oy, ind);
     size_t step = s->geo.sw * s->geo.kh;
     s->dwconv(s->geo.c, px1 - px0, ks, ind + px0 * step, step, s->packed, yrow + px0 * s->geo.c, s->geo.c, &rq);
-    return;
+  } else {
+    for (size_t ox0 = px0; ox0 < px1; ox0 += EK_DW_PIXELS) {
+      size_t np = ek_min_sz(EK_DW_PIXELS, px1 - ox0);
+      fill_indirection(s, j->x, n, oy, ox0, np, ind);
+      s->dwconv(s->geo.c, np, ks, ind, ks, s->packed, yrow + ox0 * s->geo.c, s->geo.c, &rq);
+    }
   }
-  for (size_t ox0 = px0; ox0 < px1; ox0 += EK_DW_PIXELS) {
-    size_t np = ek_min_sz(EK_DW_PIXELS, px1 - ox0);
-    fill_indirection(s, j->x, n, oy, ox0, np, ind);
-    s->dwconv(s->geo.c, np, ks, ind, ks, s->packed, yrow + ox0 * s->geo.c, s->geo.c, &rq);
-  }
+  if (s->lut) apply_lut(s, yrow + px0 * s->geo.c, 1, 0, (px1 - px0) * s->geo.c);
 }
 
 static uint64_t work_depthwise(void* ctx, size_t i) {
@@ -361,10 +394,20 @@ static uint64_t work_gemm(void* ctx, size_t i) {
  * of whole tasks) gives each thread within ~1/16 of its share, and that stealing has
  * something to take. */
 #define EK_TASKS_PER_THREAD 8u
+/* Up to 4 threads, column blocks are cut only to give each thread this many tasks: each block
+ * re-reads its rows (an im2col convolution's are built once per thread and row block,
+ * im2col_reuse), and each AMX call reloads its activation tiles. Cutting columns to 8 tasks a
+ * thread made nudenet-320n's 10-35 us convolutions (10x10 and 20x20 outputs) no faster on 2
+ * threads than on 1, some 25 % slower (2-core VM, AMX); with 2, nudenet-320n's 2-thread time
+ * fell 2.96 -> 2.70 ms. From 5 threads on, 8 a thread: each thread's share of the MACs stays
+ * within 10 % of 1/N (tests/test_ekrt_partition.py; 2 a thread missed that at 12 threads). */
+#define EK_COLUMN_TASKS_PER_THREAD 2u
+#define EK_COLUMN_TASKS_MAX_THREADS 4u
 
 /* the tiling of op's tasks for `threads` threads; returns the number of tasks */
 static size_t conv_tiling(const struct conv_state* s, size_t threads, struct conv_job* j) {
   size_t want = threads > 1 ? EK_TASKS_PER_THREAD * threads : 1;
+  size_t want_cols = threads > EK_COLUMN_TASKS_MAX_THREADS ? want : threads > 1 ? EK_COLUMN_TASKS_PER_THREAD * threads : 1;
   if (s->kind == CONV_DEPTHWISE) {
     size_t rows = s->batch * s->geo.oh, chunks = rows >= want ? 1 : (want + rows - 1) / rows;
     size_t px = (s->geo.ow + chunks - 1) / chunks, min_px = ek_min_sz(8, s->geo.ow);
@@ -376,15 +419,15 @@ static size_t conv_tiling(const struct conv_state* s, size_t threads, struct con
   size_t rpt = s->rows_per_task, floor_rows = ek_min_sz(rpt, 4 * s->mr);
 #define BLOCKS(r) (g * ((rows_total + (r) - 1) / (r)))
   /* few tiles: smaller row blocks first (down to 4*mr rows), then column blocks (whole nr
-   * blocks: each re-reads its rows), then row blocks down to mr */
+   * blocks: each re-reads its rows) up to want_cols tiles, then row blocks down to mr */
   if (BLOCKS(rpt) < want) {
     size_t r = ek_round_up((g * rows_total + want - 1) / want, s->mr);
     rpt = r < floor_rows ? floor_rows : r < rpt ? r : rpt;
   }
   j->cols_per_block = s->mg;
   j->col_blocks = 1;
-  if (BLOCKS(rpt) < want) {
-    size_t nblocks = (s->mg + s->nr - 1) / s->nr, per = (want + BLOCKS(rpt) - 1) / BLOCKS(rpt);
+  if (BLOCKS(rpt) < want_cols) {
+    size_t nblocks = (s->mg + s->nr - 1) / s->nr, per = (want_cols + BLOCKS(rpt) - 1) / BLOCKS(rpt);
     j->cols_per_block = (nblocks + per - 1) / per * s->nr;
     j->col_blocks = (s->mg + j->cols_per_block - 1) / j->cols_per_block;
   }
@@ -400,12 +443,18 @@ static size_t conv_tiling(const struct conv_state* s, size_t threads, struct con
 
 void ek_run_conv(struct ekrt_model* m, struct ek_op* op) {
   const struct conv_state* s = op->state;
-  struct conv_job j = {m, s, m->tensors[op->in[0]].data, m->tensors[op->out].data, 0, 0, 0, 0, 0, 0};
+  struct conv_job j = {m, s, m->tensors[op->in[0]].data, m->tensors[op->out].data, 0, 0, 0, 0, 0, 0, 0};
+  j.id = atomic_fetch_add(&conv_runs, 1) + 1;
   size_t n = conv_tiling(s, (size_t)ek_op_threads(m, op), &j);
   if (s->kind == CONV_DEPTHWISE)
     ek_parallel_for(m, op, n, task_depthwise, work_depthwise, &j);
   else
     ek_parallel_for(m, op, n, s->kind == CONV_IM2COL ? task_im2col : task_direct, work_gemm, &j);
+}
+
+void ek_conv_fuse_lut(struct ek_op* op, const uint8_t* table) {
+  struct conv_state* s = op->state;
+  s->lut = table;
 }
 
 int ek_conv_work_shift(const struct ek_op* op) {
@@ -420,7 +469,7 @@ const char* ek_conv_kernel(const struct ek_op* op) {
 
 void ek_conv_partition(const struct ekrt_model* m, const struct ek_op* op, int threads, uint64_t* per_thread) {
   const struct conv_state* s = op->state;
-  struct conv_job j = {(struct ekrt_model*)m, s, NULL, NULL, 0, 0, 0, 0, 0, 0};
+  struct conv_job j = {(struct ekrt_model*)m, s, NULL, NULL, 0, 0, 0, 0, 0, 0, 0};
   size_t n = conv_tiling(s, (size_t)threads, &j), parts = ek_min_sz((size_t)threads, n);
   ek_work_fn work = s->kind == CONV_DEPTHWISE ? work_depthwise : work_gemm;
   size_t* bounds = malloc((parts + 1) * sizeof *bounds);

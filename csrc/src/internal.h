@@ -194,6 +194,9 @@ int ek_check_conv(struct ek_check* o);
 int ek_check_fc(struct ek_check* o);
 int ek_prepare_conv(struct ekrt_model* m, struct ek_op* op, const uint8_t* data, char* err, size_t err_len);
 void ek_run_conv(struct ekrt_model* m, struct ek_op* op);
+void ek_conv_fuse_lut(struct ek_op* op, const uint8_t* table); /* the LUT's rotated table, applied per task */
+void ek_fuse_luts(struct ekrt_model* m); /* at load, after every op is prepared (ops.c) */
+int ek_op_fused(const struct ek_op* op); /* a LUT that ek_fuse_luts folded into the op before it */
 void ek_free_conv(void* state);
 
 /* ops.c: fn(m, op, r0, r1) over `rows` rows of `row_cost` elements, cut in tasks of >= ~16K elements */

@@ -487,6 +487,7 @@ static int load_checked(struct vctx* c, ekrt_model* m) {
   const uint8_t* data = c->buf + h->data_offset;
   for (uint32_t j = 0; j < h->n_ops; j++)
     if (m->ops[j].desc->prepare) TRY(m->ops[j].desc->prepare(m, &m->ops[j], data, c->err, c->err_len));
+  ek_fuse_luts(m);
   m->threads = 1;
   if (m->scratch_per_thread) {
     m->scratch = aligned_zalloc(m->scratch_per_thread);

@@ -405,6 +405,7 @@ static int cmd_bench(const struct opts* o) {
         printf("%s{\"name\": \"%s#%d\", \"op\": \"%s\", \"ns\": %llu, \"ns_p25\": %llu, \"ns_p75\": %llu, \"calls\": %zu", j ? ", " : "", name, j,
                name, p50, p25, p75, profiled);
         if (kernel) printf(", \"kernel\": \"%s\"", kernel);
+        if (ekrt_op_fused(l.m, j)) fputs(", \"fused\": true", stdout);
         putchar('}');
       }
       putchar(']');
@@ -432,8 +433,8 @@ static int cmd_bench(const struct opts* o) {
         uint64_t total;
         ekrt_op_times(l.m, j, &name, &total);
         const char* kernel = ekrt_op_kernel(l.m, j);
-        printf("  %4d %-16s %10.1f us (median of %zu runs)%s%s\n", j, name, quantile_u64(per_run + (size_t)j * profiled, profiled, 0.5) / 1e3, profiled,
-               kernel ? "  " : "", kernel ? kernel : "");
+        printf("  %4d %-16s %10.1f us (median of %zu runs)%s%s%s\n", j, name, quantile_u64(per_run + (size_t)j * profiled, profiled, 0.5) / 1e3, profiled,
+               kernel ? "  " : "", kernel ? kernel : "", ekrt_op_fused(l.m, j) ? "  (fused into the op before)" : "");
       }
   }
   free(per_run);

@@ -70,6 +70,9 @@ int ekrt_op_times(const ekrt_model* model, int op, const char** name, uint64_t* 
 /* The kernel op `op` runs (CONV2D / FULLY_CONNECTED: the qs8-gemm or qs8-dwconv function chosen
  * for its shape and weights); NULL for other ops. */
 const char* ekrt_op_kernel(const ekrt_model* model, int op);
+/* 1 when op `op` is a LUT that the convolution before it applies to its outputs as it writes
+ * them (folded at load: docs/ekrt.md); its own run does nothing. */
+int ekrt_op_fused(const ekrt_model* model, int op);
 /* Work per run: multiply-accumulates of CONV2D/FULLY_CONNECTED plus one per element read by
  * every other op (for reports, and for the fuzzer to skip running huge models). */
 uint64_t ekrt_macs(const ekrt_model* model);

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from edgekit.targets.native import ekm
@@ -55,15 +57,24 @@ def flatten_fc_inputs(m: ekm.EkmModel) -> None:
 
 def plan_memory(m: ekm.EkmModel) -> int:
     """Arena offsets for every arena tensor: lifetimes from the op order, greedy by size,
-    64-byte aligned, reusing the space of tensors that are dead. Returns the arena size."""
+    64-byte aligned, reusing the space of tensors that are dead. Returns the arena size.
+
+    A LUT right after the convolution whose output only it reads is live from that convolution
+    on: ekrt folds such a LUT into the convolution, which then writes the LUT's output while it
+    still reads its own inputs (docs/ekrt.md), so the two must not share bytes."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
+    readers = Counter(t for op in m.ops for t in op.inputs)
     for j, op in enumerate(m.ops):
         for t in op.outputs:
             first.setdefault(t, j)
             last[t] = max(last.get(t, j), j)
         for t in op.inputs:
             last[t] = j
+        prev = m.ops[j - 1] if j else None
+        if (op.type == ekm.LUT and prev is not None and prev.type in (ekm.CONV2D, ekm.FULLY_CONNECTED)
+                and op.inputs[0] in prev.outputs and readers[op.inputs[0]] == 1):
+            first[op.outputs[0]] = j - 1
     arena = [i for i, t in enumerate(m.tensors) if t.storage == ekm.ARENA]
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
     size = 0
