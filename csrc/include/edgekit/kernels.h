@@ -170,6 +170,13 @@ struct ek_qs8_add_params {
 };
 typedef void (*ek_qs8_vadd_fn)(size_t n, const int8_t* a, const int8_t* b, int8_t* y,
                                const struct ek_qs8_add_params* p);
+/* An input term whose multiplier is 2^30 with shift s <= 0 and left_shift + s >= 1 (the input
+ * at the larger scale: TFLite's derivation divides both scales by twice the larger) is exactly
+ * a left shift by left_shift + s - 1: with d = x - zp and n = 31 - s, d * 2^(ls+30) is a
+ * multiple of 2^n and the rounding term 2^(n-1) lies below it. The SIMD kernels take it so. */
+static inline int ek_qs8_add_term_is_shift(int32_t multiplier, int32_t shift, int32_t left_shift) {
+  return multiplier == (INT32_C(1) << 30) && shift <= 0 && left_shift + shift >= 1;
+}
 
 /* ---- qs8-vmul ----------------------------------------------------------------------------
  * Quantized Mul (op MUL): y[i] = ek_requant((a[i] - a_zp) * (b[i] - b_zp), multiplier, shift,

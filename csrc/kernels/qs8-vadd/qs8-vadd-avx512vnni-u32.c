@@ -16,10 +16,6 @@ struct ek_vadd_consts {
   __m256i qmin, qmax;
 };
 
-static int ek_vadd_pow2(int32_t multiplier, int32_t shift, int32_t left_shift) {
-  return multiplier == (INT32_C(1) << 30) && shift <= 0 && left_shift + shift >= 1;
-}
-
 /* `pow2`, `high` (the high33 path) constants after inlining */
 static inline __attribute__((always_inline)) __m512i ek_vadd_term(__m512i d, __m128i lift, const struct ek_rq_avx512* r,
                                                                   const int pow2, const int high) {
@@ -71,8 +67,8 @@ void ek_qs8_vadd_ukernel__avx512vnni_u32(size_t n, const int8_t* a, const int8_t
   k.a_zp = _mm512_set1_epi16((int16_t)p->a_zp);
   k.b_zp = _mm512_set1_epi16((int16_t)p->b_zp);
   k.vzp = _mm512_set1_epi16((int16_t)p->out_zp);
-  const int pa = ek_vadd_pow2(p->a_multiplier, p->a_shift, p->left_shift);
-  const int pb = ek_vadd_pow2(p->b_multiplier, p->b_shift, p->left_shift);
+  const int pa = ek_qs8_add_term_is_shift(p->a_multiplier, p->a_shift, p->left_shift);
+  const int pb = ek_qs8_add_term_is_shift(p->b_multiplier, p->b_shift, p->left_shift);
   k.lift_a = _mm_cvtsi32_si128(pa ? p->left_shift + p->a_shift - 1 : p->left_shift);
   k.lift_b = _mm_cvtsi32_si128(pb ? p->left_shift + p->b_shift - 1 : p->left_shift);
   k.qmin = _mm256_set1_epi8((int8_t)p->qmin);

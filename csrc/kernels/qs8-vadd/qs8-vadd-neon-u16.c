@@ -17,10 +17,6 @@ struct ek_vadd_consts {
   int8x16_t qmin, qmax;
 };
 
-static int ek_vadd_pow2(int32_t multiplier, int32_t shift, int32_t left_shift) {
-  return multiplier == (INT32_C(1) << 30) && shift <= 0 && left_shift + shift >= 1;
-}
-
 /* `pow2` a constant after inlining */
 static inline __attribute__((always_inline)) int32x4_t ek_scale(int32x4_t x, int32x4_t zp, int32x4_t lift, int32x4_t m,
                                                                 int64x2_t nn, const int pow2) {
@@ -70,8 +66,8 @@ void ek_qs8_vadd_ukernel__neon_u16(size_t n, const int8_t* a, const int8_t* b, i
   k.b_n = vdupq_n_s64((int64_t)p->b_shift - 31);
   k.o_m = vdupq_n_s32(p->out_multiplier);
   k.o_n = vdupq_n_s64((int64_t)p->out_shift - 31);
-  const int pa = ek_vadd_pow2(p->a_multiplier, p->a_shift, p->left_shift);
-  const int pb = ek_vadd_pow2(p->b_multiplier, p->b_shift, p->left_shift);
+  const int pa = ek_qs8_add_term_is_shift(p->a_multiplier, p->a_shift, p->left_shift);
+  const int pb = ek_qs8_add_term_is_shift(p->b_multiplier, p->b_shift, p->left_shift);
   k.lift_a = vdupq_n_s32(pa ? p->left_shift + p->a_shift - 1 : p->left_shift);
   k.lift_b = vdupq_n_s32(pb ? p->left_shift + p->b_shift - 1 : p->left_shift);
   k.a_zp = vdupq_n_s32(p->a_zp);
