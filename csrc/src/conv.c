@@ -175,7 +175,8 @@ static void task_direct(void* ctx, size_t i, int thread) {
   if (s->lut) apply_lut(s, j->y + t.r0 * s->m, t.rows, t.g * s->mg + t.c0, t.cols);
 }
 
-/* a copy of n bytes; the short ones (a stem conv's kw * C = 9) inline, not a library call */
+/* a copy of n bytes; up to 256 inline, not a library call (a stem conv's kw * C = 9: two
+ * overlapping 8-byte moves; 17-256: 16-byte moves, the last one overlapping) */
 static inline void copy_bytes(int8_t* dst, const int8_t* src, size_t n) {
   if (n >= 8 && n <= 16) {
     uint64_t lo, hi;
@@ -183,6 +184,9 @@ static inline void copy_bytes(int8_t* dst, const int8_t* src, size_t n) {
     memcpy(&hi, src + n - 8, 8);
     memcpy(dst, &lo, 8);
     memcpy(dst + n - 8, &hi, 8);
+  } else if (n > 16 && n <= 256) {
+    for (size_t o = 0; o + 16 < n; o += 16) memcpy(dst + o, src + o, 16);
+    memcpy(dst + n - 16, src + n - 16, 16);
   } else if (n < 8) {
     for (size_t i = 0; i < n; i++) dst[i] = src[i];
   } else {
@@ -195,25 +199,12 @@ static inline void copy_bytes(int8_t* dst, const int8_t* src, size_t n) {
 /* np consecutive pixels' taps of one kernel row: pixel p's kwc bytes from src + p * step to
  * dst + p * k (src NULL: a padding row, zx) */
 static void im2col_run(int8_t* dst, size_t k, const int8_t* src, size_t step, size_t kwc, size_t np, int zx) {
-  if (!src) {
+  if (!src)
     for (size_t p = 0; p < np; p++, dst += k) memset(dst, zx, kwc);
-  } else if (kwc >= 8 && kwc <= 16) { /* a stem conv's 3 x 3 RGB taps: kwc = 9 */
-    const size_t tail = kwc - 8;
-    for (size_t p = 0; p < np; p++, dst += k, src += step) {
-      uint64_t lo, hi;
-      memcpy(&lo, src, 8);
-      memcpy(&hi, src + tail, 8);
-      memcpy(dst, &lo, 8);
-      memcpy(dst + tail, &hi, 8);
-    }
-  } else if (kwc > 16 && kwc <= 256) { /* 16-byte moves inline, the last one overlapping: no memcpy call */
-    for (size_t p = 0; p < np; p++, dst += k, src += step) {
-      for (size_t o = 0; o + 16 < kwc; o += 16) memcpy(dst + o, src + o, 16);
-      memcpy(dst + kwc - 16, src + kwc - 16, 16);
-    }
-  } else {
+  else if (kwc >= 8 && kwc <= 16) /* the stem's 9: copy_bytes's test out of the loop */
     for (size_t p = 0; p < np; p++, dst += k, src += step) copy_bytes(dst, src, kwc);
-  }
+  else
+    for (size_t p = 0; p < np; p++, dst += k, src += step) copy_bytes(dst, src, kwc);
 }
 
 static void im2col(const struct conv_state* s, const int8_t* x, size_t g, size_t r0, size_t rows, int8_t* a) {

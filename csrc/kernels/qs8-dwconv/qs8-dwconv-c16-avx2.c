@@ -41,6 +41,15 @@ static inline int64_t ek_load8(const int8_t* p, size_t nc) {
   return ek_load_tail64(p, nc);
 }
 
+/* the multipliers and shifts of channels c0 .. c0 + nc (nc <= 16), zero past them */
+static inline void ek_block_consts(const struct ek_requant_params* rq, size_t c0, size_t nc, int32_t mult[16],
+                                   int32_t shift[16]) {
+  memset(mult, 0, 16 * sizeof(int32_t));
+  memset(shift, 0, 16 * sizeof(int32_t));
+  memcpy(mult, rq->multiplier + c0, nc * sizeof(int32_t));
+  memcpy(shift, rq->shift + c0, nc * sizeof(int32_t));
+}
+
 /* A block of nc <= 8 channels from c0 (all channels of a slim network's first layers, or the
  * last block of 24, 40, 88): half a 16-channel block would idle, so two output pixels share the
  * registers, pixel p in the low 128-bit lane and p + 1 in the high one; the block's channels
@@ -88,11 +97,8 @@ static void ek_dwconv_c8x2(size_t nc, size_t c0, size_t output_width, size_t ker
                            const struct ek_requant_params* rq) {
   const __m256i vzp = _mm256_set1_epi16((int16_t)rq->zp_out);
   const __m128i vqmin = _mm_set1_epi8((int8_t)rq->qmin), vqmax = _mm_set1_epi8((int8_t)rq->qmax);
-  int32_t mult[8], shift[8];
-  memset(mult, 0, sizeof mult);
-  memset(shift, 0, sizeof shift);
-  memcpy(mult, rq->multiplier + c0, nc * sizeof(int32_t));
-  memcpy(shift, rq->shift + c0, nc * sizeof(int32_t));
+  int32_t mult[16], shift[16];
+  ek_block_consts(rq, c0, nc, mult, shift);
   const struct ek_rq_avx2 r_lo = ek_rq_avx2_init(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)mult)),
                                                  _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)shift)));
   const struct ek_rq_avx2 r_hi =
@@ -166,10 +172,7 @@ void ek_qs8_dwconv_ukernel_c16__avx2(size_t channels, size_t output_width, size_
       break;
     }
     int32_t mult[16], shift[16];
-    memset(mult, 0, sizeof mult);
-    memset(shift, 0, sizeof shift);
-    memcpy(mult, rq->multiplier + c0, nc * sizeof(int32_t));
-    memcpy(shift, rq->shift + c0, nc * sizeof(int32_t));
+    ek_block_consts(rq, c0, nc, mult, shift);
     __m256i m_lo, m_hi, s_lo, s_hi;
     ek_split_order(mult, &m_lo, &m_hi);
     ek_split_order(shift, &s_lo, &s_hi);

@@ -38,24 +38,10 @@ static inline int8x16_t ek_load_tail16(const int8_t* p, size_t len) {
   acc##r##6 = vpadalq_s16(acc##r##6, vmull_s8(vget_low_s8(vw67), va));            \
   acc##r##7 = vpadalq_s16(acc##r##7, vmull_s8(vget_high_s8(vw67), va));
 
-#define EK_MLAL(r, j, va, vw) \
-  acc##r##j = vpadalq_s16(acc##r##j, vmlal_high_s8(vmull_s8(vget_low_s8(va), vget_low_s8(vw)), va, vw))
+#if !defined(__aarch64__) || !defined(__GNUC__)
+#error "qs8-gemm-2x8-neon.c is AArch64 only (sources.toml: neon) and needs GNU inline assembly (gcc, clang)"
+#endif
 
-/* one group of 16 k: column j's 16 weights at wk + 16 j */
-#define EK_GROUP16(va0, va1, wk)                                                                        \
-  do {                                                                                                  \
-    const int8x16_t vw0 = vld1q_s8(wk), vw1 = vld1q_s8(wk + 16);                                       \
-    const int8x16_t vw2 = vld1q_s8(wk + 32), vw3 = vld1q_s8(wk + 48);                                  \
-    const int8x16_t vw4 = vld1q_s8(wk + 64), vw5 = vld1q_s8(wk + 80);                                  \
-    const int8x16_t vw6 = vld1q_s8(wk + 96), vw7 = vld1q_s8(wk + 112);                                 \
-    EK_MLAL(0, 0, va0, vw0); EK_MLAL(0, 1, va0, vw1); EK_MLAL(0, 2, va0, vw2); EK_MLAL(0, 3, va0, vw3); \
-    EK_MLAL(0, 4, va0, vw4); EK_MLAL(0, 5, va0, vw5); EK_MLAL(0, 6, va0, vw6); EK_MLAL(0, 7, va0, vw7); \
-    EK_MLAL(1, 0, va1, vw0); EK_MLAL(1, 1, va1, vw1); EK_MLAL(1, 2, va1, vw2); EK_MLAL(1, 3, va1, vw3); \
-    EK_MLAL(1, 4, va1, vw4); EK_MLAL(1, 5, va1, vw5); EK_MLAL(1, 6, va1, vw6); EK_MLAL(1, 7, va1, vw7); \
-  } while (0)
-
-#if defined(__aarch64__) && defined(__GNUC__)
-#define EK_MLAL_ASM 1
 /* The kr = 16 tile in GNU assembly (AArch64). clang (the zig compiler that builds device
  * runners first) scheduled the intrinsics' SMULLs ahead of their SADALPs, ran out of the 32
  * vector registers and shuffled accumulators with MOVs and a spill every k group: this kernel
@@ -125,7 +111,6 @@ static inline void ek_mlal_tile(const int8_t* a0, const int8_t* a1, const int8_t
   *s1a = r1a;
   *s1b = r1b;
 }
-#endif
 
 static inline void ek_store8(int8_t* dst, int8x8_t v, size_t nj) {
   if (nj == 8) {
@@ -196,7 +181,6 @@ static inline __attribute__((always_inline)) void ek_gemm_2x8(size_t m, size_t n
       const int8_t* a1 = m - i > 1 ? a0 + a_stride : a0;
       int8_t* c0 = c + i * c_stride;
       int8_t* c1 = m - i > 1 ? c0 + c_stride : c0;
-#ifdef EK_MLAL_ASM
       if (kr == 16) {
         const size_t tail = k - k_main;
         int8x16_t x0t = vdupq_n_s8(0), x1t = vdupq_n_s8(0);
@@ -207,42 +191,31 @@ static inline __attribute__((always_inline)) void ek_gemm_2x8(size_t m, size_t n
                          c1 + j0, nj);
         continue;
       }
-#endif
+      /* kr = 8: SMULL + SADALP in intrinsics */
       int32x4_t acc00 = vzero, acc01 = vzero, acc02 = vzero, acc03 = vzero;
       int32x4_t acc04 = vzero, acc05 = vzero, acc06 = vzero, acc07 = vzero;
       int32x4_t acc10 = vzero, acc11 = vzero, acc12 = vzero, acc13 = vzero;
       int32x4_t acc14 = vzero, acc15 = vzero, acc16 = vzero, acc17 = vzero;
       const int8_t* wk = (const int8_t*)(w + 32);
       size_t kk = 0;
-      if (kr == 16) {
-        for (; kk < k_main; kk += 16, wk += 128) {
-          const int8x16_t va0 = vld1q_s8(a0 + kk), va1 = vld1q_s8(a1 + kk);
-          EK_GROUP16(va0, va1, wk);
-        }
-        if (kk < k) { /* 1..15 left, zero-filled against zero-padded weights */
-          const int8x16_t va0 = ek_load_tail16(a0 + kk, k - kk), va1 = ek_load_tail16(a1 + kk, k - kk);
-          EK_GROUP16(va0, va1, wk);
-        }
-      } else {
-        for (; kk < k_main; kk += 8) {
-          const int8x8_t va0 = vld1_s8(a0 + kk), va1 = vld1_s8(a1 + kk);
-          const int8x16_t vw01 = vld1q_s8(wk);
-          const int8x16_t vw23 = vld1q_s8(wk + 16);
-          const int8x16_t vw45 = vld1q_s8(wk + 32);
-          const int8x16_t vw67 = vld1q_s8(wk + 48);
-          EK_ROW_GROUP(0, va0)
-          EK_ROW_GROUP(1, va1)
-          wk += 64;
-        }
-        if (kk < k) { /* 1..7 left, zero-filled against zero-padded weights */
-          const int8x8_t va0 = ek_load_tail8(a0 + kk, k - kk), va1 = ek_load_tail8(a1 + kk, k - kk);
-          const int8x16_t vw01 = vld1q_s8(wk);
-          const int8x16_t vw23 = vld1q_s8(wk + 16);
-          const int8x16_t vw45 = vld1q_s8(wk + 32);
-          const int8x16_t vw67 = vld1q_s8(wk + 48);
-          EK_ROW_GROUP(0, va0)
-          EK_ROW_GROUP(1, va1)
-        }
+      for (; kk < k_main; kk += 8) {
+        const int8x8_t va0 = vld1_s8(a0 + kk), va1 = vld1_s8(a1 + kk);
+        const int8x16_t vw01 = vld1q_s8(wk);
+        const int8x16_t vw23 = vld1q_s8(wk + 16);
+        const int8x16_t vw45 = vld1q_s8(wk + 32);
+        const int8x16_t vw67 = vld1q_s8(wk + 48);
+        EK_ROW_GROUP(0, va0)
+        EK_ROW_GROUP(1, va1)
+        wk += 64;
+      }
+      if (kk < k) { /* 1..7 left, zero-filled against zero-padded weights */
+        const int8x8_t va0 = ek_load_tail8(a0 + kk, k - kk), va1 = ek_load_tail8(a1 + kk, k - kk);
+        const int8x16_t vw01 = vld1q_s8(wk);
+        const int8x16_t vw23 = vld1q_s8(wk + 16);
+        const int8x16_t vw45 = vld1q_s8(wk + 32);
+        const int8x16_t vw67 = vld1q_s8(wk + 48);
+        EK_ROW_GROUP(0, va0)
+        EK_ROW_GROUP(1, va1)
       }
       ek_requant_store(vpaddq_s32(vpaddq_s32(acc00, acc01), vpaddq_s32(acc02, acc03)),
                        vpaddq_s32(vpaddq_s32(acc04, acc05), vpaddq_s32(acc06, acc07)),
